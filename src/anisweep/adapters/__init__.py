@@ -1,0 +1,41 @@
+"""One adapter per architecture; `adapter_for(config)` picks it or names the supported ones."""
+
+from __future__ import annotations
+
+from .base import Adapter, Geometry, LayerNormSite, PreRotaryQK, ResidSite
+from .bert import BertAdapter
+from .gpt_neox import GPTNeoXAdapter
+
+ADAPTERS: tuple[Adapter, ...] = (BertAdapter(), GPTNeoXAdapter())
+
+
+class UnsupportedArchitecture(ValueError):
+    pass
+
+
+def supported() -> list[str]:
+    return sorted(arch for adapter in ADAPTERS for arch in adapter.architectures)
+
+
+def adapter_for(config) -> Adapter:
+    for adapter in ADAPTERS:
+        if config.model_type in adapter.model_types:
+            return adapter
+    archs = ", ".join(getattr(config, "architectures", None) or [config.model_type])
+    raise UnsupportedArchitecture(
+        f"no adapter knows the architecture {archs!r} (model_type {config.model_type!r}); "
+        f"supported: {', '.join(supported())}. Add one under src/anisweep/adapters/."
+    )
+
+
+__all__ = [
+    "ADAPTERS",
+    "Adapter",
+    "Geometry",
+    "LayerNormSite",
+    "PreRotaryQK",
+    "ResidSite",
+    "UnsupportedArchitecture",
+    "adapter_for",
+    "supported",
+]

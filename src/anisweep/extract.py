@@ -1,0 +1,359 @@
+"""One forward pass of the base model per checkpoint, with streaming reductions in hooks.
+
+Attention runs through a registered attention function (`anisweep`) that sees post-rotary q and k and
+computes the probabilities one layer at a time, so no layer's attention map outlives its own forward.
+Residual-stream and LayerNorm sites are read by forward hooks; the adapter says where they are.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from . import metrics
+from .adapters import Adapter, Geometry, adapter_for
+from .streaming import AttentionStats, HeadVectorStats, VectorStats
+from .tables import with_identity, write_atomic, write_text_atomic
+
+ATTENTION_NAME = "anisweep"
+SAMPLED_SITES = ("resid", "final_ln_in", "final_ln_out")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+_ACTIVE: contextvars.ContextVar["Recorder"] = contextvars.ContextVar("anisweep_recorder")
+
+
+@dataclass
+class ExtractSettings:
+    n_sequences: int = 64
+    seq_len: int = 128
+    batch_size: int = 8
+    sample_tokens: int = 4096
+    device: str = "auto"
+    dtype: str = "float32"
+    seed: int = 0
+    threads: int | None = None
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+
+def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Eager attention that also records q/k means and attention statistics for the active Recorder.
+
+    transformers passes no mask to a custom attention function; the recorder builds padding and causal
+    masks from the batch, which reproduces eager attention exactly on every valid position.
+    """
+    recorder = _ACTIVE.get()
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling
+    allowed = recorder.allowed
+    probs = torch.softmax(scores.masked_fill(~allowed[:, None], torch.finfo(scores.dtype).min), dim=-1)
+    output = torch.matmul(probs.to(value.dtype), value).transpose(1, 2).contiguous()
+    recorder.record_attention(module.layer_idx, query, key, scores, probs)
+    return output, None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, attention_forward)
+
+
+def _first_tensor(output):
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+@dataclass
+class Sample:
+    """The seeded sample of valid tokens kept whole for hidden.parquet: global (seq, position) pairs."""
+
+    seq: torch.Tensor
+    position: torch.Tensor
+    token_id: torch.Tensor
+
+    @classmethod
+    def draw(cls, input_ids: torch.Tensor, valid: torch.Tensor, n: int, seed: int) -> "Sample":
+        seqs, positions = valid.nonzero(as_tuple=True)
+        if n < seqs.numel():
+            generator = torch.Generator().manual_seed(seed)
+            keep = torch.randperm(seqs.numel(), generator=generator)[:n].sort().values
+            seqs, positions = seqs[keep], positions[keep]
+        return cls(seqs, positions, input_ids[seqs, positions])
+
+
+@dataclass
+class Recorder:
+    """Accumulators for one checkpoint, fed mini-batch by mini-batch by hooks and the attention function."""
+
+    geometry: Geometry
+    sample: Sample
+    device: torch.device
+    allowed: torch.Tensor = field(init=False)
+    valid: torch.Tensor = field(init=False)
+
+    def __post_init__(self):
+        g, dev = self.geometry, self.device
+        ropes = ("pre", "post") if g.rotary_dims else ("pre",)
+        self.q = {(layer, rope): HeadVectorStats(g.n_heads, g.d_head, dev) for layer in range(g.n_layers) for rope in ropes}
+        self.k = {(layer, rope): HeadVectorStats(g.n_heads, g.d_head, dev) for layer in range(g.n_layers) for rope in ropes}
+        self.attention = {layer: AttentionStats(g.n_heads, dev) for layer in range(g.n_layers)}
+        self.vectors: dict[tuple[int, str], VectorStats] = {}
+        self.samples: dict[tuple[int, str], list[torch.Tensor]] = {}
+        self._batch_sample = None
+
+    def begin_batch(self, valid: torch.Tensor, first_seq: int) -> None:
+        """Set the masks and the sampled positions of the mini-batch about to run."""
+        self.valid = valid
+        t = valid.shape[1]
+        allowed = valid[:, None, :].expand(-1, t, -1)
+        if self.geometry.causal:
+            allowed = allowed & torch.ones(t, t, dtype=torch.bool, device=valid.device).tril()
+        self.allowed = allowed
+        in_batch = (self.sample.seq >= first_seq) & (self.sample.seq < first_seq + valid.shape[0])
+        self._batch_sample = (
+            (self.sample.seq[in_batch] - first_seq).to(valid.device),
+            self.sample.position[in_batch].to(valid.device),
+        )
+
+    def record_attention(self, layer, query, key, scores, probs) -> None:
+        rope = "post" if self.geometry.rotary_dims else "pre"
+        self.q[(layer, rope)].update(query, self.valid)
+        self.k[(layer, rope)].update(key, self.valid)
+        stats = self.attention[layer]
+        for b in range(scores.shape[0]):
+            stats.update(scores[b], probs[b], self.allowed[b], self.valid[b])
+
+    def record_pre_rotary(self, layer, q, k) -> None:
+        self.q[(layer, "pre")].update(q, self.valid)
+        self.k[(layer, "pre")].update(k, self.valid)
+
+    def record_vectors(self, layer: int, site: str, x: torch.Tensor) -> None:
+        key = (layer, site)
+        if key not in self.vectors:
+            self.vectors[key] = VectorStats(x.shape[-1], self.device)
+        self.vectors[key].update(x, self.valid)
+        if site in SAMPLED_SITES:
+            seqs, positions = self._batch_sample
+            self.samples.setdefault(key, []).append(x[seqs, positions].float().cpu())
+
+
+class Hooks:
+    """Forward hooks that feed a Recorder; a context manager so they never outlive the extraction."""
+
+    def __init__(self, adapter: Adapter, base: nn.Module, geometry: Geometry, recorder: Recorder):
+        self.handles = []
+        for site in adapter.resid_sites(base):
+            self._add(site.module, lambda m, a, o, layer=site.layer: recorder.record_vectors(layer, "resid", _first_tensor(o)))
+        for site in adapter.layernorm_sites(base):
+            def on_layernorm(module, args, output, layer=site.layer, name=site.site):
+                recorder.record_vectors(layer, f"{name}_in", args[0])
+                recorder.record_vectors(layer, f"{name}_out", _first_tensor(output))
+
+            self._add(site.module, on_layernorm)
+        for site in adapter.pre_rotary_qk(base, geometry):
+            def on_qkv(module, args, output, layer=site.layer, split=site.split):
+                recorder.record_pre_rotary(layer, *split(output))
+
+            self._add(site.module, on_qkv)
+
+    def _add(self, module: nn.Module, fn) -> None:
+        self.handles.append(module.register_forward_hook(fn))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+
+
+def load_model(path: str | Path, dtype: str = "float32", device: torch.device | str = "cpu"):
+    """Load a checkpoint with the recording attention; returns (model, base model, adapter, geometry).
+
+    The LM class is loaded when the checkpoint has one, so that the output embedding is available for
+    I(W); only the base model ever runs.
+    """
+    import transformers
+
+    _register_attention()
+    config = transformers.AutoConfig.from_pretrained(path)
+    adapter = adapter_for(config)
+    arch = (config.architectures or [None])[0]
+    cls = getattr(transformers, arch) if arch in adapter.architectures else transformers.AutoModel
+    model = cls.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=ATTENTION_NAME)
+    model.to(device).eval()
+    return model, adapter.base_model(model), adapter, adapter.geometry(model.config)
+
+
+@torch.inference_mode()
+def run(model_parts, batch: dict, settings: ExtractSettings, progress: bool = True) -> Recorder:
+    """Stream the evaluation batch through the base model in mini-batches and return the accumulators."""
+    model, base, adapter, geometry = model_parts
+    device = next(model.parameters()).device
+    input_ids, mask = batch["input_ids"], batch["attention_mask"].bool()
+    sample = Sample.draw(input_ids, mask, settings.sample_tokens, settings.seed)
+    recorder = Recorder(geometry, sample, device)
+    token = _ACTIVE.set(recorder)
+    try:
+        with Hooks(adapter, base, geometry, recorder):
+            starts = range(0, input_ids.shape[0], settings.batch_size)
+            for start in tqdm(starts, desc="extract", unit="batch", disable=not progress, leave=False):
+                ids = input_ids[start : start + settings.batch_size].to(device)
+                valid = mask[start : start + settings.batch_size].to(device)
+                recorder.begin_batch(valid, start)
+                base(input_ids=ids, attention_mask=valid.long())
+    finally:
+        _ACTIVE.reset(token)
+    return recorder
+
+
+def _f32_lists(array: np.ndarray) -> pl.Series:
+    return pl.Series(array.astype(np.float32).tolist(), dtype=pl.List(pl.Float32))
+
+
+def qk_table(recorder: Recorder) -> pl.DataFrame:
+    rows = []
+    for (layer, rope), q_stats in sorted(recorder.q.items()):
+        k_stats = recorder.k[(layer, rope)]
+        n = max(q_stats.n, 1)
+        q_mean = (q_stats.sum_x / n).cpu().numpy()
+        k_mean = (k_stats.sum_x / n).cpu().numpy()
+        for head in range(q_mean.shape[0]):
+            cos, score = metrics.qk_alignment(q_mean[head], k_mean[head])
+            rows.append({
+                "layer": layer, "head": head, "rope": rope, "n_tokens": q_stats.n,
+                "q_mean": q_mean[head], "k_mean": k_mean[head],
+                "q_norm_mean": float(q_stats.sum_norm[head]) / n, "k_norm_mean": float(k_stats.sum_norm[head]) / n,
+                "qk_cos": cos, "qk_mean_score": score,
+            })
+    df = pl.DataFrame([{k: v for k, v in r.items() if k not in ("q_mean", "k_mean")} for r in rows])
+    return df.with_columns(
+        _f32_lists(np.stack([r["q_mean"] for r in rows])).alias("q_mean"),
+        _f32_lists(np.stack([r["k_mean"] for r in rows])).alias("k_mean"),
+    ).select("layer", "head", "rope", "n_tokens", "q_mean", "k_mean", "q_norm_mean", "k_norm_mean", "qk_cos", "qk_mean_score")
+
+
+def attention_table(recorder: Recorder) -> pl.DataFrame:
+    rows = []
+    for layer, stats in sorted(recorder.attention.items()):
+        means = {name: value.cpu().numpy() for name, value in stats.means().items()}
+        for head in range(recorder.geometry.n_heads):
+            rows.append({"layer": layer, "head": head, "n_rows": stats.n_rows,
+                         **{name: float(value[head]) for name, value in means.items()}})
+    return pl.DataFrame(rows).select(
+        "layer", "head", "n_rows", "entropy_mean", "entropy_norm_mean",
+        "p_max_mean", "p_median_mean", "p_min_mean", "score_mean", "score_std",
+    )
+
+
+def hidden_stats_table(recorder: Recorder) -> pl.DataFrame:
+    rows = []
+    for (layer, site), s in sorted(recorder.vectors.items()):
+        rows.append({"layer": layer, "site": site, "n": s.n, "n_nonfinite": s.n_nonfinite,
+                     "d": s.sum_x.numel(), "sum_norm": s.sum_norm, "sum_norm_sq": s.sum_norm_sq,
+                     "norm_min": s.norm_min if s.n else None, "norm_max": s.norm_max if s.n else None})
+    df = pl.DataFrame(rows)
+    sums = lambda attr: pl.Series(  # noqa: E731
+        [getattr(s, attr).cpu().numpy().tolist() for _, s in sorted(recorder.vectors.items())], dtype=pl.List(pl.Float64)
+    )
+    return df.with_columns(sums("sum_x").alias("sum_x"), sums("sum_unit").alias("sum_unit"))
+
+
+def hidden_table(recorder: Recorder) -> pl.DataFrame:
+    frames = []
+    sample = recorder.sample
+    for (layer, site), chunks in sorted(recorder.samples.items()):
+        vectors = torch.cat(chunks).numpy()
+        frames.append(pl.DataFrame({
+            "layer": np.full(len(vectors), layer, dtype=np.int64),
+            "site": [site] * len(vectors),
+            "seq": sample.seq.numpy().astype(np.int64),
+            "position": sample.position.numpy().astype(np.int64),
+            "token_id": sample.token_id.numpy().astype(np.int64),
+        }).with_columns(pl.Series("vector", vectors.astype(np.float32)).cast(pl.List(pl.Float32))))
+    return pl.concat(frames)
+
+
+def layernorm_table(adapter: Adapter, base: nn.Module) -> pl.DataFrame:
+    rows = []
+    for site in adapter.layernorm_sites(base):
+        ln = site.module
+        bias = None if getattr(ln, "bias", None) is None else ln.bias.detach().float().cpu().numpy().tolist()
+        rows.append({"layer": site.layer, "site": site.site, "eps": float(ln.eps),
+                     "gain": ln.weight.detach().float().cpu().numpy().tolist(), "bias": bias})
+    return pl.DataFrame(rows, schema={"layer": pl.Int64, "site": pl.String, "eps": pl.Float64,
+                                      "gain": pl.List(pl.Float32), "bias": pl.List(pl.Float32)})
+
+
+def embeddings_table(adapter: Adapter, model: nn.Module) -> pl.DataFrame:
+    """I(W) of the embedding matrices, here because the matrices never leave extract."""
+    matrices = adapter.embedding_matrices(model)
+    tied = "embed_out" in matrices and matrices["embed_out"].data_ptr() == matrices["embed_in"].data_ptr()
+    rows = []
+    for name, weight in matrices.items():
+        w = weight.detach().float().cpu().numpy()
+        for centre in (False, True):
+            rows.append({"matrix": name, "tied": tied, "n_rows": w.shape[0], "d": w.shape[1],
+                         "metric": "partition_isotropy_centred" if centre else "partition_isotropy",
+                         "value": metrics.partition_isotropy(w, centre=centre)})
+    return pl.DataFrame(rows)
+
+
+def tables(recorder: Recorder, model_parts, ident: dict) -> dict[str, pl.DataFrame]:
+    model, base, adapter, _ = model_parts
+    return {
+        "qk": with_identity(qk_table(recorder), ident),
+        "attention": with_identity(attention_table(recorder), ident),
+        "hidden": with_identity(hidden_table(recorder), ident),
+        "hidden_stats": with_identity(hidden_stats_table(recorder), ident),
+        "layernorm": with_identity(layernorm_table(adapter, base), ident),
+        "embeddings": with_identity(embeddings_table(adapter, model), ident),
+    }
+
+
+TABLES = ("qk", "attention", "hidden", "hidden_stats", "layernorm", "embeddings")
+
+
+def extract_checkpoint(manifest: dict, texts: list[str], settings: ExtractSettings, out_dir: Path,
+                       progress: bool = True) -> dict:
+    """Load the checkpoint a fetch manifest names, run it over the evaluation batch, write every table."""
+    from transformers import AutoTokenizer
+
+    from .corpus import make_batch
+
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    device = settings.torch_device()
+    tokenizer = AutoTokenizer.from_pretrained(manifest.get("tokenizer_path") or manifest["path"])
+    batch = make_batch(tokenizer, texts, settings.n_sequences, settings.seq_len, settings.seed)
+    parts = load_model(manifest["path"], settings.dtype, device)
+    started = time.perf_counter()
+    recorder = run(parts, batch, settings, progress=progress)
+    seconds = time.perf_counter() - started
+    ident = {key: manifest.get(key) for key in ("family", "model", "seed", "step", "tokens_seen")}
+    out_dir = Path(out_dir)
+    for name, df in tables(recorder, parts, ident).items():
+        write_atomic(df, out_dir / f"{name}.parquet")
+    n_valid = int(batch["attention_mask"].sum())
+    info = {
+        "checkpoint": manifest,
+        "settings": asdict(settings),
+        "device": str(device),
+        "n_valid_tokens": n_valid,
+        "forward_seconds": seconds,
+        "tokens_per_second": n_valid / seconds if seconds else None,
+        "nonfinite_tokens": sum(s.n_nonfinite for s in recorder.vectors.values()),
+    }
+    write_text_atomic(json.dumps(info, indent=2, default=str), out_dir / "extract.json")
+    return info

@@ -1,0 +1,75 @@
+"""Parquet files of the output contract: atomic writes, and the identity columns every row carries."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import polars as pl
+
+IDENTITY = ("family", "model", "seed", "step", "tokens_seen")
+
+METRIC_SCHEMA = {
+    "family": pl.String,
+    "model": pl.String,
+    "seed": pl.Int64,
+    "step": pl.Int64,
+    "tokens_seen": pl.Int64,
+    "layer": pl.Int64,
+    "head": pl.Int64,
+    "site": pl.String,
+    "metric": pl.String,
+    "value": pl.Float64,
+}
+
+
+def with_identity(df: pl.DataFrame, ident: dict) -> pl.DataFrame:
+    """Prepend family, model, seed, step, tokens_seen to every row."""
+    columns = [
+        pl.lit(ident["family"], pl.String).alias("family"),
+        pl.lit(ident["model"], pl.String).alias("model"),
+        pl.lit(ident.get("seed"), pl.Int64).alias("seed"),
+        pl.lit(ident["step"], pl.Int64).alias("step"),
+        pl.lit(ident.get("tokens_seen"), pl.Int64).alias("tokens_seen"),
+    ]
+    return df.select([*columns, *[c for c in df.columns if c not in IDENTITY]])
+
+
+def write_atomic(df: pl.DataFrame, path: str | os.PathLike) -> None:
+    """Write to a temporary file beside `path`, then rename: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        df.write_parquet(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(text: str, path: str | os.PathLike) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def empty_metrics() -> pl.DataFrame:
+    return pl.DataFrame(schema=METRIC_SCHEMA)
+
+
+def metric_rows(ident: dict, rows: list[dict]) -> pl.DataFrame:
+    """Tidy metric rows (layer, head, site, metric, value) with the identity columns, in METRIC_SCHEMA."""
+    if not rows:
+        return empty_metrics()
+    df = pl.DataFrame(
+        [{"layer": r.get("layer"), "head": r.get("head"), "site": r.get("site"), "metric": r["metric"],
+          "value": None if r["value"] is None else float(r["value"])} for r in rows],
+        schema={k: METRIC_SCHEMA[k] for k in ("layer", "head", "site", "metric", "value")},
+    )
+    return with_identity(df, ident).cast(METRIC_SCHEMA)

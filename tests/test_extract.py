@@ -1,0 +1,242 @@
+"""extract's statistics against an independent computation from an eager model and the raw weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+import transformers
+from transformers import BertConfig, GPTNeoXConfig
+
+from anisweep import extract
+from anisweep.adapters import UnsupportedArchitecture
+
+TOL = 1e-5
+
+
+def bert_config(**kw):
+    return BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=64, max_position_embeddings=32, **kw)
+
+
+def neox_config(**kw):
+    return GPTNeoXConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=64, max_position_embeddings=32, rotary_pct=0.25,
+                         use_parallel_residual=True, tie_word_embeddings=False, **kw)
+
+
+def padded_batch(n=5, t=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 60, (n, t), generator=g)
+    mask = torch.ones(n, t, dtype=torch.long)
+    for i, length in enumerate([t, 7, t, 3, 10][:n]):
+        mask[i, length:] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def saved(tmp_path, cls, config, name):
+    torch.manual_seed(1)
+    model = cls(config)
+    with torch.no_grad():  # make LayerNorm affine parameters non-trivial
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.normal_(0, 0.1)
+    model.save_pretrained(tmp_path / name)
+    return tmp_path / name
+
+
+def run_extract(path, batch, **settings):
+    settings = extract.ExtractSettings(**{"batch_size": 2, "sample_tokens": 10_000, "device": "cpu", **settings})
+    parts = extract.load_model(path, device="cpu")
+    recorder = extract.run(parts, batch, settings, progress=False)
+    ident = {"family": "test", "model": "m", "seed": 0, "step": 3, "tokens_seen": 30}
+    return extract.tables(recorder, parts, ident), parts
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x, rot_dims, base):
+    """Pythia's rotary on the first rot_dims dims of each head, written from the definition."""
+    t = x.shape[-2]
+    inv_freq = 1.0 / (base ** (torch.arange(0, rot_dims, 2, dtype=torch.float64) / rot_dims))
+    freqs = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().float(), emb.sin().float()
+    x_rot, x_pass = x[..., :rot_dims], x[..., rot_dims:]
+    return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
+
+
+@torch.no_grad()
+def reference(path, batch, kind):
+    """Eager model with output_attentions / output_hidden_states, and q, k recomputed from the weights."""
+    model = transformers.AutoModel.from_pretrained(path, attn_implementation="eager").eval()
+    config = model.config
+    n_heads, d = config.num_attention_heads, config.hidden_size // config.num_attention_heads
+    captured = {}
+    final_ln = model.encoder.layer[-1].output.LayerNorm if kind == "bert" else model.final_layer_norm
+    handle = final_ln.register_forward_hook(lambda m, a, o: captured.update(ln_in=a[0], ln_out=o))
+    out = model(**batch, output_attentions=True, output_hidden_states=True)
+    handle.remove()
+    b, t = batch["input_ids"].shape
+    qs, ks = {}, {}
+    for layer in range(config.num_hidden_layers):
+        h = out.hidden_states[layer]
+        if kind == "bert":
+            att = model.encoder.layer[layer].attention.self
+            q = att.query(h).view(b, t, n_heads, d).transpose(1, 2)
+            k = att.key(h).view(b, t, n_heads, d).transpose(1, 2)
+            qs[(layer, "pre")], ks[(layer, "pre")] = q, k
+        else:
+            block = model.layers[layer]
+            qkv = block.attention.query_key_value(block.input_layernorm(h)).view(b, t, n_heads, 3 * d).transpose(1, 2)
+            q, k = qkv[..., :d], qkv[..., d : 2 * d]
+            qs[(layer, "pre")], ks[(layer, "pre")] = q, k
+            rot = int(d * config.rope_parameters["partial_rotary_factor"])
+            theta = config.rope_parameters["rope_theta"]
+            qs[(layer, "post")] = apply_rotary(q, rot, theta)
+            ks[(layer, "post")] = apply_rotary(k, rot, theta)
+    resid = list(out.hidden_states)
+    if kind == "gpt_neox":
+        resid[-1] = captured["ln_in"]  # transformers' last entry is after final_layer_norm
+    return dict(attentions=out.attentions, q=qs, k=ks, resid=resid,
+                ln_in=captured["ln_in"], ln_out=captured["ln_out"], d=d)
+
+
+def check_all(tables, ref, batch, causal):
+    valid = batch["attention_mask"].bool()
+    b, t = valid.shape
+    allowed = valid[:, None, :].expand(b, t, t)
+    if causal:
+        allowed = allowed & torch.ones(t, t, dtype=torch.bool).tril()
+    qk = tables["qk"]
+    for (layer, rope), q in ref["q"].items():
+        k = ref["k"][(layer, rope)]
+        for head in range(q.shape[1]):
+            row = qk.filter((pl.col("layer") == layer) & (pl.col("head") == head) & (pl.col("rope") == rope)).row(0, named=True)
+            qv, kv = q[:, head][valid].double(), k[:, head][valid].double()
+            np.testing.assert_allclose(row["q_mean"], qv.mean(0).numpy(), atol=TOL)
+            np.testing.assert_allclose(row["k_mean"], kv.mean(0).numpy(), atol=TOL)
+            np.testing.assert_allclose(row["q_norm_mean"], qv.norm(dim=-1).mean().item(), rtol=TOL)
+            cos = torch.nn.functional.cosine_similarity(qv.mean(0), kv.mean(0), dim=0).item()
+            assert row["qk_cos"] == pytest.approx(cos, abs=TOL)
+            assert row["qk_mean_score"] == pytest.approx((qv.mean(0) @ kv.mean(0)).item() / ref["d"] ** 0.5, abs=TOL)
+            assert row["n_tokens"] == int(valid.sum())
+    assert set(qk["rope"].unique()) == ({"pre", "post"} if causal else {"pre"})
+
+    scores_rope = "post" if causal else "pre"
+    attention = tables["attention"]
+    for layer, probs in enumerate(ref["attentions"]):
+        q, k = ref["q"][(layer, scores_rope)], ref["k"][(layer, scores_rope)]
+        scores = (q @ k.transpose(-1, -2)) / ref["d"] ** 0.5
+        for head in range(probs.shape[1]):
+            rows = {n: [] for n in ("entropy", "entropy_norm", "p_max", "p_median", "p_min")}
+            pair_scores = []
+            for s in range(b):
+                for i in range(t):
+                    if not valid[s, i]:
+                        continue
+                    vis = allowed[s, i]
+                    p = probs[s, head, i][vis].double().numpy()
+                    assert p.sum() == pytest.approx(1.0, abs=1e-5)
+                    h = -(p * np.log(p)).sum()
+                    rows["entropy"].append(h)
+                    if len(p) > 1:
+                        rows["entropy_norm"].append(h / np.log(len(p)))
+                    rows["p_max"].append(p.max())
+                    rows["p_median"].append(np.median(p))
+                    rows["p_min"].append(p.min())
+                    pair_scores += scores[s, head, i][vis].tolist()
+            row = attention.filter((pl.col("layer") == layer) & (pl.col("head") == head)).row(0, named=True)
+            for name, values in rows.items():
+                assert row[f"{name}_mean"] == pytest.approx(np.mean(values), abs=TOL), name
+            assert row["score_mean"] == pytest.approx(np.mean(pair_scores), abs=TOL)
+            assert row["score_std"] == pytest.approx(np.std(pair_scores), abs=TOL)
+
+    stats, hidden = tables["hidden_stats"], tables["hidden"]
+    sites = [(layer, "resid", x) for layer, x in enumerate(ref["resid"])]
+    n_blocks = len(ref["resid"]) - 1
+    sites += [(n_blocks, "final_ln_in", ref["ln_in"]), (n_blocks, "final_ln_out", ref["ln_out"])]
+    for layer, site, x in sites:
+        xv = x[valid].double()
+        row = stats.filter((pl.col("layer") == layer) & (pl.col("site") == site)).row(0, named=True)
+        assert row["n"] == xv.shape[0]
+        np.testing.assert_allclose(row["sum_x"], xv.sum(0).numpy(), rtol=TOL, atol=TOL * xv.shape[0])
+        unit = xv / xv.norm(dim=-1, keepdim=True)
+        np.testing.assert_allclose(row["sum_unit"], unit.sum(0).numpy(), atol=TOL * xv.shape[0])
+        assert row["sum_norm"] == pytest.approx(xv.norm(dim=-1).sum().item(), rel=TOL)
+        brute_avg_cos = ((unit @ unit.T).sum() - xv.shape[0]) / (xv.shape[0] * (xv.shape[0] - 1))
+        s = np.asarray(row["sum_unit"])
+        assert (s @ s - row["n"]) / (row["n"] * (row["n"] - 1)) == pytest.approx(brute_avg_cos.item(), abs=TOL)
+        sample = hidden.filter((pl.col("layer") == layer) & (pl.col("site") == site)).sort("seq", "position")
+        assert sample.height == xv.shape[0]  # sample_tokens exceeds the batch: every valid token is kept
+        kept = np.stack(sample["vector"].to_list())
+        expected = x[sample["seq"].to_numpy(), sample["position"].to_numpy()].numpy()
+        np.testing.assert_allclose(kept, expected, atol=TOL)
+
+
+@pytest.mark.parametrize("cls", [transformers.BertForMaskedLM, transformers.BertModel])
+def test_bert_matches_eager_reference(tmp_path, cls):
+    path = saved(tmp_path, cls, bert_config(), "bert")
+    batch = padded_batch()
+    tables, _ = run_extract(path, batch)
+    check_all(tables, reference(path, batch, "bert"), batch, causal=False)
+
+
+@pytest.mark.parametrize("cls", [transformers.GPTNeoXForCausalLM, transformers.GPTNeoXModel])
+def test_gpt_neox_matches_eager_reference(tmp_path, cls):
+    path = saved(tmp_path, cls, neox_config(), "neox")
+    batch = padded_batch()
+    tables, _ = run_extract(path, batch)
+    check_all(tables, reference(path, batch, "gpt_neox"), batch, causal=True)
+
+
+def test_pre_and_post_rotary_means_differ_only_on_rotary_dims(tmp_path):
+    path = saved(tmp_path, transformers.GPTNeoXModel, neox_config(), "neox")
+    tables, parts = run_extract(path, padded_batch())
+    rot = parts[3].rotary_dims
+    qk = tables["qk"].sort("layer", "head")
+    pre = np.stack(qk.filter(pl.col("rope") == "pre")["q_mean"].to_list())
+    post = np.stack(qk.filter(pl.col("rope") == "post")["q_mean"].to_list())
+    np.testing.assert_allclose(pre[:, rot:], post[:, rot:], atol=1e-6)
+    assert np.abs(pre[:, :rot] - post[:, :rot]).max() > 1e-4
+
+
+def test_sample_is_seeded_and_sized(tmp_path):
+    path = saved(tmp_path, transformers.BertModel, bert_config(), "bert")
+    batch = padded_batch()
+    first, _ = run_extract(path, batch, sample_tokens=9, seed=4)
+    again, _ = run_extract(path, batch, sample_tokens=9, seed=4)
+    other, _ = run_extract(path, batch, sample_tokens=9, seed=5)
+    resid0 = lambda t: t["hidden"].filter((pl.col("layer") == 0) & (pl.col("site") == "resid"))  # noqa: E731
+    assert resid0(first).height == 9
+    assert resid0(first).select("seq", "position").equals(resid0(again).select("seq", "position"))
+    assert not resid0(first).select("seq", "position").equals(resid0(other).select("seq", "position"))
+    valid = batch["attention_mask"].bool()
+    assert all(valid[s, p] for s, p in resid0(first).select("seq", "position").iter_rows())
+
+
+def test_identity_columns_and_embeddings(tmp_path):
+    path = saved(tmp_path, transformers.GPTNeoXForCausalLM, neox_config(), "neox")
+    tables, _ = run_extract(path, padded_batch())
+    for name, df in tables.items():
+        assert df.columns[:5] == ["family", "model", "seed", "step", "tokens_seen"], name
+        assert df["step"].unique().to_list() == [3], name
+    emb = tables["embeddings"]
+    assert set(emb["matrix"]) == {"embed_in", "embed_out"}
+    assert not emb["tied"].any()
+    assert emb["value"].is_between(0, 1).all()
+    ln = tables["layernorm"].filter(pl.col("site") == "final_ln").row(0, named=True)
+    assert len(ln["gain"]) == 32 and len(ln["bias"]) == 32
+
+
+def test_unknown_architecture_names_supported_ones(tmp_path):
+    config = transformers.GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=20)
+    transformers.GPT2Model(config).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(UnsupportedArchitecture, match="BertForMaskedLM.*GPTNeoXForCausalLM"):
+        extract.load_model(tmp_path / "gpt2")
