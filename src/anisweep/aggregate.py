@@ -1,0 +1,76 @@
+"""One tidy table per sweep: every checkpoint's metrics, flagged where the checkpoint is suspect.
+
+A checkpoint whose weights are byte-identical to another step's (the known defective Pythia branches
+serve the final model under early step names) is flagged `duplicate_of_step`, never silently kept as a
+training step; a checkpoint of the config that produced no metrics is listed with `status = "missing"`.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import polars as pl
+
+from .tables import METRIC_SCHEMA
+
+SWEEP_SCHEMA = {**METRIC_SCHEMA, "status": pl.String, "duplicate_of_step": pl.Int64, "weights_sha256": pl.String}
+
+
+def _provenance(extract_json: Path) -> dict:
+    info = json.loads(Path(extract_json).read_text())
+    checkpoint = info.get("checkpoint", {})
+    return {"step": checkpoint.get("step"), "weights_sha256": checkpoint.get("weights_sha256")}
+
+
+def duplicate_steps(provenance: list[dict]) -> dict[int, int]:
+    """step -> the step whose weights it repeats; the earliest step of a group is flagged against the
+    latest, since a defective branch serves a LATER model under an earlier name."""
+    by_hash: dict[str, list[int]] = {}
+    for p in provenance:
+        if p["weights_sha256"]:
+            by_hash.setdefault(p["weights_sha256"], []).append(p["step"])
+    duplicates = {}
+    for steps in by_hash.values():
+        steps = sorted(steps)
+        for step in steps[:-1]:
+            duplicates[step] = steps[-1]
+    return duplicates
+
+
+def aggregate(metric_paths: list[Path], expected_steps: list[int] | None = None, ident: dict | None = None) -> pl.DataFrame:
+    """Concatenate per-checkpoint metrics; `extract.json` beside each metrics file supplies the weight hash."""
+    frames, provenance = [], []
+    for path in map(Path, metric_paths):
+        if not path.exists():
+            continue
+        frames.append(pl.read_parquet(path))
+        extract_json = path.parent / "extract.json"
+        if extract_json.exists():
+            provenance.append(_provenance(extract_json))
+    sweep = pl.concat(frames) if frames else pl.DataFrame(schema=METRIC_SCHEMA)
+    duplicates = duplicate_steps(provenance)
+    hashes = {p["step"]: p["weights_sha256"] for p in provenance}
+    for step, original in sorted(duplicates.items()):
+        warnings.warn(f"step {step} has byte-identical weights to step {original}: flagged duplicate, not a training step")
+    sweep = sweep.with_columns(
+        pl.col("step").replace_strict(duplicates, default=None, return_dtype=pl.Int64).alias("duplicate_of_step"),
+        pl.col("step").replace_strict(hashes, default=None, return_dtype=pl.String).alias("weights_sha256"),
+    ).with_columns(
+        pl.when(pl.col("duplicate_of_step").is_not_null()).then(pl.lit("duplicate")).otherwise(pl.lit("ok")).alias("status")
+    )
+    missing = sorted(set(expected_steps or []) - set(sweep["step"].unique().to_list()))
+    if missing:
+        warnings.warn(f"{len(missing)} checkpoint(s) produced no metrics: steps {missing}")
+        base = ident or {key: sweep[key][0] for key in ("family", "model", "seed")}
+        sweep = pl.concat([sweep, pl.DataFrame(
+            [{"family": base["family"], "model": base["model"], "seed": base.get("seed"), "step": s, "status": "missing"}
+             for s in missing], schema={k: SWEEP_SCHEMA[k] for k in ("family", "model", "seed", "step", "status")},
+        )], how="diagonal_relaxed")
+    return sweep.select(list(SWEEP_SCHEMA)).cast(SWEEP_SCHEMA).sort("step", "layer", "head", "site", "metric", nulls_last=True)
+
+
+def analysed(sweep: pl.DataFrame) -> pl.DataFrame:
+    """The rows a figure should show: real training steps only."""
+    return sweep.filter(pl.col("status") == "ok")

@@ -1,0 +1,160 @@
+"""The command line each Snakemake rule calls; every step also runs by hand, on a node or from a notebook.
+
+    anisweep train-toy  --spec JSON --out DIR           train a toy model, save checkpoints step{N}/
+    anisweep fetch      --checkpoint JSON --out DIR     get a checkpoint's weights, write DIR/checkpoint.json
+    anisweep extract    --manifest FILE --out DIR       one forward pass, write the per-checkpoint Parquet
+    anisweep metrics    --extract-dir DIR --out FILE    every metric of one checkpoint
+    anisweep aggregate  --out FILE METRICS...           one tidy table per sweep
+    anisweep plot       --sweep FILE --out-dir DIR      the figures of one model
+    anisweep compare    --out FILE SWEEPS...            one figure across the models of a family
+    anisweep checkpoints --configfile FILE              list the checkpoints a config names
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _json(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {text[:200]}") from None
+
+
+def cmd_train_toy(args) -> None:
+    import dataclasses
+
+    from .toy import ToySpec, train_toy
+
+    spec = dict(args.spec)
+    arch, seed, steps = spec.pop("arch"), spec.pop("seed", 0), spec.pop("steps")
+    fields = {f.name for f in dataclasses.fields(ToySpec)}
+    unknown = sorted(set(spec) - fields)
+    if unknown:
+        raise SystemExit(f"toy spec: unknown key(s) {unknown}; valid: {sorted(fields | {'arch', 'seed', 'steps'})}")
+    train_toy(arch, args.out, steps=steps, seed=seed, spec=ToySpec(**spec), num_threads=args.threads)
+
+
+def cmd_fetch(args) -> None:
+    from .fetch import fetch
+    from .sources import Checkpoint
+
+    fetch(Checkpoint.from_dict(args.checkpoint), Path(args.out), keep_weights=args.keep_weights, retries=args.retries)
+
+
+def cmd_extract(args) -> None:
+    from .corpus import load_texts
+    from .extract import ExtractSettings, extract_checkpoint
+
+    settings = ExtractSettings(**args.settings)
+    if args.threads:
+        settings.threads = args.threads
+    manifest = json.loads(Path(args.manifest).read_text())
+    texts = load_texts(args.corpus)
+    info = extract_checkpoint(manifest, texts, settings, Path(args.out))
+    print(f"{manifest['family']}/{manifest['model']}/step{manifest['step']}: "
+          f"{info['n_valid_tokens']} tokens at {info['tokens_per_second']:.0f} tokens/s", file=sys.stderr)
+
+
+def cmd_metrics(args) -> None:
+    from .measure import checkpoint_metrics
+    from .tables import write_atomic
+
+    write_atomic(checkpoint_metrics(args.extract_dir), args.out)
+
+
+def cmd_aggregate(args) -> None:
+    from .aggregate import aggregate
+    from .tables import write_atomic
+
+    write_atomic(aggregate([Path(p) for p in args.metrics], expected_steps=args.expected_steps), args.out)
+
+
+def cmd_plot(args) -> None:
+    import polars as pl
+
+    from .plots import plot_model
+
+    plot_model(pl.read_parquet(args.sweep), Path(args.out_dir))
+
+
+def cmd_compare(args) -> None:
+    import polars as pl
+
+    from .plots import plot_family
+
+    plot_family(pl.concat([pl.read_parquet(p) for p in args.sweeps], how="diagonal_relaxed"), Path(args.out))
+
+
+def cmd_checkpoints(args) -> None:
+    import yaml
+
+    from .config import describe
+
+    config = {}
+    for path in args.configfile:
+        config.update(yaml.safe_load(Path(path).read_text()) or {})
+    for row in describe(config):
+        print(json.dumps(row))
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="anisweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = top.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train-toy", help="train a toy model and save its checkpoints")
+    p.add_argument("--spec", type=_json, required=True, help="JSON: arch, seed, steps and ToySpec fields")
+    p.add_argument("--out", required=True)
+    p.add_argument("--threads", type=int)
+    p.set_defaults(run=cmd_train_toy)
+
+    p = sub.add_parser("fetch", help="get one checkpoint's weights")
+    p.add_argument("--checkpoint", type=_json, required=True, help="JSON of a sources.Checkpoint")
+    p.add_argument("--out", required=True)
+    p.add_argument("--keep-weights", action="store_true", help="download into the HF cache and keep them there")
+    p.add_argument("--retries", type=int, default=5)
+    p.set_defaults(run=cmd_fetch)
+
+    p = sub.add_parser("extract", help="run one checkpoint over the evaluation batch")
+    p.add_argument("--manifest", required=True, help="checkpoint.json written by fetch")
+    p.add_argument("--corpus", type=_json, default={"source": "builtin"})
+    p.add_argument("--settings", type=_json, default={}, help="JSON of the config's extract section")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=cmd_extract)
+
+    p = sub.add_parser("metrics", help="every metric of one checkpoint from extract's Parquet")
+    p.add_argument("--extract-dir", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=cmd_metrics)
+
+    p = sub.add_parser("aggregate", help="one tidy table per sweep")
+    p.add_argument("--out", required=True)
+    p.add_argument("--expected-steps", type=int, nargs="*", help="steps the config names; absent ones are listed as missing")
+    p.add_argument("metrics", nargs="+")
+    p.set_defaults(run=cmd_aggregate)
+
+    p = sub.add_parser("plot", help="figures of one model's sweep")
+    p.add_argument("--sweep", required=True)
+    p.add_argument("--out-dir", required=True)
+    p.set_defaults(run=cmd_plot)
+
+    p = sub.add_parser("compare", help="one figure comparing the models of a family")
+    p.add_argument("--out", required=True)
+    p.add_argument("sweeps", nargs="+")
+    p.set_defaults(run=cmd_compare)
+
+    p = sub.add_parser("checkpoints", help="list the checkpoints a config names, as JSON lines")
+    p.add_argument("--configfile", nargs="+", required=True)
+    p.set_defaults(run=cmd_checkpoints)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    args.run(args)
+    return 0

@@ -1,0 +1,124 @@
+"""Per-checkpoint metrics from the Parquet that extract wrote (no model is ever run here).
+
+Every number lands in one tidy table (layer, head, site, metric, value): head is null for per-layer
+values, layer is null for whole-model values (embedding matrices, correlations over layers).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from . import metrics
+from .tables import IDENTITY, metric_rows
+
+ATTENTION_METRICS = ("entropy_mean", "entropy_norm_mean", "p_max_mean", "p_median_mean", "p_min_mean",
+                     "score_mean", "score_std")
+QK_METRICS = ("qk_cos", "qk_mean_score", "q_norm_mean", "k_norm_mean")
+
+
+def _identity(df: pl.DataFrame) -> dict:
+    return {key: df[key][0] for key in IDENTITY}
+
+
+def qk_rows(qk: pl.DataFrame) -> list[dict]:
+    rows = []
+    for r in qk.iter_rows(named=True):
+        site = f"qk_{r['rope']}"
+        rows += [{"layer": r["layer"], "head": r["head"], "site": site, "metric": m, "value": r[m]} for m in QK_METRICS]
+    for (layer, rope), group in qk.group_by("layer", "rope"):
+        rows.append({"layer": layer, "site": f"qk_{rope}", "metric": "qk_cos_abs_mean", "value": group["qk_cos"].abs().mean()})
+    return rows
+
+
+def attention_rows(attention: pl.DataFrame) -> list[dict]:
+    rows = []
+    for r in attention.iter_rows(named=True):
+        rows += [{"layer": r["layer"], "head": r["head"], "site": "attention", "metric": m, "value": r[m]}
+                 for m in ATTENTION_METRICS]
+    per_layer = attention.group_by("layer").agg(pl.col(list(ATTENTION_METRICS)).mean()).sort("layer")
+    for r in per_layer.iter_rows(named=True):
+        rows += [{"layer": r["layer"], "site": "attention", "metric": m, "value": r[m]} for m in ATTENTION_METRICS]
+    return rows
+
+
+def stats_rows(stats: pl.DataFrame) -> list[dict]:
+    """Exact statistics over every valid token, from the streamed sums."""
+    rows = []
+    for r in stats.iter_rows(named=True):
+        n = r["n"]
+        drift_norm, drift_ratio = metrics.drift_from_sums(np.asarray(r["sum_x"]), r["sum_norm"], n)
+        norm_mean, norm_std = metrics.norm_spread_from_sums(r["sum_norm"], r["sum_norm_sq"], n)
+        values = {
+            "avg_cos": metrics.avg_cos_from_sums(np.asarray(r["sum_unit"]), n),
+            "drift_norm": drift_norm,
+            "drift_ratio": drift_ratio,
+            "norm_mean": norm_mean,
+            "norm_std": norm_std,
+            "norm_cv": norm_std / norm_mean if norm_mean else float("nan"),
+            "norm_min": r["norm_min"],
+            "norm_max": r["norm_max"],
+            "n_tokens": n,
+            "n_nonfinite": r["n_nonfinite"],
+        }
+        rows += [{"layer": r["layer"], "site": r["site"], "metric": m, "value": v} for m, v in values.items()]
+    return rows
+
+
+def sample_rows(hidden: pl.DataFrame) -> list[dict]:
+    """Metrics that need the point cloud, on the seeded sample of tokens."""
+    rows = []
+    for (layer, site), group in hidden.group_by("layer", "site"):
+        x = np.stack(group["vector"].to_list()).astype(np.float64)
+        x = x[np.isfinite(x).all(axis=1)]
+        n, d = x.shape
+        if n < d:
+            warnings.warn(f"layer {layer} {site}: {n} sampled tokens < d = {d}; IsoScore is NaN (raise extract.sample_tokens)")
+            iso = float("nan")
+        else:
+            iso = metrics.isoscore(x)
+        values = {"centred_avg_cos": metrics.centred_avg_cos(x), "isoscore": iso,
+                  "top_eig_share": metrics.top_eig_share(x), "n_sampled": n}
+        rows += [{"layer": layer, "site": site, "metric": m, "value": v} for m, v in values.items()]
+    return rows
+
+
+def correlation_rows(stat_rows: list[dict]) -> list[dict]:
+    """Drift vs anisotropy over the residual-stream layers (Godey Fig. 5, 16)."""
+    by_layer = {}
+    for r in stat_rows:
+        if r["site"] == "resid" and r["metric"] in ("drift_norm", "avg_cos"):
+            by_layer.setdefault(r["layer"], {})[r["metric"]] = r["value"]
+    layers = sorted(by_layer)
+    result = metrics.layer_correlations([by_layer[l]["drift_norm"] for l in layers], [by_layer[l]["avg_cos"] for l in layers])
+    return [{"site": "resid", "metric": f"drift_avg_cos_{k}", "value": v} for k, v in result.items()]
+
+
+def layernorm_rows(layernorm: pl.DataFrame, stats: pl.DataFrame) -> list[dict]:
+    rows = []
+    for r in layernorm.iter_rows(named=True):
+        bias = None if r["bias"] is None else np.asarray(r["bias"], dtype=np.float64)
+        values = metrics.layernorm_param_stats(np.asarray(r["gain"]), bias)
+        if r["site"] == "final_ln" and bias is not None:
+            out = stats.filter((pl.col("layer") == r["layer"]) & (pl.col("site") == "final_ln_out")).row(0, named=True)
+            values["bias_drift_share"] = metrics.bias_drift_share(bias, np.asarray(out["sum_x"]) / max(out["n"], 1))
+        rows += [{"layer": r["layer"], "site": r["site"], "metric": m, "value": v} for m, v in values.items()]
+    return rows
+
+
+def embedding_rows(embeddings: pl.DataFrame) -> list[dict]:
+    return [{"site": r["matrix"], "metric": r["metric"], "value": r["value"]} for r in embeddings.iter_rows(named=True)]
+
+
+def checkpoint_metrics(extract_dir: str | Path) -> pl.DataFrame:
+    """Every metric of one checkpoint, from extract's tables in `extract_dir`."""
+    extract_dir = Path(extract_dir)
+    read = lambda name: pl.read_parquet(extract_dir / f"{name}.parquet")  # noqa: E731
+    qk, attention, stats = read("qk"), read("attention"), read("hidden_stats")
+    stat_rows = stats_rows(stats)
+    rows = (qk_rows(qk) + attention_rows(attention) + stat_rows + sample_rows(read("hidden"))
+            + correlation_rows(stat_rows) + layernorm_rows(read("layernorm"), stats) + embedding_rows(read("embeddings")))
+    return metric_rows(_identity(qk), rows).sort("layer", "head", "site", "metric", nulls_last=True)

@@ -1,0 +1,292 @@
+"""Figures of one sweep (per model) and of a family (models compared), from sweep.parquet only.
+
+The x axis is the optimizer step, symlog-scaled when the grid spans orders of magnitude (step 0 stays
+on the axis), with tokens seen on a secondary axis on top.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from .aggregate import analysed
+
+MODEL_FIGURES = (
+    "qk_alignment.png",
+    "attention_entropy.png",
+    "attention_softmax.png",
+    "isotropy.png",
+    "isotropy_heatmap.png",
+    "final_layernorm.png",
+    "layernorm_params.png",
+    "drift_vs_anisotropy.png",
+    "norms.png",
+)
+ISOTROPY_METRICS = ("avg_cos", "centred_avg_cos", "drift_ratio", "isoscore", "top_eig_share")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _select(sweep: pl.DataFrame, metric: str, site: str | None = None, per_head: bool = False) -> pl.DataFrame:
+    rows = sweep.filter(pl.col("metric") == metric)
+    if site is not None:
+        rows = rows.filter(pl.col("site") == site)
+    rows = rows.filter(pl.col("head").is_not_null() if per_head else pl.col("head").is_null())
+    return rows.sort("step")
+
+
+def _log_spaced(steps) -> bool:
+    nonzero = [s for s in steps if s > 0]
+    return len(nonzero) >= 3 and max(nonzero) / min(nonzero) >= 100
+
+
+def _step_axis(ax, sweep: pl.DataFrame, label: bool = True) -> None:
+    steps = sweep["step"].unique().to_list()
+    if _log_spaced(steps):
+        ax.set_xscale("symlog", linthresh=max(1, min(s for s in steps if s > 0)))
+    if label:
+        ax.set_xlabel("optimizer step")
+    per_step = (sweep.filter(pl.col("step") > 0).select(pl.col("tokens_seen") / pl.col("step")).drop_nulls())
+    if per_step.height:
+        tokens = float(per_step.item(0, 0))
+        top = ax.secondary_xaxis("top", functions=(lambda s: s * tokens, lambda t: t / tokens))
+        top.set_xlabel("tokens seen", fontsize=8)
+        top.tick_params(labelsize=7)
+
+
+def _lines_by(ax, rows: pl.DataFrame, by: str, label_fmt: str, cmap: str = "viridis") -> None:
+    plt = _pyplot()
+    groups = sorted(rows[by].unique().drop_nulls().to_list())
+    colours = plt.get_cmap(cmap)(np.linspace(0, 0.9, max(len(groups), 1)))
+    for colour, group in zip(colours, groups):
+        part = rows.filter(pl.col(by) == group).sort("step")
+        ax.plot(part["step"], part["value"], marker=".", color=colour, label=label_fmt.format(group))
+
+
+def _title(sweep: pl.DataFrame) -> str:
+    return f"{sweep['family'][0]} / {sweep['model'][0]}"
+
+
+def _save(fig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    _pyplot().close(fig)
+    tmp.replace(path)
+
+
+def _grid(n: int, ncols: int, size=(3.4, 2.8)):
+    plt = _pyplot()
+    nrows = int(np.ceil(n / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(size[0] * ncols, size[1] * nrows), squeeze=False, constrained_layout=True)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, axes.flat
+
+
+def qk_alignment(sweep: pl.DataFrame, path: Path) -> None:
+    """A panel per layer (and per rope variant), a line per head: signed cos(q_mean, k_mean) vs step."""
+    rows = sweep.filter((pl.col("metric") == "qk_cos") & pl.col("head").is_not_null())
+    sites = sorted(rows["site"].unique().to_list())
+    layers = sorted(rows["layer"].unique().to_list())
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(sites), len(layers), figsize=(3.0 * len(layers), 2.6 * len(sites)),
+                             squeeze=False, sharey=True, constrained_layout=True)
+    for i, site in enumerate(sites):
+        for j, layer in enumerate(layers):
+            ax = axes[i, j]
+            _lines_by(ax, rows.filter((pl.col("site") == site) & (pl.col("layer") == layer)), "head", "head {}", "tab10")
+            ax.axhline(0, color="grey", lw=0.5)
+            ax.set_title(f"layer {layer}, {site.removeprefix('qk_')}-rotary" if len(sites) > 1 else f"layer {layer}", fontsize=9)
+            _step_axis(ax, sweep, label=i == len(sites) - 1)
+        axes[i, 0].set_ylabel("cos(mean q, mean k)")
+    axes[0, -1].legend(fontsize=6, ncol=2)
+    fig.suptitle(f"{_title(sweep)}: query-key mean alignment per head")
+    _save(fig, path)
+
+
+def attention_entropy(sweep: pl.DataFrame, path: Path) -> None:
+    fig, axes = _grid(2, 2)
+    for ax, metric, label in zip(axes, ("entropy_mean", "entropy_norm_mean"), ("entropy (nats)", "entropy / log(visible keys)")):
+        _lines_by(ax, _select(sweep, metric, "attention"), "layer", "layer {}")
+        ax.set_ylabel(label)
+        _step_axis(ax, sweep)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{_title(sweep)}: attention entropy per layer (mean over heads)")
+    _save(fig, path)
+
+
+def attention_softmax(sweep: pl.DataFrame, path: Path) -> None:
+    metrics = ("p_max_mean", "p_median_mean", "p_min_mean", "score_mean", "score_std")
+    fig, axes = _grid(len(metrics), 3)
+    for ax, metric in zip(axes, metrics):
+        _lines_by(ax, _select(sweep, metric, "attention"), "layer", "layer {}")
+        ax.set_ylabel(metric.removesuffix("_mean").replace("_", " ") if metric.startswith("p_") else metric.replace("_", " "))
+        if metric.startswith("p_"):
+            ax.set_yscale("log")
+        _step_axis(ax, sweep)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{_title(sweep)}: softmax max / median / min and pre-softmax scores")
+    _save(fig, path)
+
+
+def isotropy(sweep: pl.DataFrame, path: Path) -> None:
+    fig, axes = _grid(len(ISOTROPY_METRICS), 3)
+    for ax, metric in zip(axes, ISOTROPY_METRICS):
+        _lines_by(ax, _select(sweep, metric, "resid"), "layer", "layer {}")
+        ax.set_ylabel(metric)
+        _step_axis(ax, sweep)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{_title(sweep)}: isotropy of the residual stream per layer (0 = embeddings)")
+    _save(fig, path)
+
+
+def isotropy_heatmap(sweep: pl.DataFrame, path: Path) -> None:
+    fig, axes = _grid(2, 2, size=(4.2, 3.2))
+    for ax, metric in zip(axes, ("avg_cos", "drift_ratio")):
+        rows = _select(sweep, metric, "resid")
+        table = rows.pivot(on="step", index="layer", values="value", aggregate_function="first").sort("layer")
+        steps = [c for c in table.columns if c != "layer"]
+        image = ax.imshow(table.select(steps).to_numpy(), aspect="auto", origin="lower", cmap="magma")
+        ax.set_xticks(range(len(steps)), steps, rotation=90, fontsize=7)
+        ax.set_yticks(range(table.height), table["layer"].to_list())
+        ax.set_xlabel("optimizer step (checkpoints, evenly spaced)")
+        ax.set_ylabel("layer")
+        ax.set_title(metric)
+        fig.colorbar(image, ax=ax)
+    fig.suptitle(f"{_title(sweep)}: layer x checkpoint")
+    _save(fig, path)
+
+
+def final_layernorm(sweep: pl.DataFrame, path: Path) -> None:
+    fig, axes = _grid(len(ISOTROPY_METRICS), 3)
+    for ax, metric in zip(axes, ISOTROPY_METRICS):
+        for site, style, label in (("final_ln_in", "--", "before final LN"), ("final_ln_out", "-", "after final LN")):
+            rows = _select(sweep, metric, site)
+            ax.plot(rows["step"], rows["value"], style, marker=".", label=label)
+        ax.set_ylabel(metric)
+        _step_axis(ax, sweep)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{_title(sweep)}: the residual stream just before and after the final LayerNorm")
+    _save(fig, path)
+
+
+def layernorm_params(sweep: pl.DataFrame, path: Path) -> None:
+    panels = [("final_ln", m) for m in ("gain_mean", "gain_std", "bias_norm", "bias_drift_share")]
+    fig, axes = _grid(len(panels) + 1, 3)
+    for ax, (site, metric) in zip(axes, panels):
+        rows = _select(sweep, metric, site)
+        ax.plot(rows["step"], rows["value"], marker=".")
+        ax.set_ylabel(f"final LN {metric.replace('_', ' ')}")
+        _step_axis(ax, sweep)
+    ax = axes[len(panels)]
+    for site in ("embed_in", "embed_out"):
+        for metric, style in (("partition_isotropy", "-"), ("partition_isotropy_centred", "--")):
+            rows = _select(sweep, metric, site)
+            if rows.height:
+                ax.plot(rows["step"], rows["value"], style, marker=".", label=f"{site}{' centred' if 'centred' in metric else ''}")
+    ax.set_yscale("log")
+    ax.set_ylabel("I(W)")
+    ax.legend(fontsize=7)
+    _step_axis(ax, sweep)
+    fig.suptitle(f"{_title(sweep)}: final LayerNorm parameters and embedding isotropy I(W)")
+    _save(fig, path)
+
+
+def drift_vs_anisotropy(sweep: pl.DataFrame, path: Path) -> None:
+    fig, axes = _grid(2, 2, size=(4.2, 3.2))
+    ax = axes[0]
+    for name in ("spearman_r", "pearson_r"):
+        rows = _select(sweep, f"drift_avg_cos_{name}", "resid")
+        ax.plot(rows["step"], rows["value"], marker=".", label=name.replace("_r", ""))
+    ax.set_ylabel("correlation over layers")
+    ax.set_ylim(-1.05, 1.05)
+    ax.legend(fontsize=7)
+    _step_axis(ax, sweep)
+    ax = axes[1]
+    drift = _select(sweep, "drift_norm", "resid").select("step", "layer", pl.col("value").alias("drift"))
+    cos = _select(sweep, "avg_cos", "resid").select("step", "layer", pl.col("value").alias("avg_cos"))
+    joined = drift.join(cos, on=["step", "layer"])
+    steps = sorted(joined["step"].unique().to_list())
+    plt = _pyplot()
+    picks = sorted({steps[0], steps[len(steps) // 2], steps[-1]})
+    for colour, step in zip(plt.get_cmap("viridis")(np.linspace(0, 0.9, len(picks))), picks):
+        part = joined.filter(pl.col("step") == step).sort("layer")
+        ax.plot(part["drift"], part["avg_cos"], "-o", color=colour, ms=3, label=f"step {step}")
+    ax.set_xlabel("drift norm ||mean x||")
+    ax.set_ylabel("avg cos")
+    ax.legend(fontsize=7)
+    fig.suptitle(f"{_title(sweep)}: drift vs anisotropy across layers")
+    _save(fig, path)
+
+
+def norms(sweep: pl.DataFrame, path: Path) -> None:
+    """Spread of token norms (std / mean) just before and after each LayerNorm, averaged over layers."""
+    around_layernorm = pl.col("site").str.starts_with("ln_") | pl.col("site").str.starts_with("final_ln")
+    rows = sweep.filter((pl.col("metric") == "norm_cv") & around_layernorm)
+    fig, axes = _grid(2, 2)
+    for ax, suffix, title in zip(axes, ("_in", "_out"), ("before each LayerNorm", "after each LayerNorm")):
+        part = rows.filter(pl.col("site").str.ends_with(suffix)).group_by("step", "site").agg(pl.col("value").mean())
+        part = part.with_columns(pl.col("site").str.strip_suffix(suffix))
+        _lines_by(ax, part, "site", "{}", "tab10")
+        ax.set_ylabel("norm std / mean")
+        ax.set_title(title, fontsize=9)
+        _step_axis(ax, sweep)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{_title(sweep)}: the hypersphere: spread of token norms around each LayerNorm")
+    _save(fig, path)
+
+
+PLOTTERS = {
+    "qk_alignment.png": qk_alignment,
+    "attention_entropy.png": attention_entropy,
+    "attention_softmax.png": attention_softmax,
+    "isotropy.png": isotropy,
+    "isotropy_heatmap.png": isotropy_heatmap,
+    "final_layernorm.png": final_layernorm,
+    "layernorm_params.png": layernorm_params,
+    "drift_vs_anisotropy.png": drift_vs_anisotropy,
+    "norms.png": norms,
+}
+
+
+def plot_model(sweep: pl.DataFrame, out_dir: Path) -> list[Path]:
+    sweep = analysed(sweep)
+    paths = []
+    for name in MODEL_FIGURES:
+        PLOTTERS[name](sweep, Path(out_dir) / name)
+        paths.append(Path(out_dir) / name)
+    return paths
+
+
+def plot_family(sweeps: pl.DataFrame, path: Path) -> None:
+    """Models of one family side by side against tokens seen (steps when a model has no token count)."""
+    sweeps = analysed(sweeps)
+    last_layer = sweeps.filter(pl.col("site") == "resid").group_by("model").agg(pl.col("layer").max().alias("last"))
+    panels = [
+        ("avg cos, last layer", lambda s: s.join(last_layer, on="model").filter((pl.col("metric") == "avg_cos") & (pl.col("site") == "resid") & (pl.col("layer") == pl.col("last")))),
+        ("IsoScore after final LN", lambda s: s.filter((pl.col("metric") == "isoscore") & (pl.col("site") == "final_ln_out"))),
+        ("normalised entropy, mean over layers", lambda s: s.filter((pl.col("metric") == "entropy_norm_mean") & pl.col("head").is_null()).group_by("model", "step", "tokens_seen").agg(pl.col("value").mean())),
+        ("|qk cos|, mean over heads and layers", lambda s: s.filter(pl.col("metric") == "qk_cos_abs_mean").group_by("model", "step", "tokens_seen").agg(pl.col("value").mean())),
+    ]
+    fig, axes = _grid(len(panels), 2, size=(4.2, 3.2))
+    for ax, (label, pick) in zip(axes, panels):
+        for model in sorted(sweeps["model"].unique().to_list()):
+            rows = pick(sweeps.filter(pl.col("model") == model)).sort("step")
+            x = rows["tokens_seen"] if rows["tokens_seen"].null_count() == 0 else rows["step"]
+            ax.plot(x, rows["value"], marker=".", label=model)
+        ax.set_xscale("symlog", linthresh=max(1.0, float(sweeps.filter(pl.col("tokens_seen") > 0)["tokens_seen"].min() or 1)))
+        ax.set_xlabel("tokens seen")
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{sweeps['family'][0]}: models compared over training")
+    _save(fig, path)

@@ -1,0 +1,22 @@
+def toy_checkpoints_dir(wildcards):
+    if wildcards.family == "toy":
+        return f"{anisweep_config.TOY_ROOT}/{wildcards.model}"
+    return []
+
+
+# Weights live here only until extract has read them (temp), unless fetch.keep_weights keeps them
+# in the Hugging Face cache.
+rule fetch:
+    input:
+        toy_checkpoints_dir,
+    output:
+        temp(directory("weights/{family}/{model}/step{step}")),
+    params:
+        checkpoint=lambda wc: json_arg(checkpoint_of(wc).to_dict()),
+        keep="--keep-weights" if config["fetch"]["keep_weights"] else "",
+        retries=config["fetch"]["retries"],
+    log:
+        "logs/fetch/{family}/{model}/step{step}.log",
+    shell:
+        "{ANISWEEP} fetch --checkpoint {params.checkpoint} --out {output} {params.keep} "
+        "--retries {params.retries} 2> {log}"
