@@ -1,0 +1,469 @@
+"""Getting a checkpoint's weights onto disk, and proving which bytes were analysed.
+
+:func:`fetch` turns a :class:`~anisweep.sources.Checkpoint` into a folder that ``from_pretrained`` loads
+and writes ``dest/checkpoint.json`` (the manifest) atomically.
+
+Hub checkpoints (``pythia``, ``multiberts``):
+
+1. The revision is resolved to a commit hash (``HfApi.resolve_revision``: online it asks the Hub and records
+   ``refs/{revision}`` in the cache; offline, or when the Hub is unreachable, it reads that ref).
+2. The repo's file list (the cached tree listing, else the Hub's listing, else -- offline -- the cached
+   snapshot folder) decides what to download: ``config.json``, the tokenizer files and ONE weight format:
+   ``*.safetensors`` (+ index) when the repo has them, else ``pytorch_model*.bin`` (+ index). Never
+   ``tf_model.h5``, flax, onnx. The exact file names are passed as ``allow_patterns``.
+3. ``huggingface_hub.snapshot_download`` downloads them (resumable, with its own progress bars):
+   ``keep_weights=True`` into the normal HF cache (``path`` = the snapshot folder); ``keep_weights=False``
+   into ``dest/weights`` (``local_dir``), a folder the pipeline deletes after extraction -- except when
+   the HF cache already holds every wanted file (always the case offline): then nothing is downloaded and
+   ``dest/weights`` holds symlinks to the cached files, so deleting it never touches the cache.
+4. Transient failures (connection errors, timeouts, HTTP 408/429/5xx) are retried ``retries`` times with
+   exponential backoff (``backoff * 2**k`` seconds), then raise :class:`FetchError` naming repo, revision
+   and the last cause. A revision or repo that does not exist (or, offline, is not in the cache) raises
+   :class:`RevisionNotFound` at once.
+
+Local/toy checkpoints are used in place: ``path`` is the checkpoint folder, nothing is copied.
+
+``weights_sha256`` is a sha256 over the weight files' bytes (sorted by name, streamed in 1 MiB chunks);
+:func:`find_duplicates` uses it to flag steps serving the same weights as another step (the known Pythia
+defects serve the final model under early step names).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx2
+from huggingface_hub import HfApi, snapshot_download, try_to_load_from_cache
+from huggingface_hub import constants as hf_constants
+from huggingface_hub.errors import (
+    CachedRepoTreeNotFoundError,
+    EntryNotFoundError,
+    FileMetadataError,
+    HfHubHTTPError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+    RevisionResolutionError,
+    XetDownloadError,
+)
+
+from .sources import Checkpoint
+
+try:  # requests is optional in huggingface_hub 1.x/2.x; catch its errors when something uses it
+    import requests
+
+    _REQUESTS_TRANSIENT: tuple[type[BaseException], ...] = (
+        requests.ConnectionError,
+        requests.Timeout,
+    )
+except ImportError:  # pragma: no cover
+    _REQUESTS_TRANSIENT = ()
+
+__all__ = [
+    "FetchError",
+    "RevisionNotFound",
+    "fetch",
+    "find_duplicates",
+    "hash_files",
+    "select_files",
+    "weight_files_in",
+    "MANIFEST",
+    "WEIGHTS_DIR",
+]
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "checkpoint.json"
+WEIGHTS_DIR = "weights"
+CHUNK = 1 << 20  # 1 MiB
+
+CONFIG_FILES = ("config.json",)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tokenizer.model",
+)
+_SAFETENSORS = re.compile(r"[^/]+\.safetensors")
+_SAFETENSORS_INDEX = "model.safetensors.index.json"
+_BIN = re.compile(r"pytorch_model(?:-\d+-of-\d+)?\.bin")
+_BIN_INDEX = "pytorch_model.bin.index.json"
+
+_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_TRANSIENT_EXC: tuple[type[BaseException], ...] = (
+    httpx2.TimeoutException,
+    httpx2.NetworkError,
+    httpx2.RemoteProtocolError,
+    XetDownloadError,
+    FileMetadataError,
+    TimeoutError,
+    ConnectionError,  # builtin; OfflineModeIsEnabled subclasses it and is handled first
+    *_REQUESTS_TRANSIENT,
+)
+
+
+class FetchError(RuntimeError):
+    """A checkpoint could not be fetched. Names the repo (or folder), the revision and the last cause."""
+
+    def __init__(self, message: str, *, repo_id: str | None = None, revision: str | None = None):
+        super().__init__(message)
+        self.repo_id = repo_id
+        self.revision = revision
+
+
+class RevisionNotFound(FetchError):
+    """The repo or revision does not exist on the Hub (or, offline, is not in the local cache): no retry."""
+
+
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def _chain(exc: BaseException) -> Iterable[BaseException]:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen and len(seen) < 16:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
+
+
+def _classify(exc: BaseException) -> str:
+    """'missing' (repo/revision does not exist, or offline without it), 'transient' (retry), or 'fatal'."""
+    chain = list(_chain(exc))
+    for e in chain:
+        if isinstance(e, (RevisionNotFoundError, RepositoryNotFoundError)):
+            return "missing"
+        if isinstance(e, OfflineModeIsEnabled):
+            return "missing"
+    if hf_constants.is_offline_mode() and any(
+        isinstance(e, (EntryNotFoundError, RevisionResolutionError)) for e in chain
+    ):
+        return "missing"  # offline and not in the cache: waiting will not bring it
+    for e in chain:
+        if isinstance(e, httpx2.ProxyError):
+            return "fatal"  # a misconfigured proxy does not heal by waiting
+        if isinstance(e, HfHubHTTPError):
+            status = getattr(getattr(e, "response", None), "status_code", None)
+            return "transient" if status in _TRANSIENT_STATUS or (status or 0) >= 500 else "fatal"
+        if isinstance(e, _TRANSIENT_EXC):
+            return "transient"
+    return "fatal"
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(": ")
+
+
+def _with_retries(
+    call: Callable[[], T], *, what: str, repo_id: str, revision: str, retries: int, backoff: float
+) -> T:
+    """Run ``call``; retry transient failures with exponential backoff; wrap every failure in FetchError."""
+    attempt = 0
+    while True:
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - every failure is classified and re-raised
+            kind = _classify(exc)
+            where = f"{repo_id} at revision {revision!r}"
+            if kind == "missing":
+                why = (
+                    "is not in the local HF cache and HF_HUB_OFFLINE is set"
+                    if hf_constants.is_offline_mode()
+                    else "does not exist on the Hub (or is not accessible)"
+                )
+                raise RevisionNotFound(
+                    f"{what}: {where} {why}: {_describe(exc)}",
+                    repo_id=repo_id,
+                    revision=revision,
+                ) from exc
+            if kind == "fatal":
+                raise FetchError(
+                    f"{what} failed for {where}: {_describe(exc)}", repo_id=repo_id, revision=revision
+                ) from exc
+            attempt += 1
+            if attempt > retries:
+                raise FetchError(
+                    f"{what} failed for {where} after {attempt} attempts; last error: {_describe(exc)}",
+                    repo_id=repo_id,
+                    revision=revision,
+                ) from exc
+            delay = min(backoff * 2 ** (attempt - 1), 300.0)
+            log.warning(
+                "%s for %s failed (%s); retry %d/%d in %.1fs", what, where, _describe(exc), attempt, retries, delay
+            )
+            if delay > 0:
+                time.sleep(delay)
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+def select_files(repo_files: Iterable[str]) -> tuple[list[str], list[str]]:
+    """From a repo's file list, the files to download and, among them, the weight files.
+
+    Returns ``(wanted, weights)``: config + tokenizer files + one weight format (safetensors preferred,
+    ``pytorch_model*.bin`` only when there are no safetensors) + its index. Top-level files only.
+    Raises ValueError when the repo has no config.json or no loadable weights.
+    """
+    top = sorted({f for f in repo_files if "/" not in f})
+    weights = [f for f in top if _SAFETENSORS.fullmatch(f)]
+    index = _SAFETENSORS_INDEX
+    if not weights:
+        weights = [f for f in top if _BIN.fullmatch(f)]
+        index = _BIN_INDEX
+    if not weights:
+        raise ValueError(f"no *.safetensors or pytorch_model*.bin weights among its files: {', '.join(top) or 'none'}")
+    if "config.json" not in top:
+        raise ValueError(f"no config.json among its files: {', '.join(top)}")
+    wanted = [f for f in top if f in CONFIG_FILES or f in TOKENIZER_FILES or f == index] + weights
+    return sorted(set(wanted)), weights
+
+
+def weight_files_in(folder: Path) -> list[str]:
+    """The weight files ``from_pretrained`` loads from a local folder (same preference as :func:`select_files`)."""
+    names = [p.name for p in folder.iterdir() if p.is_file()]
+    return select_files(names)[1]
+
+
+def hash_files(folder: Path, names: Iterable[str]) -> str:
+    """sha256 over the bytes of ``folder/name`` for the names in sorted order, streamed in 1 MiB chunks."""
+    h = hashlib.sha256()
+    for name in sorted(names):
+        with open(folder / name, "rb") as f:
+            while chunk := f.read(CHUNK):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / f).is_file() for f in TOKENIZER_FILES)
+
+
+# ---------------------------------------------------------------------------------------------- hub
+
+
+def _hub_api() -> HfApi:
+    return HfApi()
+
+
+def _cache_root(cache_dir: Path | str | None) -> Path:
+    return Path(cache_dir if cache_dir is not None else hf_constants.HF_HUB_CACHE).expanduser()
+
+
+def _repo_files(api: Any, repo_id: str, commit: str, cache_dir: Path | None, *, offline: bool) -> list[str]:
+    """The repo's files at ``commit``: cached tree listing, else the Hub (online) or the cached snapshot (offline)."""
+    try:
+        from huggingface_hub import get_cached_repo_tree
+
+        return [f.path for f in get_cached_repo_tree(repo_id, revision=commit, cache_dir=cache_dir)]
+    except (ImportError, CachedRepoTreeNotFoundError):
+        pass
+    if not offline:
+        return list(api.list_repo_files(repo_id, revision=commit))
+    snap = _cache_root(cache_dir) / ("models--" + repo_id.replace("/", "--")) / "snapshots" / commit
+    if not snap.is_dir():
+        raise EntryNotFoundError(f"no cached snapshot {snap}")
+    return [p.relative_to(snap).as_posix() for p in snap.rglob("*") if p.is_file()]
+
+
+def _all_cached(repo_id: str, commit: str, files: Iterable[str], cache_dir: Path | None) -> bool:
+    return all(
+        isinstance(try_to_load_from_cache(repo_id, f, cache_dir=cache_dir, revision=commit), str) for f in files
+    )
+
+
+def _link_files(src: Path, dst: Path, files: Iterable[str]) -> None:
+    """``dst/f`` -> the cached blob of ``src/f`` (symlink; copy where links are not possible)."""
+    if dst.is_symlink() or dst.is_file():
+        dst.unlink()
+    elif dst.exists():
+        shutil.rmtree(dst)
+    dst.mkdir(parents=True)
+    for f in files:
+        target = Path(os.path.realpath(src / f))
+        try:
+            (dst / f).symlink_to(target)
+        except OSError:
+            shutil.copyfile(target, dst / f)
+
+
+def _fetch_hub(
+    ckpt: Checkpoint, dest: Path, *, keep_weights: bool, retries: int, backoff: float, cache_dir: Path | None
+) -> dict[str, Any]:
+    repo_id, revision = ckpt.repo_id, ckpt.revision or "main"
+    assert repo_id is not None
+    offline = hf_constants.is_offline_mode()
+    api = _hub_api()
+    retry = dict(repo_id=repo_id, revision=revision, retries=retries, backoff=backoff)
+
+    resolved = _with_retries(
+        lambda: api.resolve_revision(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=offline),
+        what="resolving the revision",
+        **retry,
+    )
+    commit = resolved.resolved
+    files = _with_retries(
+        lambda: _repo_files(api, repo_id, commit, cache_dir, offline=offline), what="listing the repo files", **retry
+    )
+    try:
+        wanted, weights = select_files(files)
+    except ValueError as exc:
+        raise FetchError(f"{repo_id} at revision {revision!r}: {exc}", repo_id=repo_id, revision=revision) from None
+
+    use_cache = keep_weights or offline or _all_cached(repo_id, commit, wanted, cache_dir)
+    local_dir = None if use_cache else dest / WEIGHTS_DIR
+    log.info("fetching %s@%s (%s) -> %s", repo_id, revision, commit[:10], local_dir or "HF cache")
+    folder = Path(
+        _with_retries(
+            lambda: snapshot_download(
+                repo_id,
+                revision=resolved,
+                allow_patterns=wanted,
+                cache_dir=cache_dir,
+                local_dir=local_dir,
+            ),
+            what="downloading",
+            **retry,
+        )
+    )
+    missing = [f for f in wanted if not (folder / f).is_file()]
+    if missing:
+        raise FetchError(
+            f"{repo_id} at revision {revision!r}: after download {folder} lacks {', '.join(missing)}",
+            repo_id=repo_id,
+            revision=revision,
+        )
+    if use_cache and not keep_weights:
+        _link_files(folder, dest / WEIGHTS_DIR, wanted)
+        folder = dest / WEIGHTS_DIR
+    return dict(commit=commit, path=folder, weight_files=weights, tokenizer_path=folder)
+
+
+# ---------------------------------------------------------------------------------------------- entry points
+
+
+def _fetch_local(ckpt: Checkpoint) -> dict[str, Any]:
+    folder = Path(ckpt.path or "")
+    if not ckpt.path or not folder.is_dir():
+        raise FetchError(f"{ckpt.key}: checkpoint folder {folder} does not exist", revision=f"step{ckpt.step}")
+    try:
+        weights = weight_files_in(folder)
+    except ValueError as exc:
+        raise FetchError(f"{ckpt.key}: checkpoint folder {folder}: {exc}", revision=f"step{ckpt.step}") from None
+    tokenizer = next((p for p in (folder, folder.parent) if _has_tokenizer(p)), None)
+    return dict(commit=None, path=folder, weight_files=weights, tokenizer_path=tokenizer)
+
+
+def fetch(
+    ckpt: Checkpoint,
+    dest: Path,
+    *,
+    keep_weights: bool = False,
+    retries: int = 5,
+    backoff: float = 2.0,
+    cache_dir: Path | str | None = None,
+) -> dict[str, Any]:
+    """Make ``ckpt`` loadable from disk, write ``dest/checkpoint.json`` (atomically) and return it.
+
+    The manifest: family, model, step, tokens_seen, seed, repo_id, revision, commit (Hub commit hash or
+    None), path (the folder ``from_pretrained`` loads), tokenizer_path (the folder ``AutoTokenizer`` loads;
+    for local runs the checkpoint folder or else the run folder; None if neither has tokenizer files),
+    weight_files (names inside ``path``), weights_sha256, weights_bytes.
+    ``cache_dir`` overrides the HF cache (default: ``$HF_HOME/hub``).
+    """
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    if ckpt.repo_id is not None:
+        got = _fetch_hub(
+            ckpt, dest, keep_weights=keep_weights, retries=retries, backoff=backoff,
+            cache_dir=Path(cache_dir) if cache_dir is not None else None,
+        )
+    else:
+        got = _fetch_local(ckpt)
+    folder: Path = got["path"]
+    weights: list[str] = got["weight_files"]
+    manifest = {
+        "family": ckpt.family,
+        "model": ckpt.model,
+        "step": ckpt.step,
+        "tokens_seen": ckpt.tokens_seen,
+        "seed": ckpt.seed,
+        "repo_id": ckpt.repo_id,
+        "revision": ckpt.revision,
+        "commit": got["commit"],
+        "path": str(folder),
+        "tokenizer_path": None if got["tokenizer_path"] is None else str(got["tokenizer_path"]),
+        "weight_files": weights,
+        "weights_sha256": hash_files(folder, weights),
+        "weights_bytes": sum((folder / f).stat().st_size for f in weights),
+    }
+    _write_json_atomic(dest / MANIFEST, manifest)
+    return manifest
+
+
+def find_duplicates(manifests: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Steps of one model whose weights are byte-identical to another step's.
+
+    Returns one record per affected checkpoint, sorted by (family, model, step):
+    ``{family, model, step, revision, weights_sha256, duplicate_of: [other steps with the same hash]}``.
+    Identical weights at two steps mean at least one of them is not what its name says (the known Pythia
+    defects serve the final model's weights under early step names, so there the earliest steps of a group
+    are the suspicious ones); aggregation flags all of them rather than guessing.
+    """
+    groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = defaultdict(list)
+    for m in manifests:
+        if m.get("weights_sha256"):
+            groups[(m["family"], m["model"], m["weights_sha256"])].append(m)
+    out = []
+    for (family, model, sha), members in groups.items():
+        steps = sorted({int(m["step"]) for m in members})
+        if len(steps) < 2:
+            continue
+        for m in sorted(members, key=lambda m: int(m["step"])):
+            step = int(m["step"])
+            out.append(
+                {
+                    "family": family,
+                    "model": model,
+                    "step": step,
+                    "revision": m.get("revision"),
+                    "weights_sha256": sha,
+                    "duplicate_of": [s for s in steps if s != step],
+                }
+            )
+    return sorted(out, key=lambda r: (r["family"], r["model"], r["step"]))
