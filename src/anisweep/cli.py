@@ -25,6 +25,13 @@ def _json(text: str):
         raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {text[:200]}") from None
 
 
+def _steps(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integer steps, got {text!r}") from None
+
+
 def cmd_train_toy(args) -> None:
     import dataclasses
 
@@ -134,7 +141,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("aggregate", help="one tidy table per sweep")
     p.add_argument("--out", required=True)
-    p.add_argument("--expected-steps", type=int, nargs="*", help="steps the config names; absent ones are listed as missing")
+    p.add_argument("--expected-steps", type=_steps, default=[], help="comma-separated steps the config names; absent ones are listed as missing")
     p.add_argument("metrics", nargs="+")
     p.set_defaults(run=cmd_aggregate)
 

@@ -49,16 +49,38 @@ def _log_spaced(steps) -> bool:
     return len(nonzero) >= 3 and max(nonzero) / min(nonzero) >= 100
 
 
+def _human(n: float) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.3g}"
+
+
 def _step_axis(ax, sweep: pl.DataFrame, label: bool = True) -> None:
+    """Steps below (symlog for log-spaced grids, from 0), tokens seen above at the same ticks.
+
+    Call after plotting: the top axis copies the finished limits and ticks.
+    """
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
     steps = sweep["step"].unique().to_list()
+    scale = {}
     if _log_spaced(steps):
-        ax.set_xscale("symlog", linthresh=max(1, min(s for s in steps if s > 0)))
+        scale = {"value": "symlog", "linthresh": max(1, min(s for s in steps if s > 0))}
+        ax.set_xscale(**scale)
+    ax.set_xlim(0, max(max(steps) * (1.15 if scale else 1.02), 1))
     if label:
         ax.set_xlabel("optimizer step")
-    per_step = (sweep.filter(pl.col("step") > 0).select(pl.col("tokens_seen") / pl.col("step")).drop_nulls())
+    per_step = sweep.filter(pl.col("step") > 0).select(pl.col("tokens_seen") / pl.col("step")).drop_nulls()
     if per_step.height:
         tokens = float(per_step.item(0, 0))
-        top = ax.secondary_xaxis("top", functions=(lambda s: s * tokens, lambda t: t / tokens))
+        top = ax.twiny()
+        if scale:
+            top.set_xscale(**scale)
+        top.set_xlim(ax.get_xlim())
+        top.set_xticks([t for t in ax.get_xticks() if 0 <= t <= ax.get_xlim()[1]])
+        top.xaxis.set_minor_locator(NullLocator())
+        top.xaxis.set_major_formatter(FuncFormatter(lambda s, _: _human(s * tokens)))
         top.set_xlabel("tokens seen", fontsize=8)
         top.tick_params(labelsize=7)
 

@@ -17,7 +17,7 @@ rule aggregate:
     output:
         "results/{family}/{model}/sweep.parquet",
     params:
-        steps=lambda wc: " ".join(str(c.step) for c in model_checkpoints(wc.family, wc.model)),
+        steps=lambda wc: ",".join(str(c.step) for c in model_checkpoints(wc.family, wc.model)),
     log:
         "logs/aggregate/{family}/{model}.log",
     shell:

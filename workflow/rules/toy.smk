@@ -3,7 +3,7 @@ rule train_toy:
         directory(f"{anisweep_config.TOY_ROOT}/{{model}}"),
     params:
         spec=lambda wc: json_arg(anisweep_config.toy_spec(config, wc.model)),
-    threads: workflow.cores
+    threads: 1
     log:
         "logs/train_toy/{model}.log",
     shell:
