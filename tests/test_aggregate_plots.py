@@ -1,0 +1,86 @@
+"""Sweep aggregation (duplicates and missing checkpoints flagged) and the figures drawn from it."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib
+import polars as pl
+import pytest
+
+from anisweep.aggregate import aggregate, analysed
+from anisweep.plots import MODEL_FIGURES, _log_spaced, plot_family, plot_model
+from anisweep.tables import metric_rows, write_atomic
+
+matplotlib.use("Agg")
+
+
+def fake_checkpoint(root, step, sha, tokens_per_step=100, model="m"):
+    """A metrics.parquet and extract.json as extract/metrics write them, with made-up values."""
+    ident = {"family": "fam", "model": model, "seed": 0, "step": step, "tokens_seen": step * tokens_per_step}
+    rows = []
+    for layer in range(3):
+        for metric in ("avg_cos", "drift_norm", "drift_ratio", "centred_avg_cos", "isoscore", "top_eig_share", "norm_cv"):
+            rows.append({"layer": layer, "site": "resid", "metric": metric, "value": 0.1 * layer + step / 1000})
+        for site in ("final_ln_in", "final_ln_out", "ln_attn_in", "ln_attn_out"):
+            for metric in ("avg_cos", "drift_ratio", "centred_avg_cos", "isoscore", "top_eig_share", "norm_cv"):
+                rows.append({"layer": layer, "site": site, "metric": metric, "value": 0.2 + step / 2000})
+        for head in range(2):
+            for site in ("qk_pre", "qk_post"):
+                rows.append({"layer": layer, "head": head, "site": site, "metric": "qk_cos", "value": 0.5 - head})
+            rows.append({"layer": layer, "head": head, "site": "attention", "metric": "entropy_mean", "value": 1.0})
+        for metric in ("entropy_mean", "entropy_norm_mean", "p_max_mean", "p_median_mean", "p_min_mean", "score_mean", "score_std"):
+            rows.append({"layer": layer, "site": "attention", "metric": metric, "value": 0.5 + layer / 10})
+        rows.append({"layer": layer, "site": "qk_post", "metric": "qk_cos_abs_mean", "value": 0.3})
+    for metric in ("gain_mean", "gain_std", "bias_norm", "bias_drift_share"):
+        rows.append({"layer": 2, "site": "final_ln", "metric": metric, "value": 1.0})
+    for site in ("embed_in", "embed_out"):
+        rows += [{"site": site, "metric": "partition_isotropy", "value": 0.5}, {"site": site, "metric": "partition_isotropy_centred", "value": 0.9}]
+    for name in ("spearman_r", "pearson_r"):
+        rows.append({"site": "resid", "metric": f"drift_avg_cos_{name}", "value": 0.8})
+    folder = root / model / f"step{step}"
+    write_atomic(metric_rows(ident, rows), folder / "metrics.parquet")
+    (folder / "extract.json").write_text(json.dumps({"checkpoint": {"step": step, "weights_sha256": sha}}))
+    return folder / "metrics.parquet"
+
+
+def test_duplicate_weights_are_flagged_not_analysed(tmp_path):
+    paths = [fake_checkpoint(tmp_path, step, sha) for step, sha in [(0, "a"), (1, "z"), (2, "b"), (512, "z")]]
+    with pytest.warns(UserWarning, match="step 1 has byte-identical weights to step 512"):
+        sweep = aggregate(paths)
+    status = dict(sweep.select("step", "status").unique().iter_rows())
+    assert status == {0: "ok", 1: "duplicate", 2: "ok", 512: "ok"}
+    assert sweep.filter(pl.col("step") == 1)["duplicate_of_step"].unique().to_list() == [512]
+    assert 1 not in analysed(sweep)["step"].to_list()
+
+
+def test_missing_checkpoints_are_listed(tmp_path):
+    paths = [fake_checkpoint(tmp_path, step, str(step)) for step in (0, 4)]
+    with pytest.warns(UserWarning, match=r"steps \[2\]"):
+        sweep = aggregate(paths + [tmp_path / "m" / "step2" / "metrics.parquet"], expected_steps=[0, 2, 4])
+    missing = sweep.filter(pl.col("status") == "missing")
+    assert missing["step"].to_list() == [2] and missing["metric"].is_null().all()
+    assert missing["model"].to_list() == ["m"]
+
+
+def test_log_spaced_detection():
+    assert _log_spaced([0, 1, 2, 4, 8, 16, 128, 143000])
+    assert not _log_spaced([0, 1000, 2000, 3000, 4000])
+
+
+@pytest.mark.parametrize("steps", [[0, 1, 2, 4, 64, 512], [0, 100, 200, 300]], ids=["log-grid", "linear-grid"])
+def test_every_model_figure_is_drawn(tmp_path, steps):
+    sweep = aggregate([fake_checkpoint(tmp_path, step, str(step)) for step in steps])
+    paths = plot_model(sweep, tmp_path / "figures")
+    assert sorted(p.name for p in paths) == sorted(MODEL_FIGURES)
+    for path in paths:
+        assert path.stat().st_size > 10_000
+    assert not list((tmp_path / "figures").glob(".*tmp*"))
+
+
+def test_family_figure_handles_models_without_token_counts(tmp_path):
+    first = aggregate([fake_checkpoint(tmp_path, s, f"a{s}", model="a") for s in (0, 10, 100)])
+    second = aggregate([fake_checkpoint(tmp_path, s, f"b{s}", model="b") for s in (0, 10, 100)])
+    second = second.with_columns(pl.lit(None, pl.Int64).alias("tokens_seen"))
+    plot_family(pl.concat([first, second]), tmp_path / "compare.png")
+    assert (tmp_path / "compare.png").stat().st_size > 10_000
