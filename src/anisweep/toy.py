@@ -1,0 +1,427 @@
+"""Train the embedded default sweep: tiny BERT (masked LM) and Pythia-style GPT-NeoX (causal LM).
+
+Both models train on the builtin corpus (:func:`anisweep.corpus.builtin_text`) with a tokenizer
+trained on the same text, entirely offline, in under a minute each on 2 CPU cores, and are saved
+as Hugging Face checkpoints at the requested optimizer steps (``out_dir/step{N}/``, step 0 = the
+initialisation), with ``out_dir/train_log.json`` holding the loss of every step.
+
+Everything is seeded: the same arguments (and the same number of torch threads) give
+byte-identical safetensors files. Tokenizer training is made deterministic too (the
+``tokenizers`` WordPiece trainer numbers its ``##`` continuation characters in hash-map order;
+we hand it the alphabet in sorted order instead).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .corpus import builtin_text, special_affixes, tokenize_stream
+
+__all__ = [
+    "ARCHS",
+    "DEFAULT_STEPS",
+    "ToySpec",
+    "train_toy",
+    "build_bert_tokenizer",
+    "build_neox_tokenizer",
+    "build_tokenizer",
+    "build_model",
+]
+
+ARCHS = ("bert", "gpt_neox")
+# Pythia's early grid (0, 1, 2, 4, ..., 512) plus a final step.
+DEFAULT_STEPS: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000)
+
+BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+NEOX_EOS = "<|endoftext|>"
+
+
+@dataclass(frozen=True)
+class ToySpec:
+    """Size and optimisation settings of a toy model (the defaults are the embedded sweep's).
+
+    With the defaults and :data:`DEFAULT_STEPS` each model trains in about 45 s of CPU time
+    (1 torch thread; more threads do not help models this small and hurt badly when the cores
+    are shared), and the loss falls from ln(2048) = 7.6 to about 4.8 (BERT MLM) / 3.4 (GPT-NeoX).
+    """
+
+    d_model: int = 64
+    n_layers: int = 4
+    n_heads: int = 4
+    d_ff: int = 256
+    seq_len: int = 64
+    batch_size: int = 16
+    lr: float = 2e-3
+    vocab_size: int = 2048
+    warmup: int = 50
+    weight_decay: float = 0.01
+    dropout: float = 0.0
+    mlm_probability: float = 0.15
+    grad_clip: float = 1.0
+    # Position-embedding table (BERT) / rotary horizon (GPT-NeoX); None = seq_len, so BERT cannot
+    # be run on longer sequences than it was trained on.
+    max_position_embeddings: int | None = None
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+    def validate(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        for name in ("d_model", "n_layers", "n_heads", "d_ff", "batch_size", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ToySpec.{name} must be >= 1, got {getattr(self, name)}")
+        if self.seq_len < 4:
+            raise ValueError(f"ToySpec.seq_len must be >= 4, got {self.seq_len}")
+        if not 0.0 < self.mlm_probability < 1.0:
+            raise ValueError(f"ToySpec.mlm_probability must be in (0, 1), got {self.mlm_probability}")
+
+
+# --------------------------------------------------------------------------- tokenizers
+
+
+def build_bert_tokenizer(texts: Sequence[str], vocab_size: int):
+    """A lower-cased WordPiece tokenizer trained on ``texts``, as a transformers ``BertTokenizer``."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import BertTokenizer
+
+    normalizer = normalizers.BertNormalizer(lowercase=True)
+    pre = pre_tokenizers.BertPreTokenizer()
+    initial: set[str] = set()
+    continuing: set[str] = set()
+    for text in texts:
+        for word, _ in pre.pre_tokenize_str(normalizer.normalize_str(text)):
+            initial.add(word[0])
+            continuing.update(word[1:])
+    # Passing every character (and its "##" form) in sorted order makes training deterministic:
+    # otherwise the trainer numbers the "##x" tokens in hash-map order, which breaks merge ties
+    # differently in every process.
+    specials = list(BERT_SPECIAL_TOKENS) + ["##" + c for c in sorted(continuing)]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=sorted(initial | continuing),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    vocab = tok.get_vocab()  # token -> id; the 5 BERT specials are ids 0-4
+    return BertTokenizer(vocab=vocab, do_lower_case=True)
+
+
+def build_neox_tokenizer(texts: Sequence[str], vocab_size: int):
+    """A byte-level BPE tokenizer trained on ``texts``, as a transformers ``GPTNeoXTokenizer``.
+
+    ``<|endoftext|>`` (id 0) is bos, eos, unk and pad, as commonly used with Pythia.
+    """
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import GPTNeoXTokenizer
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[NEOX_EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    model = json.loads(tok.to_str())["model"]
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return GPTNeoXTokenizer(
+        vocab=model["vocab"],
+        merges=merges,
+        unk_token=NEOX_EOS,
+        bos_token=NEOX_EOS,
+        eos_token=NEOX_EOS,
+        pad_token=NEOX_EOS,
+    )
+
+
+def build_tokenizer(arch: str, texts: Sequence[str], vocab_size: int):
+    _check_arch(arch)
+    return build_bert_tokenizer(texts, vocab_size) if arch == "bert" else build_neox_tokenizer(texts, vocab_size)
+
+
+# --------------------------------------------------------------------------- models
+
+
+def build_model(arch: str, spec: ToySpec, tokenizer):
+    """A freshly initialised ``BertForMaskedLM`` or Pythia-style ``GPTNeoXForCausalLM``.
+
+    Initialisation draws from torch's global RNG: seed it first.
+    """
+    _check_arch(arch)
+    max_pos = spec.max_position_embeddings or spec.seq_len
+    vocab = len(tokenizer)
+    if arch == "bert":
+        from transformers import BertConfig, BertForMaskedLM
+
+        config = BertConfig(
+            vocab_size=vocab,
+            hidden_size=spec.d_model,
+            num_hidden_layers=spec.n_layers,
+            num_attention_heads=spec.n_heads,
+            intermediate_size=spec.d_ff,
+            hidden_act="gelu",
+            hidden_dropout_prob=spec.dropout,
+            attention_probs_dropout_prob=spec.dropout,
+            max_position_embeddings=max_pos,
+            type_vocab_size=2,
+            pad_token_id=tokenizer.pad_token_id,
+            tie_word_embeddings=True,
+        )
+        return BertForMaskedLM(config)
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    eos = tokenizer.eos_token_id
+    config = GPTNeoXConfig(
+        vocab_size=vocab,
+        hidden_size=spec.d_model,
+        num_hidden_layers=spec.n_layers,
+        num_attention_heads=spec.n_heads,
+        intermediate_size=spec.d_ff,
+        hidden_act="gelu",
+        attention_dropout=spec.dropout,
+        hidden_dropout=spec.dropout,
+        max_position_embeddings=max_pos,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        use_parallel_residual=True,
+        tie_word_embeddings=False,
+        attention_bias=True,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=eos,
+    )
+    return GPTNeoXForCausalLM(config)
+
+
+def _check_arch(arch: str) -> None:
+    if arch not in ARCHS:
+        raise ValueError(f"unknown toy arch {arch!r}; expected one of {', '.join(ARCHS)}")
+
+
+# --------------------------------------------------------------------------- data
+
+
+class _Batches:
+    """Random training windows from a token stream (with replacement across steps), seeded."""
+
+    def __init__(self, arch: str, tokenizer, stream: list[int], spec: ToySpec, generator: torch.Generator):
+        self.arch, self.spec, self.gen = arch, spec, generator
+        prefix, suffix = special_affixes(tokenizer)
+        self.prefix = torch.tensor(prefix, dtype=torch.int64)
+        self.suffix = torch.tensor(suffix, dtype=torch.int64)
+        self.content_len = spec.seq_len - len(prefix) - len(suffix)
+        self.tokens = torch.tensor(stream, dtype=torch.int64)
+        if len(self.tokens) <= self.content_len:
+            raise ValueError(
+                f"training corpus too short: {len(self.tokens)} tokens, need more than {self.content_len}"
+            )
+        if arch == "bert":
+            special = sorted(set(tokenizer.all_special_ids))
+            self.special_ids = torch.tensor(special, dtype=torch.int64)
+            keep = torch.ones(len(tokenizer), dtype=torch.bool)
+            keep[self.special_ids] = False
+            self.replacement_ids = keep.nonzero().squeeze(1)
+            self.mask_id = tokenizer.mask_token_id
+
+    def next(self) -> dict[str, torch.Tensor]:
+        b, n = self.spec.batch_size, self.content_len
+        starts = torch.randint(0, len(self.tokens) - n + 1, (b,), generator=self.gen)
+        body = self.tokens[starts[:, None] + torch.arange(n)[None, :]]
+        ids = torch.cat([self.prefix.expand(b, -1), body, self.suffix.expand(b, -1)], dim=1)
+        if self.arch == "gpt_neox":
+            return {"input_ids": ids, "labels": ids.clone()}
+        return self._mask(ids)
+
+    def _mask(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """BERT masking: 15% of non-special tokens are targets; of those 80% [MASK], 10% random, 10% kept."""
+        g, p = self.gen, self.spec.mlm_probability
+        special = torch.isin(ids, self.special_ids)
+        target = (torch.rand(ids.shape, generator=g) < p) & ~special
+        labels = torch.where(target, ids, torch.full_like(ids, -100))
+        r = torch.rand(ids.shape, generator=g)
+        to_mask = target & (r < 0.8)
+        to_random = target & (r >= 0.8) & (r < 0.9)
+        random_ids = self.replacement_ids[
+            torch.randint(0, len(self.replacement_ids), ids.shape, generator=g)
+        ]
+        inputs = torch.where(to_mask, torch.full_like(ids, self.mask_id), ids)
+        inputs = torch.where(to_random, random_ids, inputs)
+        return {"input_ids": inputs, "labels": labels}
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def _save_checkpoint(model, tokenizer, final: Path) -> None:
+    """Save model + tokenizer into a temporary sibling folder, then rename it to ``final``."""
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, final)
+
+
+def _write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _lr_factor(step: int, warmup: int, total: int) -> float:
+    """Linear warmup, then cosine decay to 10% of the peak at the last step (as Pythia)."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    span = max(1, total - warmup)
+    progress = min(1.0, (step - warmup) / span)
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# --------------------------------------------------------------------------- training
+
+
+def train_toy(
+    arch: str,
+    out_dir: str | Path,
+    steps: Iterable[int] = DEFAULT_STEPS,
+    seed: int = 0,
+    spec: ToySpec | None = None,
+    *,
+    texts: Sequence[str] | None = None,
+    num_threads: int | None = None,
+    progress: bool = True,
+    deterministic: bool = True,
+    **overrides,
+) -> Path:
+    """Train a toy ``arch`` ("bert" or "gpt_neox") and save checkpoints at exactly ``steps``.
+
+    Settings come from ``spec`` (default :class:`ToySpec`) with keyword ``overrides`` on top, e.g.
+    ``train_toy("bert", out, [0, 10], 0, d_model=32, n_layers=2)``. Each checkpoint (model +
+    tokenizer, safetensors) is written atomically to ``out_dir/step{N}/``; ``step0`` is the
+    initialisation, ``step{N}`` the model after N optimizer updates. ``out_dir/train_log.json``,
+    written last, holds the loss of every step (the loss of the batch of update N, computed before
+    that update), its learning rate and tokens seen. ``texts`` defaults to the builtin corpus.
+    ``num_threads`` sets torch's intra-op threads for the call (None: leave as is).
+    Returns ``out_dir``.
+    """
+    _check_arch(arch)
+    spec = dataclasses.replace(spec or ToySpec(), **overrides)
+    spec.validate()
+    save_steps = sorted({int(s) for s in steps})
+    if not save_steps or save_steps[0] < 0:
+        raise ValueError(f"steps must be a non-empty list of non-negative integers, got {steps!r}")
+    total = save_steps[-1]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    prev_threads = torch.get_num_threads()
+    prev_det = torch.are_deterministic_algorithms_enabled()
+    if num_threads is not None:
+        torch.set_num_threads(int(num_threads))
+    torch.use_deterministic_algorithms(deterministic)
+    t0 = time.perf_counter()
+
+    def say(msg: str) -> None:
+        if progress:
+            print(f"[toy {arch} seed {seed}] {msg} ({time.perf_counter() - t0:.1f}s)", file=sys.stderr, flush=True)
+
+    try:
+        texts = builtin_text() if texts is None else list(texts)
+        tokenizer = build_tokenizer(arch, texts, spec.vocab_size)
+        tokenizer.model_max_length = spec.max_position_embeddings or spec.seq_len
+        stream = tokenize_stream(tokenizer, texts)
+        say(f"tokenizer: {len(tokenizer)} tokens; corpus: {len(stream)} tokens; {total} steps")
+
+        torch.manual_seed(seed)
+        model = build_model(arch, spec, tokenizer)
+        model.train()
+        batches = _Batches(arch, tokenizer, stream, spec, torch.Generator().manual_seed(seed))
+
+        decay = [p for p in model.parameters() if p.ndim >= 2]
+        no_decay = [p for p in model.parameters() if p.ndim < 2]
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=spec.lr,
+            betas=(0.9, 0.95),
+            eps=1e-8,
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: _lr_factor(s, spec.warmup, total)
+        )
+
+        log: list[dict] = []
+        save_set = set(save_steps)
+        if 0 in save_set:
+            _save_checkpoint(model, tokenizer, out_dir / "step0")
+            say("saved step0")
+        every = max(1, total // 20)
+        for step in range(1, total + 1):
+            batch = batches.next()
+            loss = model(**batch).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if spec.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+            lr = optimizer.param_groups[0]["lr"]
+            optimizer.step()
+            scheduler.step()
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise FloatingPointError(f"toy {arch} loss is {value} at step {step}; lower lr")
+            log.append({"step": step, "loss": value, "lr": lr, "tokens_seen": step * spec.tokens_per_step})
+            if step in save_set:
+                _save_checkpoint(model, tokenizer, out_dir / f"step{step}")
+            if step % every == 0 or step == total or step in save_set:
+                say(f"step {step}/{total} loss {value:.4f}" + (" saved" if step in save_set else ""))
+
+        wall = time.perf_counter() - t0
+        _write_json_atomic(
+            out_dir / "train_log.json",
+            {
+                "arch": arch,
+                "seed": seed,
+                "spec": dataclasses.asdict(spec),
+                "vocab_size": len(tokenizer),
+                "corpus_tokens": len(stream),
+                "tokens_per_step": spec.tokens_per_step,
+                "checkpoint_steps": save_steps,
+                "total_steps": total,
+                "num_threads": torch.get_num_threads(),
+                "wall_time_s": round(wall, 3),
+                "loss_start": log[0]["loss"] if log else None,
+                "loss_end": log[-1]["loss"] if log else None,
+                "log": log,
+            },
+        )
+        say(f"done: {len(save_steps)} checkpoints in {out_dir}")
+        return out_dir
+    finally:
+        torch.use_deterministic_algorithms(prev_det)
+        if num_threads is not None:
+            torch.set_num_threads(prev_threads)
