@@ -19,6 +19,14 @@ include: "workflow/rules/metrics.smk"
 include: "workflow/rules/plots.smk"
 
 
+# A failed run (a checkpoint that cannot be fetched, loaded or run) still leaves each sweep it was making, from
+# the checkpoints that finished, the others listed with status = "missing", and no weights on disk
+# (workflow/rules/common.smk).
+onerror:
+    write_partial_sweeps()
+    remove_stranded_weights()
+
+
 rule all:
     default_target: True
     input:

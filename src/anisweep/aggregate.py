@@ -2,7 +2,9 @@
 
 A checkpoint whose weights are byte-identical to another step's (the known defective Pythia branches
 serve the final model under early step names) is flagged `duplicate_of_step`, never silently kept as a
-training step; a checkpoint of the config that produced no metrics is listed with `status = "missing"`.
+training step; a checkpoint whose activations went non-finite (NaN/inf token vectors counted by extract, or
+NaN/inf attention, query/key or embedding statistics) is flagged `status = "nonfinite"`; a checkpoint of the
+config that produced no metrics is listed with `status = "missing"`. Only `ok` rows are analysed (figures).
 """
 
 from __future__ import annotations
@@ -21,26 +23,48 @@ SWEEP_SCHEMA = {**METRIC_SCHEMA, "status": pl.String, "duplicate_of_step": pl.In
 def _provenance(extract_json: Path) -> dict:
     info = json.loads(Path(extract_json).read_text())
     checkpoint = info.get("checkpoint", {})
-    return {"step": checkpoint.get("step"), "weights_sha256": checkpoint.get("weights_sha256")}
+    return {"step": checkpoint.get("step"), "weights_sha256": checkpoint.get("weights_sha256"),
+            "weight_files_sha256": checkpoint.get("weight_files_sha256")}
 
 
 def duplicate_steps(provenance: list[dict]) -> dict[int, int]:
     """step -> the step whose weights it repeats; the earliest step of a group is flagged against the
-    latest, since a defective branch serves a LATER model under an earlier name."""
+    latest, since a defective branch serves a LATER model under an earlier name. A group shares all weight
+    files or, for sharded checkpoints, one shard (pythia-12b serves the final model's first shard at
+    step50000 and step58000: EleutherAI/pythia#206)."""
     by_hash: dict[str, list[int]] = {}
     for p in provenance:
-        if p["weights_sha256"]:
-            by_hash.setdefault(p["weights_sha256"], []).append(p["step"])
+        per_file = p.get("weight_files_sha256") or {}
+        keys = {p["weights_sha256"]} | (set(per_file.values()) if len(per_file) > 1 else set())
+        for key in keys - {None}:
+            by_hash.setdefault(key, []).append(p["step"])
     duplicates = {}
     for steps in by_hash.values():
-        steps = sorted(steps)
+        steps = sorted(set(steps))
         for step in steps[:-1]:
-            duplicates[step] = steps[-1]
+            duplicates[step] = max(duplicates.get(step, steps[-1]), steps[-1])
     return duplicates
 
 
+def nonfinite_steps(sweep: pl.DataFrame) -> list[int]:
+    """Steps with non-finite activations: tokens left out of the sums (`n_nonfinite` > 0), or statistics that
+    are NaN/inf only when activations or weights are (attention, mean query/key norms, embedding isotropy)."""
+    if sweep.is_empty():
+        return []
+    bad = (pl.col("metric") == "n_nonfinite") & (pl.col("value") > 0)
+    bad = bad | (
+        (pl.col("site").eq("attention") | pl.col("metric").is_in(["q_norm_mean", "k_norm_mean"])
+         | pl.col("metric").str.starts_with("partition_isotropy"))
+        & ~pl.col("value").is_finite()
+    )
+    return sorted(sweep.filter(bad.fill_null(False))["step"].unique().to_list())
+
+
 def aggregate(metric_paths: list[Path], expected_steps: list[int] | None = None, ident: dict | None = None) -> pl.DataFrame:
-    """Concatenate per-checkpoint metrics; `extract.json` beside each metrics file supplies the weight hash."""
+    """Concatenate per-checkpoint metrics; `extract.json` beside each metrics file supplies the weight hash.
+
+    `ident` (family, model, seed) names the missing rows when no checkpoint produced metrics at all.
+    """
     frames, provenance = [], []
     for path in map(Path, metric_paths):
         if not path.exists():
@@ -57,12 +81,20 @@ def aggregate(metric_paths: list[Path], expected_steps: list[int] | None = None,
     sweep = sweep.with_columns(
         pl.col("step").replace_strict(duplicates, default=None, return_dtype=pl.Int64).alias("duplicate_of_step"),
         pl.col("step").replace_strict(hashes, default=None, return_dtype=pl.String).alias("weights_sha256"),
-    ).with_columns(
-        pl.when(pl.col("duplicate_of_step").is_not_null()).then(pl.lit("duplicate")).otherwise(pl.lit("ok")).alias("status")
+    )
+    nonfinite = nonfinite_steps(sweep)
+    if nonfinite:
+        warnings.warn(f"steps {nonfinite} have non-finite activations (NaN/inf): flagged nonfinite, not analysed")
+    sweep = sweep.with_columns(
+        pl.when(pl.col("duplicate_of_step").is_not_null()).then(pl.lit("duplicate"))
+        .when(pl.col("step").is_in(nonfinite)).then(pl.lit("nonfinite"))
+        .otherwise(pl.lit("ok")).alias("status")
     )
     missing = sorted(set(expected_steps or []) - set(sweep["step"].unique().to_list()))
     if missing:
         warnings.warn(f"{len(missing)} checkpoint(s) produced no metrics: steps {missing}")
+        if ident is None and sweep.is_empty():
+            raise ValueError(f"no metrics at all (steps {missing} missing): pass ident (family, model, seed) to list them")
         base = ident or {key: sweep[key][0] for key in ("family", "model", "seed")}
         sweep = pl.concat([sweep, pl.DataFrame(
             [{"family": base["family"], "model": base["model"], "seed": base.get("seed"), "step": s, "status": "missing"}

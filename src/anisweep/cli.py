@@ -47,9 +47,10 @@ def cmd_train_toy(args) -> None:
 
 
 def cmd_fetch(args) -> None:
-    from .fetch import fetch
+    from .fetch import fetch, log_to_stderr
     from .sources import Checkpoint
 
+    log_to_stderr()
     fetch(Checkpoint.from_dict(args.checkpoint), Path(args.out), keep_weights=args.keep_weights, retries=args.retries)
 
 
@@ -61,6 +62,8 @@ def cmd_extract(args) -> None:
     if args.threads:
         settings.threads = args.threads
     manifest = json.loads(Path(args.manifest).read_text())
+    for orphan in Path(args.out).glob(".*.tmp"):  # half-written tables of a run killed mid-write
+        orphan.unlink()
     texts = load_texts(args.corpus)
     info = extract_checkpoint(manifest, texts, settings, Path(args.out))
     print(f"{manifest['family']}/{manifest['model']}/step{manifest['step']}: "
@@ -161,7 +164,44 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def _checkpoint_key(args) -> str | None:
+    """`{family}/{model}/step{N}` of the checkpoint a command works on, for its error message."""
+    try:
+        if args.command == "fetch":
+            c = args.checkpoint
+            return f"{c['family']}/{c['model']}/step{c['step']}"
+        if args.command == "extract":
+            m = json.loads(Path(args.manifest).read_text())
+            return f"{m['family']}/{m['model']}/step{m['step']}"
+    except Exception:  # noqa: BLE001 - an unreadable manifest is reported as the error itself
+        pass
+    folder = {"extract": getattr(args, "out", None), "metrics": getattr(args, "extract_dir", None)}.get(args.command)
+    if folder and Path(folder).name.startswith("step") and len(Path(folder).parts) >= 3:
+        return "/".join(Path(folder).parts[-3:])  # results/{family}/{model}/step{N}
+    return None
+
+
+def _error_line(key: str | None, error: BaseException) -> str:
+    """`{key}: {type}: {message}` on one line (the key once, even where the message starts with it)."""
+    text = " ".join(str(error).split()) or repr(error)
+    if key and text.startswith(f"{key}: "):
+        text = text[len(key) + 2 :]
+    line = f"{type(error).__name__}: {text}"
+    if isinstance(error, MemoryError) or "OutOfMemoryError" in type(error).__name__:
+        line += " (out of memory: lower extract.batch_size, or give the job more memory)"
+    return line if key is None else f"{key}: {line}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. A failure prints its traceback, then one last line naming the checkpoint and the
+    cause (`toy/toy-neox/step8: SafetensorError: ...`), which the rules repeat on the console; exit 1."""
     args = parser().parse_args(argv)
-    args.run(args)
+    try:
+        args.run(args)
+    except Exception as error:  # noqa: BLE001 - every failure is reported the same way
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+        print(_error_line(_checkpoint_key(args), error), file=sys.stderr, flush=True)
+        return 1
     return 0

@@ -17,7 +17,6 @@ from .tables import IDENTITY, metric_rows
 
 ATTENTION_METRICS = ("entropy_mean", "entropy_norm_mean", "p_max_mean", "p_median_mean", "p_min_mean",
                      "score_mean", "score_std")
-QK_METRICS = ("qk_cos", "qk_mean_score", "q_norm_mean", "k_norm_mean")
 
 
 def _identity(df: pl.DataFrame) -> dict:
@@ -25,12 +24,19 @@ def _identity(df: pl.DataFrame) -> dict:
 
 
 def qk_rows(qk: pl.DataFrame) -> list[dict]:
+    """Alignment recomputed from the stored means, so a change to metrics.py needs no model run."""
     rows = []
     for r in qk.iter_rows(named=True):
-        site = f"qk_{r['rope']}"
-        rows += [{"layer": r["layer"], "head": r["head"], "site": site, "metric": m, "value": r[m]} for m in QK_METRICS]
-    for (layer, rope), group in qk.group_by("layer", "rope"):
-        rows.append({"layer": layer, "site": f"qk_{rope}", "metric": "qk_cos_abs_mean", "value": group["qk_cos"].abs().mean()})
+        cos, score = metrics.qk_alignment(np.asarray(r["q_mean"], np.float64), np.asarray(r["k_mean"], np.float64))
+        values = {"qk_cos": cos, "qk_mean_score": score, "q_norm_mean": r["q_norm_mean"], "k_norm_mean": r["k_norm_mean"]}
+        rows += [{"layer": r["layer"], "head": r["head"], "site": f"qk_{r['rope']}", "metric": m, "value": v}
+                 for m, v in values.items()]
+    per_layer: dict[tuple[int, str], list[float]] = {}
+    for row in rows:
+        if row["metric"] == "qk_cos":
+            per_layer.setdefault((row["layer"], row["site"]), []).append(abs(row["value"]))
+    rows += [{"layer": layer, "site": site, "metric": "qk_cos_abs_mean", "value": float(np.mean(v))}
+             for (layer, site), v in sorted(per_layer.items())]
     return rows
 
 
@@ -75,13 +81,15 @@ def sample_rows(hidden: pl.DataFrame) -> list[dict]:
         x = np.stack(group["vector"].to_list()).astype(np.float64)
         x = x[np.isfinite(x).all(axis=1)]
         n, d = x.shape
-        if n < d:
+        nan = float("nan")
+        values = {"centred_avg_cos": nan, "isoscore": nan, "top_eig_share": nan, "n_sampled": n}
+        if n >= 2:  # fewer: every sampled vector non-finite (a diverged layer), flagged by n_nonfinite
+            values["centred_avg_cos"] = metrics.centred_avg_cos(x)
+            values["top_eig_share"] = metrics.top_eig_share(x)
+        if n >= d:
+            values["isoscore"] = metrics.isoscore(x)
+        elif n >= 2:
             warnings.warn(f"layer {layer} {site}: {n} sampled tokens < d = {d}; IsoScore is NaN (raise extract.sample_tokens)")
-            iso = float("nan")
-        else:
-            iso = metrics.isoscore(x)
-        values = {"centred_avg_cos": metrics.centred_avg_cos(x), "isoscore": iso,
-                  "top_eig_share": metrics.top_eig_share(x), "n_sampled": n}
         rows += [{"layer": layer, "site": site, "metric": m, "value": v} for m, v in values.items()]
     return rows
 

@@ -1,10 +1,16 @@
+import importlib.util
 import json
+import os
 import shlex
 import sys
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
 
 from snakemake.utils import validate
 
 from anisweep import config as anisweep_config
+from anisweep.adapters import UnsupportedArchitecture, adapter_for
 from anisweep.plots import MODEL_FIGURES
 from anisweep.sources import ConfigError
 
@@ -21,6 +27,100 @@ except ConfigError as error:
     raise WorkflowError(f"config: {error}") from None
 
 MODELS = anisweep_config.models(config)
+
+
+def check_architectures(checkpoints):
+    """A local run whose config.json no adapter knows stops the workflow before any job, naming the supported
+    architectures (the Hub families are known ones; toys are built by the workflow)."""
+    for c in checkpoints:
+        path = Path(c.path or "") / "config.json"
+        if c.family != "local" or not path.is_file():
+            continue  # a missing config.json is fetch's error, for that checkpoint alone
+        hf = json.loads(path.read_text())
+        try:
+            adapter_for(SimpleNamespace(model_type=hf.get("model_type"), architectures=hf.get("architectures")))
+        except UnsupportedArchitecture as error:
+            raise WorkflowError(f"config: {c.key}: {error}") from None
+
+
+check_architectures(CHECKPOINTS.values())
+
+
+def package_files(*modules):
+    return [importlib.util.find_spec(f"anisweep.{module}").origin for module in modules]
+
+
+# The analysis code is an input of the rules that run it: editing it reruns metrics, sweeps and figures
+# (Snakemake's mtime trigger), never fetch or extract, which do not depend on it (the model runs are the cost).
+ANALYSIS_CODE = {
+    "metrics": package_files("measure", "metrics", "tables"),
+    "aggregate": package_files("aggregate", "tables"),
+    "plots": package_files("plots", "aggregate"),
+}
+
+
+def on_failure():
+    """Shell suffix of the per-checkpoint rules. When the command fails: repeat the last line of its log on the
+    console (the CLI's `{family}/{model}/step{N}: cause`), name a kill by a signal (9: out of memory, mostly)
+    and exit with the command's status."""
+    return (
+        " || {{ rc=$?; tail -n 1 {log:q} >&2; if [ $rc -gt 128 ]; then echo "
+        "\"{wildcards.family}/{wildcards.model}/step{wildcards.step}: killed by signal $((rc - 128))"
+        " (9: out of memory, or a scheduler's limit)\" >&2; fi; exit $rc; }}"
+    )
+
+
+def write_partial_sweeps():
+    """onerror: every sweep the failed run was to make is written from the metrics that exist, the checkpoints
+    without metrics listed with status = "missing". Snakemake must not take it for the aggregate's output:
+    its metadata record is removed and its mtime set before its oldest input, so that the next run
+    re-aggregates it whatever becomes of the failed checkpoints (retried, or dropped from the config)."""
+    from anisweep.aggregate import aggregate
+    from anisweep.tables import write_atomic
+
+    try:
+        pending = {(job.wildcards.family, job.wildcards.model): job for job in workflow.dag.needrun_jobs()
+                   if job.rule.name == "aggregate"}
+    except Exception:  # noqa: BLE001 - an internal Snakemake API: fall back to every model
+        pending = dict.fromkeys(MODELS)
+    for (family, model), job in sorted(pending.items()):
+        checkpoints = model_checkpoints(family, model)
+        paths = [Path(f"results/{c.key}/metrics.parquet") for c in checkpoints]
+        done = [p for p in paths if p.exists()]
+        if len(done) == len(paths):
+            continue  # aggregate itself failed: its log says why
+        out = Path(f"results/{family}/{model}/sweep.parquet")
+        ident = {"family": family, "model": model, "seed": checkpoints[0].seed}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                sweep = aggregate(paths, expected_steps=[c.step for c in checkpoints], ident=ident)
+            write_atomic(sweep, out)
+            if done:
+                oldest = min(p.stat().st_mtime for p in done)
+                os.utime(out, (oldest - 1, oldest - 1))
+            if job is not None:
+                workflow.persistence.cleanup_metadata(job.output[0])
+            missing = [c.step for c, p in zip(checkpoints, paths) if not p.exists()]
+            print(f"partial sweep {out}: steps {missing} missing (status = missing); "
+                  f"rerun to retry them", file=sys.stderr)
+        except Exception as error:  # noqa: BLE001 - never hide the run's own error
+            print(f"could not write the partial sweep {out}: {error}", file=sys.stderr)
+
+
+def remove_stranded_weights():
+    """onerror: nothing is in flight once a run has failed, so no weights stay on disk: those of a failed
+    extract (kept until then, so that a retry of the job could read them) and those fetched for an extract
+    that never started. A rerun fetches them again (from the Hugging Face cache with fetch.keep_weights)."""
+    import shutil
+
+    if getattr(workflow.storage_settings, "notemp", False):
+        return  # --notemp: the user keeps every temporary file
+    for key in CHECKPOINTS:
+        folder = Path("weights") / key
+        if folder.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            print(f"removed the weights of {key} (not extracted)", file=sys.stderr)
 
 
 wildcard_constraints:

@@ -4,6 +4,10 @@ def toy_checkpoints_dir(wildcards):
     return []
 
 
+# Downloads run on the submit host in cluster runs: compute nodes often have no internet.
+localrules: fetch
+
+
 # Weights live here only until extract has read them (temp), unless fetch.keep_weights keeps them
 # in the Hugging Face cache.
 rule fetch:
@@ -19,4 +23,4 @@ rule fetch:
         "logs/fetch/{family}/{model}/step{step}.log",
     shell:
         "{ANISWEEP} fetch --checkpoint {params.checkpoint} --out {output} {params.keep} "
-        "--retries {params.retries} 2> {log}"
+        "--retries {params.retries} 2> {log}" + on_failure()

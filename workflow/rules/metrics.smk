@@ -1,6 +1,7 @@
 rule metrics:
     input:
         rules.extract.output,
+        code=ANALYSIS_CODE["metrics"],
     output:
         "results/{family}/{model}/step{step}/metrics.parquet",
     params:
@@ -8,12 +9,17 @@ rule metrics:
     log:
         "logs/metrics/{family}/{model}/step{step}.log",
     shell:
-        "{ANISWEEP} metrics --extract-dir {params.extract_dir} --out {output} 2> {log}"
+        "{ANISWEEP} metrics --extract-dir {params.extract_dir} --out {output} 2> {log}" + on_failure()
+
+
+# Seconds of work: on the submit host in cluster runs, not a SLURM job each.
+localrules: aggregate
 
 
 rule aggregate:
     input:
-        model_metrics,
+        metrics=model_metrics,
+        code=ANALYSIS_CODE["aggregate"],
     output:
         "results/{family}/{model}/sweep.parquet",
     params:
@@ -21,4 +27,4 @@ rule aggregate:
     log:
         "logs/aggregate/{family}/{model}.log",
     shell:
-        "{ANISWEEP} aggregate --out {output} --expected-steps {params.steps} {input} 2> {log}"
+        "{ANISWEEP} aggregate --out {output} --expected-steps {params.steps} {input.metrics} 2> {log}"

@@ -1,6 +1,11 @@
+# Seconds of work: on the submit host in cluster runs, not a SLURM job each.
+localrules: plot_model, compare_family
+
+
 rule plot_model:
     input:
-        "results/{family}/{model}/sweep.parquet",
+        sweep="results/{family}/{model}/sweep.parquet",
+        code=ANALYSIS_CODE["plots"],
     output:
         **{
             name.removesuffix(".png"): report(
@@ -16,12 +21,13 @@ rule plot_model:
     log:
         "logs/plots/{family}/{model}.log",
     shell:
-        "{ANISWEEP} plot --sweep {input} --out-dir {params.out_dir} 2> {log}"
+        "{ANISWEEP} plot --sweep {input.sweep} --out-dir {params.out_dir} 2> {log}"
 
 
 rule compare_family:
     input:
-        lambda wc: [f"results/{f}/{m}/sweep.parquet" for f, m in MODELS if f == wc.family],
+        sweeps=lambda wc: [f"results/{f}/{m}/sweep.parquet" for f, m in MODELS if f == wc.family],
+        code=ANALYSIS_CODE["plots"],
     output:
         report(
             "results/{family}/figures/compare.png",
@@ -32,4 +38,4 @@ rule compare_family:
     log:
         "logs/plots/{family}/compare.log",
     shell:
-        "{ANISWEEP} compare --out {output} {input} 2> {log}"
+        "{ANISWEEP} compare --out {output} {input.sweeps} 2> {log}"

@@ -1,3 +1,7 @@
+# A toy trains in under a minute on one thread: on the submit host in cluster runs, not a SLURM job.
+localrules: train_toy
+
+
 rule train_toy:
     output:
         directory(f"{anisweep_config.TOY_ROOT}/{{model}}"),
