@@ -210,8 +210,11 @@ def tiny_bert_tokenizer(folder: Path):
     )
 
 
-def save_tiny_pythia(folder: Path, seed: int = 0, *, safetensors: bool = True, pytorch_bin: bool = False) -> Path:
-    """A random 2-layer GPTNeoXForCausalLM (hidden 32, 4 heads, partial rotary 0.25) + BPE tokenizer."""
+def save_tiny_pythia(
+    folder: Path, seed: int = 0, *, safetensors: bool = True, pytorch_bin: bool = False, max_shard_size: str | None = None
+) -> Path:
+    """A random 2-layer GPTNeoXForCausalLM (hidden 32, 4 heads, partial rotary 0.25) + BPE tokenizer.
+    ``max_shard_size="60KB"`` saves sharded safetensors (3 shards + index), as the large Pythia models are."""
     import torch
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
@@ -225,7 +228,7 @@ def save_tiny_pythia(folder: Path, seed: int = 0, *, safetensors: bool = True, p
     torch.manual_seed(seed)
     model = GPTNeoXForCausalLM(cfg).eval()
     if safetensors:
-        model.save_pretrained(folder)
+        model.save_pretrained(folder, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     else:
         folder.mkdir(parents=True, exist_ok=True)
         cfg.architectures = ["GPTNeoXForCausalLM"]

@@ -47,11 +47,20 @@ def fake_checkpoint(root, step, sha, tokens_per_step=100, model="m"):
 def test_duplicate_weights_are_flagged_not_analysed(tmp_path):
     paths = [fake_checkpoint(tmp_path, step, sha) for step, sha in [(0, "a"), (1, "z"), (2, "b"), (512, "z")]]
     with pytest.warns(UserWarning, match="step 1 has byte-identical weights to step 512"):
-        sweep = aggregate(paths)
+        sweep = aggregate(paths, final_step=512)
     status = dict(sweep.select("step", "status").unique().iter_rows())
     assert status == {0: "ok", 1: "duplicate", 2: "ok", 512: "ok"}
     assert sweep.filter(pl.col("step") == 1)["duplicate_of_step"].unique().to_list() == [512]
     assert 1 not in analysed(sweep)["step"].to_list()
+
+
+def test_a_duplicate_group_without_the_final_step_is_flagged_whole(tmp_path):
+    paths = [fake_checkpoint(tmp_path, step, sha) for step, sha in [(0, "a"), (100, "z"), (200, "z"), (300, "b")]]
+    with pytest.warns(UserWarning, match="byte-identical"):
+        sweep = aggregate(paths, final_step=143000)
+    status = dict(sweep.select("step", "status").unique().iter_rows())
+    assert status == {0: "ok", 100: "duplicate", 200: "duplicate", 300: "ok"}
+    assert dict(sweep.filter(pl.col("status") == "duplicate").select("step", "duplicate_of_step").unique().iter_rows()) == {100: 200, 200: 100}
 
 
 def test_missing_checkpoints_are_listed(tmp_path):

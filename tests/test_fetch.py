@@ -238,7 +238,7 @@ class FakeHub:
     def list_repo_files(self, repo_id, revision=None):
         return list(self.files)
 
-    def snapshot_download(self, repo_id, *, revision, allow_patterns, cache_dir=None, local_dir=None):
+    def snapshot_download(self, repo_id, *, revision, allow_patterns, cache_dir=None, local_dir=None, tqdm_class=None):
         self.downloads.append({"revision": revision, "allow_patterns": allow_patterns, "local_dir": local_dir})
         assert local_dir is not None
         for name in filter_repo_objects(list(self.files), allow_patterns=allow_patterns):

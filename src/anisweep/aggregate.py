@@ -27,22 +27,26 @@ def _provenance(extract_json: Path) -> dict:
             "weight_files_sha256": checkpoint.get("weight_files_sha256")}
 
 
-def duplicate_steps(provenance: list[dict]) -> dict[int, int]:
-    """step -> the step whose weights it repeats; the earliest step of a group is flagged against the
-    latest, since a defective branch serves a LATER model under an earlier name. A group shares all weight
-    files or, for sharded checkpoints, one shard (pythia-12b serves the final model's first shard at
-    step50000 and step58000: EleutherAI/pythia#206)."""
-    by_hash: dict[str, list[int]] = {}
+def duplicate_steps(provenance: list[dict], final_step: int | None = None) -> dict[int, int]:
+    """step -> a step whose weights it repeats. A group shares all weight files or, for sharded checkpoints,
+    one shard (pythia-12b serves the final model's first shard at step50000 and step58000: EleutherAI/pythia#206).
+
+    A defective branch serves the FINAL model under an earlier name, so only `final_step` is trusted in a
+    group: every other member is flagged against it, and a group without it is flagged whole (which of its
+    members holds the weights it claims is unknowable).
+    """
+    by_hash: dict[str, set[int]] = {}
     for p in provenance:
         per_file = p.get("weight_files_sha256") or {}
         keys = {p["weights_sha256"]} | (set(per_file.values()) if len(per_file) > 1 else set())
         for key in keys - {None}:
-            by_hash.setdefault(key, []).append(p["step"])
-    duplicates = {}
+            by_hash.setdefault(key, set()).add(p["step"])
+    duplicates: dict[int, int] = {}
     for steps in by_hash.values():
-        steps = sorted(set(steps))
-        for step in steps[:-1]:
-            duplicates[step] = max(duplicates.get(step, steps[-1]), steps[-1])
+        if len(steps) < 2:
+            continue
+        for step in steps - {final_step}:
+            duplicates[step] = final_step if final_step in steps else max(steps - {step})
     return duplicates
 
 
@@ -60,7 +64,8 @@ def nonfinite_steps(sweep: pl.DataFrame) -> list[int]:
     return sorted(sweep.filter(bad.fill_null(False))["step"].unique().to_list())
 
 
-def aggregate(metric_paths: list[Path], expected_steps: list[int] | None = None, ident: dict | None = None) -> pl.DataFrame:
+def aggregate(metric_paths: list[Path], expected_steps: list[int] | None = None, ident: dict | None = None,
+              final_step: int | None = None) -> pl.DataFrame:
     """Concatenate per-checkpoint metrics; `extract.json` beside each metrics file supplies the weight hash.
 
     `ident` (family, model, seed) names the missing rows when no checkpoint produced metrics at all.
@@ -74,7 +79,7 @@ def aggregate(metric_paths: list[Path], expected_steps: list[int] | None = None,
         if extract_json.exists():
             provenance.append(_provenance(extract_json))
     sweep = pl.concat(frames) if frames else pl.DataFrame(schema=METRIC_SCHEMA)
-    duplicates = duplicate_steps(provenance)
+    duplicates = duplicate_steps(provenance, final_step)
     hashes = {p["step"]: p["weights_sha256"] for p in provenance}
     for step, original in sorted(duplicates.items()):
         warnings.warn(f"step {step} has byte-identical weights to step {original}: flagged duplicate, not a training step")

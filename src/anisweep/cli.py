@@ -2,6 +2,7 @@
 
     anisweep train-toy  --spec JSON --out DIR           train a toy model, save checkpoints step{N}/
     anisweep fetch      --checkpoint JSON --out DIR     get a checkpoint's weights, write DIR/checkpoint.json
+    anisweep corpus     --corpus JSON --out FILE       read the evaluation texts once
     anisweep extract    --manifest FILE --out DIR       one forward pass, write the per-checkpoint Parquet
     anisweep metrics    --extract-dir DIR --out FILE    every metric of one checkpoint
     anisweep aggregate  --out FILE METRICS...           one tidy table per sweep
@@ -54,8 +55,14 @@ def cmd_fetch(args) -> None:
     fetch(Checkpoint.from_dict(args.checkpoint), Path(args.out), keep_weights=args.keep_weights, retries=args.retries)
 
 
+def cmd_corpus(args) -> None:
+    from .corpus import load_texts, write_texts
+
+    write_texts(load_texts(args.corpus), args.out)
+
+
 def cmd_extract(args) -> None:
-    from .corpus import load_texts
+    from .corpus import load_texts, read_texts
     from .extract import ExtractSettings, extract_checkpoint
 
     settings = ExtractSettings(**args.settings)
@@ -64,7 +71,7 @@ def cmd_extract(args) -> None:
     manifest = json.loads(Path(args.manifest).read_text())
     for orphan in Path(args.out).glob(".*.tmp"):  # half-written tables of a run killed mid-write
         orphan.unlink()
-    texts = load_texts(args.corpus)
+    texts = read_texts(args.texts) if args.texts else load_texts(args.corpus)
     info = extract_checkpoint(manifest, texts, settings, Path(args.out))
     print(f"{manifest['family']}/{manifest['model']}/step{manifest['step']}: "
           f"{info['n_valid_tokens']} tokens at {info['tokens_per_second']:.0f} tokens/s", file=sys.stderr)
@@ -81,7 +88,7 @@ def cmd_aggregate(args) -> None:
     from .aggregate import aggregate
     from .tables import write_atomic
 
-    write_atomic(aggregate([Path(p) for p in args.metrics], expected_steps=args.expected_steps), args.out)
+    write_atomic(aggregate([Path(p) for p in args.metrics], expected_steps=args.expected_steps, final_step=args.final_step), args.out)
 
 
 def cmd_plot(args) -> None:
@@ -129,9 +136,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--retries", type=int, default=5)
     p.set_defaults(run=cmd_fetch)
 
+    p = sub.add_parser("corpus", help="read the evaluation texts once into a Parquet file")
+    p.add_argument("--corpus", type=_json, required=True, help="JSON of the config's corpus section")
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=cmd_corpus)
+
     p = sub.add_parser("extract", help="run one checkpoint over the evaluation batch")
     p.add_argument("--manifest", required=True, help="checkpoint.json written by fetch")
-    p.add_argument("--corpus", type=_json, default={"source": "builtin"})
+    p.add_argument("--corpus", type=_json, default={"source": "builtin"}, help="JSON of the config's corpus section")
+    p.add_argument("--texts", help="the texts written by `anisweep corpus` (instead of --corpus)")
     p.add_argument("--settings", type=_json, default={}, help="JSON of the config's extract section")
     p.add_argument("--threads", type=int)
     p.add_argument("--out", required=True)
@@ -145,6 +158,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("aggregate", help="one tidy table per sweep")
     p.add_argument("--out", required=True)
     p.add_argument("--expected-steps", type=_steps, default=[], help="comma-separated steps the config names; absent ones are listed as missing")
+    p.add_argument("--final-step", type=int, help="the step trusted when several steps share weights (the published final model)")
     p.add_argument("metrics", nargs="+")
     p.set_defaults(run=cmd_aggregate)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .extract import ExtractSettings
-from .sources import Checkpoint, resolve
+from .sources import PYTHIA_STEPS, Checkpoint, MultiBERTs, resolve
 from .toy import ToySpec
 
 TOY_ROOT = "resources/toy"
@@ -28,6 +28,16 @@ def checkpoints(config: dict) -> list[Checkpoint]:
     for entry in config.get("models", []):
         found += resolve(entry, toy_root=Path(TOY_ROOT), toy_specs=toy_specs)
     return found
+
+
+def final_step(family: str, model: str, steps: list[int]) -> int:
+    """The step whose weights are trusted when several steps share them: the published final model
+    (Pythia's defective branches serve it under earlier names), else the last step the config names."""
+    if family == "pythia":
+        return PYTHIA_STEPS[-1]
+    if family == "multiberts":
+        return MultiBERTs.final_step
+    return max(steps)
 
 
 def extract_settings(config: dict) -> ExtractSettings:

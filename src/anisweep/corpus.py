@@ -33,6 +33,8 @@ __all__ = [
     "load_texts",
     "split_paragraphs",
     "make_batch",
+    "read_texts",
+    "write_texts",
     "special_affixes",
     "separator_id",
     "tokenize_stream",
@@ -140,6 +142,21 @@ def load_texts(source: Mapping[str, Any]) -> list[str]:
             raise ValueError(f"dataset {name!r} has no column {column!r}; columns: {ds.column_names}")
         return [t for t in ds[column] if isinstance(t, str) and t.strip()]
     raise ValueError(f"unknown corpus source {kind!r}; expected one of {', '.join(SOURCES)}")
+
+
+def write_texts(texts: Sequence[str], path: str | Path) -> None:
+    """The documents of a corpus as one Parquet column, written atomically."""
+    import polars as pl
+
+    from .tables import write_atomic
+
+    write_atomic(pl.DataFrame({"text": list(texts)}, schema={"text": pl.String}), path)
+
+
+def read_texts(path: str | Path) -> list[str]:
+    import polars as pl
+
+    return pl.read_parquet(path)["text"].to_list()
 
 
 # --------------------------------------------------------------------------- tokenization

@@ -23,9 +23,13 @@ Hub checkpoints (``pythia``, ``multiberts``):
 
 Local/toy checkpoints are used in place: ``path`` is the checkpoint folder, nothing is copied.
 
-``weights_sha256`` is a sha256 over the weight files' bytes (sorted by name, streamed in 1 MiB chunks);
-:func:`find_duplicates` uses it to flag steps serving the same weights as another step (the known Pythia
-defects serve the final model under early step names).
+``weights_sha256`` is a sha256 over the weight files' bytes (sorted by name, streamed in 1 MiB chunks), and
+``weight_files_sha256`` the sha256 of each file (the Hub's LFS oid), from the same single read;
+:func:`find_duplicates` uses them to flag steps serving the same weights as another step. The known Pythia
+defects come in two shapes: a whole checkpoint that is another step's (pythia-2.8b: the early branches serve
+final-era files, EleutherAI/pythia#205, #195) and ONE shard of a sharded checkpoint that is another step's
+(pythia-12b step50000/step58000 serve the final model's first shard, #206): the combined hash alone misses the
+second, the per-file hashes catch it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -46,6 +51,8 @@ from typing import Any, TypeVar
 import httpx2
 from huggingface_hub import HfApi, snapshot_download, try_to_load_from_cache
 from huggingface_hub import constants as hf_constants
+from huggingface_hub.utils import are_progress_bars_disabled
+from tqdm.auto import tqdm as _tqdm
 from huggingface_hub.errors import (
     CachedRepoTreeNotFoundError,
     EntryNotFoundError,
@@ -72,10 +79,14 @@ except ImportError:  # pragma: no cover
 
 __all__ = [
     "FetchError",
+    "LogProgress",
+    "log_to_stderr",
     "RevisionNotFound",
     "fetch",
     "find_duplicates",
     "hash_files",
+    "hash_weight_files",
+    "weight_keys",
     "select_files",
     "weight_files_in",
     "MANIFEST",
@@ -245,14 +256,24 @@ def weight_files_in(folder: Path) -> list[str]:
     return select_files(names)[1]
 
 
-def hash_files(folder: Path, names: Iterable[str]) -> str:
-    """sha256 over the bytes of ``folder/name`` for the names in sorted order, streamed in 1 MiB chunks."""
-    h = hashlib.sha256()
+def hash_weight_files(folder: Path, names: Iterable[str]) -> tuple[str, dict[str, str]]:
+    """``(combined, {name: sha256})``: sha256 over the bytes of ``folder/name`` for the names in sorted order,
+    and each file's own sha256, from one streamed read (1 MiB chunks) of every file."""
+    combined = hashlib.sha256()
+    per_file: dict[str, str] = {}
     for name in sorted(names):
+        own = hashlib.sha256()
         with open(folder / name, "rb") as f:
             while chunk := f.read(CHUNK):
-                h.update(chunk)
-    return h.hexdigest()
+                combined.update(chunk)
+                own.update(chunk)
+        per_file[name] = own.hexdigest()
+    return combined.hexdigest(), per_file
+
+
+def hash_files(folder: Path, names: Iterable[str]) -> str:
+    """sha256 over the bytes of ``folder/name`` for the names in sorted order, streamed in 1 MiB chunks."""
+    return hash_weight_files(folder, names)[0]
 
 
 def _write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
@@ -275,6 +296,46 @@ def _has_tokenizer(folder: Path) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- hub
+
+
+class LogProgress(_tqdm):
+    """The download progress bars of ``snapshot_download``, shown where stderr is a log file too.
+
+    huggingface_hub hides its bars when stderr is not a terminal, and the fetch rule sends stderr to its log;
+    these stay on there, refreshed at most every ``LOG_INTERVAL`` seconds so that a 24 GB download adds a few
+    dozen lines, not thousands. ``HF_HUB_DISABLE_PROGRESS_BARS=1`` still turns them off.
+    """
+
+    LOG_INTERVAL = 30.0
+
+    def __init__(self, *args, **kwargs):
+        kwargs.pop("name", None)
+        if are_progress_bars_disabled():
+            kwargs["disable"] = True
+        else:
+            kwargs["disable"] = False
+            stream = kwargs.get("file") or sys.stderr
+            if not (hasattr(stream, "isatty") and stream.isatty()):
+                kwargs.setdefault("mininterval", self.LOG_INTERVAL)
+        super().__init__(*args, **kwargs)
+
+
+def log_to_stderr(level: int = logging.INFO) -> None:
+    """Show this module's messages (what is fetched, how much, retries) on stderr: the fetch rule's log."""
+    if not any(getattr(h, "_anisweep", False) for h in log.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        handler._anisweep = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+    log.setLevel(level)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} GB"  # pragma: no cover
 
 
 def _hub_api() -> HfApi:
@@ -347,7 +408,11 @@ def _fetch_hub(
 
     use_cache = keep_weights or offline or _all_cached(repo_id, commit, wanted, cache_dir)
     local_dir = None if use_cache else dest / WEIGHTS_DIR
-    log.info("fetching %s@%s (%s) -> %s", repo_id, revision, commit[:10], local_dir or "HF cache")
+    log.info(
+        "fetching %s@%s (commit %s): %s -> %s",
+        repo_id, revision, commit[:10], ", ".join(wanted), local_dir or "the HF cache",
+    )
+    started = time.monotonic()
     folder = Path(
         _with_retries(
             lambda: snapshot_download(
@@ -356,6 +421,7 @@ def _fetch_hub(
                 allow_patterns=wanted,
                 cache_dir=cache_dir,
                 local_dir=local_dir,
+                tqdm_class=LogProgress,
             ),
             what="downloading",
             **retry,
@@ -368,6 +434,11 @@ def _fetch_hub(
             repo_id=repo_id,
             revision=revision,
         )
+    log.info(
+        "%s@%s: %s of weights in %s after %.0f s",
+        repo_id, revision, _size(sum((folder / f).stat().st_size for f in weights)), folder,
+        time.monotonic() - started,
+    )
     if use_cache and not keep_weights:
         _link_files(folder, dest / WEIGHTS_DIR, wanted)
         folder = dest / WEIGHTS_DIR
@@ -403,7 +474,8 @@ def fetch(
     The manifest: family, model, step, tokens_seen, seed, repo_id, revision, commit (Hub commit hash or
     None), path (the folder ``from_pretrained`` loads), tokenizer_path (the folder ``AutoTokenizer`` loads;
     for local runs the checkpoint folder or else the run folder; None if neither has tokenizer files),
-    weight_files (names inside ``path``), weights_sha256, weights_bytes.
+    weight_files (names inside ``path``), weights_sha256 (all weight files), weight_files_sha256 ({name: sha256}),
+    weights_bytes.
     ``cache_dir`` overrides the HF cache (default: ``$HF_HOME/hub``).
     """
     dest = Path(dest)
@@ -417,6 +489,7 @@ def fetch(
         got = _fetch_local(ckpt)
     folder: Path = got["path"]
     weights: list[str] = got["weight_files"]
+    combined, per_file = hash_weight_files(folder, weights)
     manifest = {
         "family": ckpt.family,
         "model": ckpt.model,
@@ -429,41 +502,61 @@ def fetch(
         "path": str(folder),
         "tokenizer_path": None if got["tokenizer_path"] is None else str(got["tokenizer_path"]),
         "weight_files": weights,
-        "weights_sha256": hash_files(folder, weights),
+        "weights_sha256": combined,
+        "weight_files_sha256": per_file,
         "weights_bytes": sum((folder / f).stat().st_size for f in weights),
     }
     _write_json_atomic(dest / MANIFEST, manifest)
     return manifest
 
 
+def weight_keys(manifest: Mapping[str, Any]) -> set[str]:
+    """The hashes by which a checkpoint can repeat another: its combined hash and, for a sharded checkpoint,
+    each shard's (one shard served under two step names is the pythia-12b defect, #206)."""
+    keys = {manifest["weights_sha256"]} if manifest.get("weights_sha256") else set()
+    per_file = manifest.get("weight_files_sha256") or {}
+    if len(per_file) > 1:
+        keys |= set(per_file.values())
+    return keys
+
+
 def find_duplicates(manifests: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Steps of one model whose weights are byte-identical to another step's.
+    """Steps of one model whose weights (all of them, or one shard) are byte-identical to another step's.
 
     Returns one record per affected checkpoint, sorted by (family, model, step):
-    ``{family, model, step, revision, weights_sha256, duplicate_of: [other steps with the same hash]}``.
+    ``{family, model, step, revision, weights_sha256, duplicate_of: [other steps sharing bytes with it],
+    shared_files: [its weight files found in another step]}``.
     Identical weights at two steps mean at least one of them is not what its name says (the known Pythia
     defects serve the final model's weights under early step names, so there the earliest steps of a group
-    are the suspicious ones); aggregation flags all of them rather than guessing.
+    are the suspicious ones); this lists all of them rather than guessing.
     """
-    groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = defaultdict(list)
+    manifests = list(manifests)
+    groups: dict[tuple[str, str, str], set[int]] = defaultdict(set)
     for m in manifests:
-        if m.get("weights_sha256"):
-            groups[(m["family"], m["model"], m["weights_sha256"])].append(m)
+        for key in weight_keys(m):
+            groups[(m["family"], m["model"], key)].add(int(m["step"]))
     out = []
-    for (family, model, sha), members in groups.items():
-        steps = sorted({int(m["step"]) for m in members})
-        if len(steps) < 2:
+    for m in sorted(manifests, key=lambda m: (m.get("family", ""), m.get("model", ""), int(m["step"]))):
+        step = int(m["step"])
+        shared = {key for key in weight_keys(m) if len(groups[(m["family"], m["model"], key)]) > 1}
+        if not shared:
             continue
-        for m in sorted(members, key=lambda m: int(m["step"])):
-            step = int(m["step"])
-            out.append(
-                {
-                    "family": family,
-                    "model": model,
-                    "step": step,
-                    "revision": m.get("revision"),
-                    "weights_sha256": sha,
-                    "duplicate_of": [s for s in steps if s != step],
-                }
-            )
-    return sorted(out, key=lambda r: (r["family"], r["model"], r["step"]))
+        others = set().union(*(groups[(m["family"], m["model"], key)] for key in shared)) - {step}
+        if not others:
+            continue  # the same checkpoint listed twice
+        per_file = m.get("weight_files_sha256") or {}
+        files = sorted(m.get("weight_files") or per_file) if m.get("weights_sha256") in shared else sorted(
+            name for name, sha in per_file.items() if sha in shared
+        )
+        out.append(
+            {
+                "family": m["family"],
+                "model": m["model"],
+                "step": step,
+                "revision": m.get("revision"),
+                "weights_sha256": m.get("weights_sha256"),
+                "duplicate_of": sorted(others),
+                "shared_files": files,
+            }
+        )
+    return out

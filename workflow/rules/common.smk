@@ -94,7 +94,9 @@ def write_partial_sweeps():
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                sweep = aggregate(paths, expected_steps=[c.step for c in checkpoints], ident=ident)
+                steps = [c.step for c in checkpoints]
+                final = anisweep_config.final_step(family, model, steps)
+                sweep = aggregate(paths, expected_steps=steps, ident=ident, final_step=final)
             write_atomic(sweep, out)
             if done:
                 oldest = min(p.stat().st_mtime for p in done)

@@ -28,12 +28,12 @@ def extract_runtime(wildcards, attempt):
 
 rule extract:
     input:
-        "weights/{family}/{model}/step{step}",
+        weights="weights/{family}/{model}/step{step}",
+        texts=rules.corpus.output[0],
     output:
         **{name: f"results/{{family}}/{{model}}/step{{step}}/{name}.parquet" for name in EXTRACT_TABLES},
         info="results/{family}/{model}/step{step}/extract.json",
     params:
-        corpus=json_arg(config["corpus"]),
         settings=json_arg(config["extract"]),
         out="results/{family}/{model}/step{step}",
     threads: config["resources"]["extract_threads"]
@@ -47,5 +47,5 @@ rule extract:
     log:
         "logs/extract/{family}/{model}/step{step}.log",
     shell:
-        "{ANISWEEP} extract --manifest {input}/checkpoint.json --corpus {params.corpus} "
+        "{ANISWEEP} extract --manifest {input.weights}/checkpoint.json --texts {input.texts} "
         "--settings {params.settings} --threads {threads} --out {params.out} 2> {log}" + on_failure()

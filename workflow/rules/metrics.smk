@@ -24,7 +24,9 @@ rule aggregate:
         "results/{family}/{model}/sweep.parquet",
     params:
         steps=lambda wc: ",".join(str(c.step) for c in model_checkpoints(wc.family, wc.model)),
+        final=lambda wc: anisweep_config.final_step(wc.family, wc.model, [c.step for c in model_checkpoints(wc.family, wc.model)]),
     log:
         "logs/aggregate/{family}/{model}.log",
     shell:
-        "{ANISWEEP} aggregate --out {output} --expected-steps {params.steps} {input.metrics} 2> {log}"
+        "{ANISWEEP} aggregate --out {output} --expected-steps {params.steps} --final-step {params.final} "
+        "{input.metrics} 2> >(tee {log:q} >&2)"

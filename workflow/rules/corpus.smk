@@ -1,0 +1,14 @@
+# The evaluation texts are read once, where the network is (a Hugging Face dataset downloads here: on the
+# submit host in cluster runs), and every extract reads this file. A change to `corpus:` reruns it.
+localrules: corpus
+
+
+rule corpus:
+    output:
+        "resources/corpus.parquet",
+    params:
+        corpus=json_arg(config["corpus"]),
+    log:
+        "logs/corpus.log",
+    shell:
+        "{ANISWEEP} corpus --corpus {params.corpus} --out {output} 2> {log}"
