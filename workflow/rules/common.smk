@@ -1,5 +1,6 @@
 import importlib.util
 import json
+import re
 import os
 import shlex
 import sys
@@ -59,15 +60,20 @@ ANALYSIS_CODE = {
 }
 
 
-def on_failure():
-    """Shell suffix of the per-checkpoint rules. When the command fails: repeat the last line of its log on the
-    console (the CLI's `{family}/{model}/step{N}: cause`), name a kill by a signal (9: out of memory, mostly)
-    and exit with the command's status."""
-    return (
-        " || {{ rc=$?; tail -n 1 {log:q} >&2; if [ $rc -gt 128 ]; then echo "
-        "\"{wildcards.family}/{wildcards.model}/step{wildcards.step}: killed by signal $((rc - 128))"
-        " (9: out of memory, or a scheduler's limit)\" >&2; fi; exit $rc; }}"
-    )
+def on_failure(rule):
+    """params of the per-checkpoint rules, a shell suffix: when the command fails, repeat the last line of its
+    log on the console (the CLI's `{family}/{model}/step{N}: cause`), name a kill by a signal (9: out of
+    memory, mostly) and exit with the command's status. The log is logs/{rule}/{family}/{model}/step{N}.log."""
+
+    def suffix(wildcards):
+        key = f"{wildcards.family}/{wildcards.model}/step{wildcards.step}"
+        log = shlex.quote(f"logs/{rule}/{key}.log")
+        return (
+            f"|| {{ rc=$?; tail -n 1 {log} >&2; if [ $rc -gt 128 ]; then echo "
+            f"\"{key}: killed by signal $((rc - 128)) (9: out of memory, or a scheduler's limit)\" >&2; fi; exit $rc; }}"
+        )
+
+    return suffix
 
 
 def write_partial_sweeps():
@@ -161,3 +167,38 @@ def all_outputs():
     for family in sorted({family for family, _ in MODELS}):
         outputs.append(f"results/{family}/figures/compare.png")
     return outputs
+
+
+def toy_checkpoints_dir(wildcards):
+    if wildcards.family == "toy":
+        return f"{anisweep_config.TOY_ROOT}/{wildcards.model}"
+    return []
+
+
+def final_step_of(wildcards):
+    steps = [c.step for c in model_checkpoints(wildcards.family, wildcards.model)]
+    return anisweep_config.final_step(wildcards.family, wildcards.model, steps)
+
+
+# Resources for cluster runs (profiles/slurm, docs/slurm.md): a GPU only when the config asks for cuda, memory
+# and wall time from the model's size, so that one profile fits pythia-14m and pythia-12b. Retries double both.
+EXTRACT_GPU = 1 if config["extract"].get("device") == "cuda" else 0
+
+
+def extract_params_m(wildcards):
+    """Millions of parameters: read off a Pythia name (pythia-1.4b-deduped: 1400), BERT-base for MultiBERTs,
+    a small number for toys, and a 1B guess for local runs (override with set-resources in the profile)."""
+    size = re.match(r"pythia-(\d+(?:\.\d+)?)([mb])", wildcards.model)
+    if wildcards.family == "pythia" and size:
+        return float(size[1]) * (1000 if size[2] == "b" else 1)
+    return {"multiberts": 110, "toy": 1}.get(wildcards.family, 1000)
+
+
+def extract_mem_mb(wildcards, attempt):
+    bytes_per_param = 4 if config["extract"].get("dtype", "float32") == "float32" else 2
+    return int((2000 + 2.5 * bytes_per_param * extract_params_m(wildcards)) * attempt)
+
+
+def extract_runtime(wildcards, attempt):
+    params_per_minute = 200 if EXTRACT_GPU else 50  # millions of parameters through the forward passes a minute
+    return int((15 + extract_params_m(wildcards) / params_per_minute) * attempt)

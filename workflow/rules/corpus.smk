@@ -7,8 +7,9 @@ rule corpus:
     output:
         "resources/corpus.parquet",
     params:
+        cli=ANISWEEP,
         corpus=json_arg(config["corpus"]),
     log:
         "logs/corpus.log",
     shell:
-        "{ANISWEEP} corpus --corpus {params.corpus} --out {output} 2> {log}"
+        "{params.cli} corpus --corpus {params.corpus} --out {output} 2> {log}"

@@ -1,9 +1,3 @@
-def toy_checkpoints_dir(wildcards):
-    if wildcards.family == "toy":
-        return f"{anisweep_config.TOY_ROOT}/{wildcards.model}"
-    return []
-
-
 # Downloads run on the submit host in cluster runs: compute nodes often have no internet.
 localrules: fetch
 
@@ -16,11 +10,13 @@ rule fetch:
     output:
         temp(directory("weights/{family}/{model}/step{step}")),
     params:
+        cli=ANISWEEP,
+        on_failure=on_failure("fetch"),
         checkpoint=lambda wc: json_arg(checkpoint_of(wc).to_dict()),
         keep="--keep-weights" if config["fetch"]["keep_weights"] else "",
         retries=config["fetch"]["retries"],
     log:
         "logs/fetch/{family}/{model}/step{step}.log",
     shell:
-        "{ANISWEEP} fetch --checkpoint {params.checkpoint} --out {output} {params.keep} "
-        "--retries {params.retries} 2> {log}" + on_failure()
+        "{params.cli} fetch --checkpoint {params.checkpoint} --out {output} {params.keep} "
+        "--retries {params.retries} 2> {log} {params.on_failure}"

@@ -5,11 +5,13 @@ rule metrics:
     output:
         "results/{family}/{model}/step{step}/metrics.parquet",
     params:
+        cli=ANISWEEP,
+        on_failure=on_failure("metrics"),
         extract_dir="results/{family}/{model}/step{step}",
     log:
         "logs/metrics/{family}/{model}/step{step}.log",
     shell:
-        "{ANISWEEP} metrics --extract-dir {params.extract_dir} --out {output} 2> {log}" + on_failure()
+        "{params.cli} metrics --extract-dir {params.extract_dir} --out {output} 2> {log} {params.on_failure}"
 
 
 # Seconds of work: on the submit host in cluster runs, not a SLURM job each.
@@ -23,10 +25,11 @@ rule aggregate:
     output:
         "results/{family}/{model}/sweep.parquet",
     params:
+        cli=ANISWEEP,
         steps=lambda wc: ",".join(str(c.step) for c in model_checkpoints(wc.family, wc.model)),
-        final=lambda wc: anisweep_config.final_step(wc.family, wc.model, [c.step for c in model_checkpoints(wc.family, wc.model)]),
+        final=final_step_of,
     log:
         "logs/aggregate/{family}/{model}.log",
     shell:
-        "{ANISWEEP} aggregate --out {output} --expected-steps {params.steps} --final-step {params.final} "
+        "{params.cli} aggregate --out {output} --expected-steps {params.steps} --final-step {params.final} "
         "{input.metrics} 2> >(tee {log:q} >&2)"

@@ -17,11 +17,12 @@ rule plot_model:
             for name in MODEL_FIGURES
         },
     params:
+        cli=ANISWEEP,
         out_dir="results/{family}/{model}/figures",
     log:
         "logs/plots/{family}/{model}.log",
     shell:
-        "{ANISWEEP} plot --sweep {input.sweep} --out-dir {params.out_dir} 2> {log}"
+        "{params.cli} plot --sweep {input.sweep} --out-dir {params.out_dir} 2> {log}"
 
 
 rule compare_family:
@@ -35,7 +36,9 @@ rule compare_family:
             category="{family}",
             subcategory="all models",
         ),
+    params:
+        cli=ANISWEEP,
     log:
         "logs/plots/{family}/compare.log",
     shell:
-        "{ANISWEEP} compare --out {output} {input.sweeps} 2> {log}"
+        "{params.cli} compare --out {output} {input.sweeps} 2> {log}"
