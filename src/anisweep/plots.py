@@ -136,40 +136,36 @@ def qk_alignment(sweep: pl.DataFrame, path: Path) -> None:
     _save(fig, path)
 
 
-def attention_entropy(sweep: pl.DataFrame, path: Path) -> None:
-    fig, axes = _grid(2, 2)
-    for ax, metric, label in zip(axes, ("entropy_mean", "entropy_norm_mean"), ("entropy (nats)", "entropy / log(visible keys)")):
-        _lines_by(ax, _select(sweep, metric, "attention"), "layer", "layer {}")
+def _lines_per_layer(sweep: pl.DataFrame, path: Path, site: str, panels: dict[str, str], title: str,
+                     ncols: int = 3, log_y: tuple[str, ...] = ()) -> None:
+    """A panel per metric (`panels`: metric -> y label), a line per layer, against the step."""
+    fig, axes = _grid(len(panels), ncols)
+    for ax, (metric, label) in zip(axes, panels.items()):
+        _lines_by(ax, _select(sweep, metric, site), "layer", "layer {}")
         ax.set_ylabel(label)
-        _step_axis(ax, sweep)
-    axes[0].legend(fontsize=7)
-    fig.suptitle(f"{_title(sweep)}: attention entropy per layer (mean over heads)")
-    _save(fig, path)
-
-
-def attention_softmax(sweep: pl.DataFrame, path: Path) -> None:
-    metrics = ("p_max_mean", "p_median_mean", "p_min_mean", "score_mean", "score_std")
-    fig, axes = _grid(len(metrics), 3)
-    for ax, metric in zip(axes, metrics):
-        _lines_by(ax, _select(sweep, metric, "attention"), "layer", "layer {}")
-        ax.set_ylabel(metric.removesuffix("_mean").replace("_", " ") if metric.startswith("p_") else metric.replace("_", " "))
-        if metric.startswith("p_"):
+        if metric in log_y:
             ax.set_yscale("log")
         _step_axis(ax, sweep)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"{_title(sweep)}: softmax max / median / min and pre-softmax scores")
+    fig.suptitle(f"{_title(sweep)}: {title}")
     _save(fig, path)
+
+
+def attention_entropy(sweep: pl.DataFrame, path: Path) -> None:
+    panels = {"entropy_mean": "entropy (nats)", "entropy_norm_mean": "entropy / log(visible keys)"}
+    _lines_per_layer(sweep, path, "attention", panels, "attention entropy per layer (mean over heads)", ncols=2)
+
+
+def attention_softmax(sweep: pl.DataFrame, path: Path) -> None:
+    panels = {"p_max_mean": "p max", "p_median_mean": "p median", "p_min_mean": "p min",
+              "score_mean": "score mean", "score_std": "score std"}
+    _lines_per_layer(sweep, path, "attention", panels, "softmax max / median / min and pre-softmax scores",
+                     log_y=("p_max_mean", "p_median_mean", "p_min_mean"))
 
 
 def isotropy(sweep: pl.DataFrame, path: Path) -> None:
-    fig, axes = _grid(len(ISOTROPY_METRICS), 3)
-    for ax, metric in zip(axes, ISOTROPY_METRICS):
-        _lines_by(ax, _select(sweep, metric, "resid"), "layer", "layer {}")
-        ax.set_ylabel(metric)
-        _step_axis(ax, sweep)
-    axes[0].legend(fontsize=7)
-    fig.suptitle(f"{_title(sweep)}: isotropy of the residual stream per layer (0 = embeddings)")
-    _save(fig, path)
+    panels = {metric: metric for metric in ISOTROPY_METRICS}
+    _lines_per_layer(sweep, path, "resid", panels, "isotropy of the residual stream per layer (0 = embeddings)")
 
 
 def isotropy_heatmap(sweep: pl.DataFrame, path: Path) -> None:
