@@ -240,3 +240,61 @@ def test_unknown_architecture_names_supported_ones(tmp_path):
     transformers.GPT2Model(config).save_pretrained(tmp_path / "gpt2")
     with pytest.raises(UnsupportedArchitecture, match="BertForMaskedLM.*GPTNeoXForCausalLM"):
         extract.load_model(tmp_path / "gpt2")
+
+
+def full_batch(n=5, t=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {"input_ids": torch.randint(5, 60, (n, t), generator=g), "attention_mask": torch.ones(n, t, dtype=torch.long)}
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt_neox"])
+@pytest.mark.parametrize("padded", [True, False])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_chunks_row_blocks_and_workers_match_eager_reference(tmp_path, monkeypatch, kind, padded, threads):
+    """Tiny chunks (one head, or several sequences), causal row blocks of 5 rows and the worker pool
+    (forced on) give the statistics of the eager reference."""
+    monkeypatch.setattr(extract, "CHUNK_ELEMENTS", 150)  # < one head's 12 x 12 scores for the first rows
+    monkeypatch.setattr(extract, "ROW_BLOCKS", 3)
+    monkeypatch.setattr(extract, "MIN_ROW_BLOCK", 5)
+    monkeypatch.setattr(extract.Workers, "MIN_TASKS_PER_THREAD", 1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cls, config = (transformers.BertModel, bert_config()) if kind == "bert" else (transformers.GPTNeoXModel, neox_config())
+        path = saved(tmp_path, cls, config, kind)
+        batch = padded_batch() if padded else full_batch()
+        tables, _ = run_extract(path, batch, batch_size=3)
+        assert torch.get_num_threads() == threads  # the pool leaves the job's thread count as it was
+    finally:
+        torch.set_num_threads(before)
+    check_all(tables, reference(path, batch, kind), batch, causal=kind != "bert")
+
+
+def test_many_sequences_per_chunk_match_eager_reference(tmp_path, monkeypatch):
+    monkeypatch.setattr(extract, "CHUNK_ELEMENTS", 4 * 12 * 12 * 3)  # three whole sequences per chunk
+    path = saved(tmp_path, transformers.BertModel, bert_config(), "bert")
+    batch = full_batch(n=7)
+    tables, _ = run_extract(path, batch, batch_size=7)
+    check_all(tables, reference(path, batch, "bert"), batch, causal=False)
+
+
+@pytest.mark.parametrize("cls, config", [(transformers.BertModel, bert_config), (transformers.GPTNeoXModel, neox_config)])
+def test_bfloat16_statistics_close_to_float32(tmp_path, cls, config):
+    """bf16 weights and activations (accumulators stay float64) on CPU, for both architectures."""
+    path = saved(tmp_path, cls, config(), "model")
+    batch = padded_batch()
+    ident = {"family": "test", "model": "m", "seed": 0, "step": 3, "tokens_seen": 30}
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        settings = extract.ExtractSettings(batch_size=2, sample_tokens=10_000, device="cpu", dtype=dtype)
+        parts = extract.load_model(path, dtype, "cpu")
+        assert next(parts[0].parameters()).dtype == extract.DTYPES[dtype]
+        out[dtype] = extract.tables(extract.run(parts, batch, settings, progress=False), parts, ident)
+    f32, bf16 = out["float32"], out["bfloat16"]
+    for name in ("entropy_mean", "entropy_norm_mean", "p_max_mean", "p_median_mean", "p_min_mean", "score_mean", "score_std"):
+        np.testing.assert_allclose(bf16["attention"][name], f32["attention"][name], atol=1e-2, rtol=2e-2, err_msg=name)
+    np.testing.assert_allclose(bf16["qk"]["qk_cos"], f32["qk"]["qk_cos"], atol=2e-2)
+    np.testing.assert_allclose(bf16["qk"]["q_norm_mean"], f32["qk"]["q_norm_mean"], rtol=2e-2)
+    np.testing.assert_allclose(bf16["hidden_stats"]["sum_norm"], f32["hidden_stats"]["sum_norm"], rtol=2e-2)
+    assert bf16["hidden_stats"]["n"].to_list() == f32["hidden_stats"]["n"].to_list()
+    assert bf16["hidden"]["vector"].dtype == pl.List(pl.Float32)

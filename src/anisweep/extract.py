@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import contextvars
 import json
+import threading
 import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +25,14 @@ from tqdm.auto import tqdm
 
 from . import metrics
 from .adapters import Adapter, Geometry, adapter_for
-from .streaming import AttentionStats, HeadVectorStats, VectorStats
+from .streaming import (ROW_FIELDS, AttentionStats, HeadVectorStats, VectorStats, VisibleKeys, masked_softmax_,
+                        row_statistics)
 from .tables import with_identity, write_atomic, write_text_atomic
 
 ATTENTION_NAME = "anisweep"
 SAMPLED_SITES = ("resid", "final_ln_in", "final_ln_out")
+CHUNK_ELEMENTS = 2**20
+ROW_BLOCKS, MIN_ROW_BLOCK = 8, 32
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 _ACTIVE: contextvars.ContextVar["Recorder"] = contextvars.ContextVar("anisweep_recorder")
@@ -54,14 +61,74 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     transformers passes no mask to a custom attention function; the recorder builds padding and causal
     masks from the batch, which reproduces eager attention exactly on every valid position.
     """
-    recorder = _ACTIVE.get()
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling
-    allowed = recorder.allowed
-    probs = torch.softmax(scores.masked_fill(~allowed[:, None], torch.finfo(scores.dtype).min), dim=-1)
-    output = torch.matmul(probs.to(value.dtype), value).transpose(1, 2).contiguous()
-    recorder.record_attention(module.layer_idx, query, key, scores, probs)
-    return output, None
+    return _ACTIVE.get().attend(module.layer_idx, query, key, value, scaling), None
+
+
+class Workers:
+    """Threads that each run torch single-threaded, for the attention chunks.
+
+    A layer's attention statistics are hundreds of small ops. Spread over OpenMP threads, every op
+    waits at a barrier for all of them, which costs up to milliseconds per op when other jobs share
+    the cores; spread over chunks instead, no op waits for another thread. The model's own ops keep
+    the job's threads. A few tasks (short sequences) run inline, where the hand-off to the pool
+    would cost more than it saves; with one thread, or on a GPU, everything runs inline.
+    """
+
+    MIN_TASKS_PER_THREAD = 8
+
+    def __init__(self, n: int):
+        self.n, self.pool = n, None
+        if n > 1:
+            started = threading.Barrier(n)
+            self.pool = ThreadPoolExecutor(n, thread_name_prefix="anisweep-stats")
+            # torch keeps one thread count per thread, but a thread that has not yet used torch copies
+            # the last count set anywhere: pin every worker to 1, then set the job's count back.
+            list(self.pool.map(lambda _: _single_threaded(started), range(n)))
+            torch.set_num_threads(n)
+
+    def run(self, tasks) -> list:
+        if self.pool is None or len(tasks) < self.MIN_TASKS_PER_THREAD * self.n:
+            return [task() for task in tasks]
+        return list(self.pool.map(_run_inference, tasks))
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+def _run_inference(task):
+    with torch.inference_mode():  # a thread-local mode: workers do not inherit it
+        return task()
+
+
+def _single_threaded(started: threading.Barrier) -> None:
+    torch.get_num_threads()
+    torch.set_num_threads(1)
+    started.wait()  # so that each of the n calls runs on its own thread
+
+
+def _chunks(n_seqs: int, n_heads: int, n_scores: int, device: torch.device, shared: bool):
+    """(sequences, heads) slices whose n_scores each are processed together: on CPU about CHUNK_ELEMENTS
+    scores, so that a chunk's scores and probabilities stay in cache and its ops are few enough that
+    their fixed costs do not add up; on a GPU, a whole sequence. A chunk spans several sequences only
+    when they share one mask (`shared`)."""
+    per_chunk = max(1, CHUNK_ELEMENTS // n_scores) if device.type == "cpu" else n_heads
+    if per_chunk < n_heads or not shared:
+        step = min(per_chunk, n_heads)
+        return [(slice(seq, seq + 1), slice(first, first + step))
+                for seq in range(n_seqs) for first in range(0, n_heads, step)]
+    step = per_chunk // n_heads
+    return [(slice(first, first + step), slice(None)) for first in range(0, n_seqs, step)]
+
+
+def _row_blocks(seq_len: int, causal: bool) -> list[slice]:
+    """Query rows processed together. Causal row blocks skip the keys no row of the block sees, which
+    saves ~40% of the work: the scores of rows [r0, r1) are computed against keys [0, r1) only."""
+    if not causal:
+        return [slice(0, seq_len)]
+    size = max(MIN_ROW_BLOCK, seq_len // ROW_BLOCKS)
+    return [slice(r0, min(r0 + size, seq_len)) for r0 in range(0, seq_len, size)]
 
 
 def _register_attention() -> None:
@@ -99,7 +166,7 @@ class Recorder:
     geometry: Geometry
     sample: Sample
     device: torch.device
-    allowed: torch.Tensor = field(init=False)
+    workers: Workers = field(default_factory=lambda: Workers(1))
     valid: torch.Tensor = field(init=False)
 
     def __post_init__(self):
@@ -109,43 +176,104 @@ class Recorder:
         self.k = {(layer, rope): HeadVectorStats(g.n_heads, g.d_head, dev) for layer in range(g.n_layers) for rope in ropes}
         self.attention = {layer: AttentionStats(g.n_heads, dev) for layer in range(g.n_layers)}
         self.vectors: dict[tuple[int, str], VectorStats] = {}
-        self.samples: dict[tuple[int, str], list[torch.Tensor]] = {}
+        self.samples: dict[tuple[int, str], torch.Tensor] = {}  # (n sampled tokens, d) float32 on the CPU
         self._batch_sample = None
+        self._recent: list[tuple[weakref.ref, dict]] = []
+        self._reserved: dict[tuple[int, str], tuple[VectorStats, torch.Tensor | None]] = {}
 
     def begin_batch(self, valid: torch.Tensor, first_seq: int) -> None:
         """Set the masks and the sampled positions of the mini-batch about to run."""
         self.valid = valid
+        self.all_valid = bool(valid.all())
+        self._recent = []
         t = valid.shape[1]
-        allowed = valid[:, None, :].expand(-1, t, -1)
+        hidden = ~valid[:, None, :].expand(-1, t, -1)
         if self.geometry.causal:
-            allowed = allowed & torch.ones(t, t, dtype=torch.bool, device=valid.device).tril()
-        self.allowed = allowed
-        in_batch = (self.sample.seq >= first_seq) & (self.sample.seq < first_seq + valid.shape[0])
-        self._batch_sample = (
-            (self.sample.seq[in_batch] - first_seq).to(valid.device),
-            self.sample.position[in_batch].to(valid.device),
-        )
+            hidden = hidden | torch.ones(t, t, dtype=torch.bool, device=valid.device).triu(1)
+        if self.all_valid:  # one mask for the whole mini-batch when there is no padding; else one per sequence
+            hidden = hidden[:1]
+        self.blocks = []  # (query rows, VisibleKeys of each sequence (or of all))
+        for rows in _row_blocks(t, self.geometry.causal):
+            n_keys = rows.stop if self.geometry.causal else t
+            self.blocks.append((rows, [VisibleKeys.build(h[rows, :n_keys]) for h in hidden]))
+        n_visible = [torch.cat([keys[i].n_visible for _, keys in self.blocks]) for i in range(len(hidden))]
+        self.n_visible = torch.stack(n_visible).expand(valid.shape[0], -1)
+        in_batch = ((self.sample.seq >= first_seq) & (self.sample.seq < first_seq + valid.shape[0])).nonzero()
+        rows = slice(int(in_batch[0]), int(in_batch[-1]) + 1) if len(in_batch) else slice(0, 0)
+        flat_index = (self.sample.seq[rows] - first_seq) * t + self.sample.position[rows]
+        self._batch_sample = (rows, flat_index.to(valid.device))
 
-    def record_attention(self, layer, query, key, scores, probs) -> None:
+    def attend(self, layer, query, key, value, scaling) -> torch.Tensor:
+        """Attention output (B, T, H, d_head) of one layer; records its q/k means and row statistics."""
         rope = "post" if self.geometry.rotary_dims else "pre"
-        self.q[(layer, rope)].update(query, self.valid)
-        self.k[(layer, rope)].update(key, self.valid)
-        stats = self.attention[layer]
-        for b in range(scores.shape[0]):
-            stats.update(scores[b], probs[b], self.allowed[b], self.valid[b])
+        b, h, t, _ = query.shape
+        output = value.new_empty(b, h, t, value.shape[-1])
+        row_stats = query.new_empty(b, h, t, len(ROW_FIELDS), dtype=torch.float32)
+        query, key = query.float(), key.float()
+        zero = query.new_zeros(())
+
+        def chunk(seqs, heads, rows, keys):
+            keys_slice = slice(0, keys.n_keys)
+            # a view whenever the chunk is one sequence or whole heads, as _chunks makes them: the out=
+            # writes below land in row_stats and output
+            flat = lambda x, pos: x[seqs, heads, pos].flatten(0, 1)  # noqa: E731
+            k = flat(key, keys_slice)
+            scores = torch.baddbmm(zero, flat(query, rows), k.transpose(-1, -2), beta=0.0, alpha=scaling)
+            chunk_rows = flat(row_stats, rows)
+            probs = masked_softmax_(scores, keys, chunk_rows)
+            torch.bmm(probs.to(value.dtype), flat(value, keys_slice), out=flat(output, rows))
+            row_statistics(scores, probs, keys, chunk_rows)
+
+        self.q[(layer, rope)].update(query, self.valid, self.all_valid)
+        self.k[(layer, rope)].update(key, self.valid, self.all_valid)
+        tasks = []
+        for rows, keys in self.blocks:
+            n_scores = (rows.stop - rows.start) * keys[0].n_keys
+            for seqs, heads in _chunks(b, h, n_scores, query.device, self.all_valid):
+                tasks.append(partial(chunk, seqs, heads, rows, keys[0 if self.all_valid else seqs.start]))
+        self.workers.run(tasks)
+        self.attention[layer].update(row_stats, self.valid, self.n_visible)
+        return output.transpose(1, 2).contiguous()
 
     def record_pre_rotary(self, layer, q, k) -> None:
-        self.q[(layer, "pre")].update(q, self.valid)
-        self.k[(layer, "pre")].update(k, self.valid)
+        self.q[(layer, "pre")].update(q, self.valid, self.all_valid)
+        self.k[(layer, "pre")].update(k, self.valid, self.all_valid)
+
+    def reserve(self, layer: int, site: str) -> None:
+        """Allocate a site's accumulators and sample buffer once, before any forward pass: later batches
+        write into them, and nothing that outlives a pass is allocated amid the model's temporaries.
+        They join the tables when the site is first recorded."""
+        sample = torch.empty(len(self.sample.seq), self.geometry.d_model) if site in SAMPLED_SITES else None
+        self._reserved[(layer, site)] = (VectorStats(self.geometry.d_model, self.device), sample)
 
     def record_vectors(self, layer: int, site: str, x: torch.Tensor) -> None:
         key = (layer, site)
         if key not in self.vectors:
-            self.vectors[key] = VectorStats(x.shape[-1], self.device)
-        self.vectors[key].update(x, self.valid)
+            if key not in self._reserved:
+                self.reserve(layer, site)
+            self.vectors[key], sample = self._reserved.pop(key)
+            if sample is not None:
+                self.samples[key] = sample
+        self.vectors[key].add(self._vector_parts(x))
         if site in SAMPLED_SITES:
-            seqs, positions = self._batch_sample
-            self.samples.setdefault(key, []).append(x[seqs, positions].float().cpu())
+            rows, index = self._batch_sample  # the sample is sorted: its rows in this batch are a slice
+            flat, target = x.reshape(-1, x.shape[-1]), self.samples[key][rows]
+            if flat.dtype == target.dtype and flat.device == target.device:
+                torch.index_select(flat, 0, index, out=target)
+            else:
+                target.copy_(flat[index])
+
+    def _vector_parts(self, x: torch.Tensor) -> dict:
+        """VectorStats sums of x. Several sites often hold one tensor (a block's output is the next
+        block's LayerNorm input, twice with a parallel residual; no hooked module changes its input in
+        place): the sums of the last few tensors are kept, by weak reference so that no tensor outlives
+        its use."""
+        for ref, part in self._recent:
+            if ref() is x:
+                return part
+        part = VectorStats.partial(x, self.valid)
+        self._recent = [(weakref.ref(x), part)] + self._recent[:3]
+        return part
 
 
 class Hooks:
@@ -154,8 +282,12 @@ class Hooks:
     def __init__(self, adapter: Adapter, base: nn.Module, geometry: Geometry, recorder: Recorder):
         self.handles = []
         for site in adapter.resid_sites(base):
+            recorder.reserve(site.layer, "resid")
             self._add(site.module, lambda m, a, o, layer=site.layer: recorder.record_vectors(layer, "resid", _first_tensor(o)))
         for site in adapter.layernorm_sites(base):
+            recorder.reserve(site.layer, f"{site.site}_in")
+            recorder.reserve(site.layer, f"{site.site}_out")
+
             def on_layernorm(module, args, output, layer=site.layer, name=site.site):
                 recorder.record_vectors(layer, f"{name}_in", args[0])
                 recorder.record_vectors(layer, f"{name}_out", _first_tensor(output))
@@ -203,7 +335,8 @@ def run(model_parts, batch: dict, settings: ExtractSettings, progress: bool = Tr
     device = next(model.parameters()).device
     input_ids, mask = batch["input_ids"], batch["attention_mask"].bool()
     sample = Sample.draw(input_ids, mask, settings.sample_tokens, settings.seed)
-    recorder = Recorder(geometry, sample, device)
+    workers = Workers(torch.get_num_threads() if device.type == "cpu" else 1)
+    recorder = Recorder(geometry, sample, device, workers)
     token = _ACTIVE.set(recorder)
     try:
         with Hooks(adapter, base, geometry, recorder):
@@ -215,6 +348,7 @@ def run(model_parts, batch: dict, settings: ExtractSettings, progress: bool = Tr
                 base(input_ids=ids, attention_mask=valid.long())
     finally:
         _ACTIVE.reset(token)
+        workers.close()
     return recorder
 
 
@@ -273,8 +407,8 @@ def hidden_stats_table(recorder: Recorder) -> pl.DataFrame:
 def hidden_table(recorder: Recorder) -> pl.DataFrame:
     frames = []
     sample = recorder.sample
-    for (layer, site), chunks in sorted(recorder.samples.items()):
-        vectors = torch.cat(chunks).numpy()
+    for (layer, site), vectors in sorted(recorder.samples.items()):
+        vectors = vectors.numpy()
         frames.append(pl.DataFrame({
             "layer": np.full(len(vectors), layer, dtype=np.int64),
             "site": [site] * len(vectors),
