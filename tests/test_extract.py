@@ -176,7 +176,8 @@ def check_all(tables, ref, batch, causal):
         sample = hidden.filter((pl.col("layer") == layer) & (pl.col("site") == site)).sort("seq", "position")
         assert sample.height == xv.shape[0]  # sample_tokens exceeds the batch: every valid token is kept
         kept = np.stack(sample["vector"].to_list())
-        expected = x[sample["seq"].to_numpy(), sample["position"].to_numpy()].numpy()
+        expected = x[torch.from_numpy(sample["seq"].to_numpy(writable=True)),
+                     torch.from_numpy(sample["position"].to_numpy(writable=True))].numpy()
         np.testing.assert_allclose(kept, expected, atol=TOL)
 
 
