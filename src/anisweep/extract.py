@@ -179,7 +179,6 @@ class Recorder:
         self.samples: dict[tuple[int, str], torch.Tensor] = {}  # (n sampled tokens, d) float32 on the CPU
         self._batch_sample = None
         self._recent: list[tuple[weakref.ref, dict]] = []
-        self._reserved: dict[tuple[int, str], tuple[VectorStats, torch.Tensor | None]] = {}
 
     def begin_batch(self, valid: torch.Tensor, first_seq: int) -> None:
         """Set the masks and the sampled positions of the mini-batch about to run."""
@@ -199,9 +198,9 @@ class Recorder:
         n_visible = [torch.cat([keys[i].n_visible for _, keys in self.blocks]) for i in range(len(hidden))]
         self.n_visible = torch.stack(n_visible).expand(valid.shape[0], -1)
         in_batch = ((self.sample.seq >= first_seq) & (self.sample.seq < first_seq + valid.shape[0])).nonzero()
-        rows = slice(int(in_batch[0]), int(in_batch[-1]) + 1) if len(in_batch) else slice(0, 0)
-        flat_index = (self.sample.seq[rows] - first_seq) * t + self.sample.position[rows]
-        self._batch_sample = (rows, flat_index.to(valid.device))
+        sample_rows = slice(int(in_batch[0]), int(in_batch[-1]) + 1) if len(in_batch) else slice(0, 0)
+        flat_index = (self.sample.seq[sample_rows] - first_seq) * t + self.sample.position[sample_rows]
+        self._batch_sample = (sample_rows, flat_index.to(valid.device))
 
     def attend(self, layer, query, key, value, scaling) -> torch.Tensor:
         """Attention output (B, T, H, d_head) of one layer; records its q/k means and row statistics."""
@@ -240,20 +239,15 @@ class Recorder:
         self.k[(layer, "pre")].update(k, self.valid, self.all_valid)
 
     def reserve(self, layer: int, site: str) -> None:
-        """Allocate a site's accumulators and sample buffer once, before any forward pass: later batches
-        write into them, and nothing that outlives a pass is allocated amid the model's temporaries.
-        They join the tables when the site is first recorded."""
-        sample = torch.empty(len(self.sample.seq), self.geometry.d_model) if site in SAMPLED_SITES else None
-        self._reserved[(layer, site)] = (VectorStats(self.geometry.d_model, self.device), sample)
+        """Allocate a hooked site's accumulators and sample buffer once, before any forward pass: every
+        batch writes into them, and nothing that outlives a pass is allocated amid the model's temporaries."""
+        key = (layer, site)
+        self.vectors[key] = VectorStats(self.geometry.d_model, self.device)
+        if site in SAMPLED_SITES:
+            self.samples[key] = torch.empty(len(self.sample.seq), self.geometry.d_model)
 
     def record_vectors(self, layer: int, site: str, x: torch.Tensor) -> None:
         key = (layer, site)
-        if key not in self.vectors:
-            if key not in self._reserved:
-                self.reserve(layer, site)
-            self.vectors[key], sample = self._reserved.pop(key)
-            if sample is not None:
-                self.samples[key] = sample
         self.vectors[key].add(self._vector_parts(x))
         if site in SAMPLED_SITES:
             rows, index = self._batch_sample  # the sample is sorted: its rows in this batch are a slice

@@ -29,13 +29,9 @@ class VectorStats:
         self.norm_min = float("inf")
         self.norm_max = float("-inf")
 
-    def update(self, x: torch.Tensor, valid: torch.Tensor) -> None:
-        """x: (..., d); valid: bool of x.shape[:-1]."""
-        self.add(self.partial(x, valid))
-
     @staticmethod
     def partial(x: torch.Tensor, valid: torch.Tensor) -> dict:
-        """The sums over the valid tokens of x, taken in float32 within one mini-batch and in float64
+        """x: (..., d); valid: bool of x.shape[:-1]. The sums over the valid tokens of x, taken in float32 within one mini-batch and in float64
         across mini-batches: enough for avg_cos over 10^6 tokens to ~1e-10."""
         x = x.reshape(-1, x.shape[-1]).float()
         norms = torch.linalg.vector_norm(x, dim=-1)
@@ -91,6 +87,7 @@ class HeadVectorStats:
 
 # Per query row, written by `masked_softmax_` and `row_statistics`, reduced by AttentionStats.update.
 ROW_FIELDS = ("p_dot_shifted", "p_min", "p_lower", "p_upper", "p_max", "score_sum", "score_norm")
+ORDER_FIELDS = slice(ROW_FIELDS.index("p_min"), ROW_FIELDS.index("p_max") + 1)  # VisibleKeys.index's order
 
 
 @dataclass
@@ -159,7 +156,7 @@ def row_statistics(shifted: torch.Tensor, probs: torch.Tensor, keys: VisibleKeys
     if keys.fill is not None:
         probs[..., keys.cols].add_(keys.fill)
     ordered = _sort_rows_(probs)
-    torch.gather(ordered, -1, keys.index.expand(*ordered.shape[:-1], 4), out=rows[..., 1:5])
+    torch.gather(ordered, -1, keys.index.expand(*ordered.shape[:-1], 4), out=rows[..., ORDER_FIELDS])
 
 
 class AttentionStats:
