@@ -19,8 +19,10 @@ base-model forward (sdpa attention, no hooks) on the same batch:
     one thread extract's statistics run inline), plus the weights; unlike RSS it ignores the allocator's
     retained free memory.
 
-Variants: `plain`; `extract` (anisweep.extract.run with every statistic and the hidden-state sample of
-4096 tokens: the forward and its accumulators, not the writing of tables); `hf_keep_all` (eager
+Variants: `plain`; `extract` (anisweep.extract.run with every statistic and the hidden-state sample drawn
+at the rate of the shape's real sweep config, 1 token in 8 for config/multiberts.yaml and 3 in 16 for
+config/pythia.yaml, up to the config's sample size: the forward and its accumulators, not the writing
+of tables); `hf_keep_all` (eager
 attention, output_attentions + output_hidden_states, all outputs kept); `tl` (TransformerLens 3.9
 `run_with_cache` on a HookedEncoder / HookedTransformer of the same shape, base model only: the
 HookedTransformer runs with return_type=None, which stops after ln_final; HookedEncoder.forward always
@@ -49,6 +51,28 @@ import torch
 HERE = Path(__file__).resolve()
 MARK = "BENCH_RESULT "
 VOCAB = {"bert": 30522, "pythia": 50304}
+SWEEPS = {  # the real sweep of each shape: its config, and for the projection its checkpoints and the
+    # bytes per weight in the files fetched
+    "bert": {"sweep": "MultiBERTs seed 0", "config": "config/multiberts.yaml", "checkpoints": 29,
+             "file": "pytorch_model.bin", "bytes_per_param": 4},
+    "pythia": {"sweep": "Pythia-160m", "config": "config/pythia.yaml", "checkpoints": 154,
+               "file": "model.safetensors (float16)", "bytes_per_param": 2},
+}
+
+
+def sweep_settings(shape: str) -> dict:
+    """The `extract` section of the shape's real sweep config."""
+    import yaml
+
+    return yaml.safe_load((HERE.parents[1] / SWEEPS[shape]["config"]).read_text())["extract"]
+
+
+def sample_size(shape: str, n_sequences: int, seq_len: int) -> int:
+    """The hidden-state sample of the shape's sweep config, in proportion for fewer tokens than its
+    evaluation set: what one mini-batch of the sweep contributes to it."""
+    s = sweep_settings(shape)
+    rate = s["sample_tokens"] / (s["n_sequences"] * s["seq_len"])
+    return min(s["sample_tokens"], round(rate * n_sequences * seq_len))
 
 
 # ----------------------------------------------------------------------------------------- models
@@ -134,7 +158,7 @@ def variants_for(shape: str, names: list[str]) -> dict:
                 model.set_attn_implementation(extract.ATTENTION_NAME)
                 n, t = batch["input_ids"].shape
                 settings = extract.ExtractSettings(n_sequences=n, seq_len=t, batch_size=batch_size or n,
-                                                   device="cpu")
+                                                   sample_tokens=sample_size(shape, n, t), device="cpu")
                 return extract.run(parts, batch, settings, progress=False)
 
             runs["extract"] = run_extract
@@ -259,21 +283,22 @@ def _params(runs):
 
 
 def checkpoint(args) -> dict:
-    """Wall time of one checkpoint at a sweep's settings (--n-sequences x --seq-len): loading the saved
+    """Wall time of one checkpoint at the extract settings of the shape's sweep config: loading the saved
     model, extract.run, building the tables; and a plain forward over the same sequences."""
     import tempfile
 
     from anisweep import extract
 
     torch.set_num_threads(args.threads)
+    sweep = sweep_settings(args.shape)
+    settings = extract.ExtractSettings(**{k: sweep[k] for k in ("n_sequences", "seq_len", "batch_size", "sample_tokens")},
+                                       device="cpu")
     with tempfile.TemporaryDirectory() as tmp:
         hf_model(args.shape).save_pretrained(tmp)
         started = time.perf_counter()
         parts = extract.load_model(tmp, "float32", "cpu")
         load_s = time.perf_counter() - started
-        batch = make_batch(args.shape, args.n_sequences, args.seq_len)
-        settings = extract.ExtractSettings(n_sequences=args.n_sequences, seq_len=args.seq_len,
-                                           batch_size=args.batch, device="cpu")
+        batch = make_batch(args.shape, settings.n_sequences, settings.seq_len)
         started = time.perf_counter()
         recorder = extract.run(parts, batch, settings, progress=False)
         run_s = time.perf_counter() - started
@@ -285,12 +310,12 @@ def checkpoint(args) -> dict:
         model.set_attn_implementation("sdpa")
         started = time.perf_counter()
         with torch.inference_mode():
-            for first in range(0, args.n_sequences, args.batch):
-                model(**{k: v[first : first + args.batch] for k, v in batch.items()})
+            for first in range(0, settings.n_sequences, settings.batch_size):
+                model(**{k: v[first : first + settings.batch_size] for k, v in batch.items()})
         plain_s = time.perf_counter() - started
-    return {"shape": args.shape, "n_sequences": args.n_sequences, "seq_len": args.seq_len, "batch": args.batch,
-            "threads": args.threads, "load_s": load_s, "extract_run_s": run_s, "tables_s": tables_s,
-            "plain_forward_s": plain_s}
+    return {"shape": args.shape, "n_sequences": settings.n_sequences, "seq_len": settings.seq_len,
+            "batch": settings.batch_size, "sample_tokens": settings.sample_tokens, "threads": args.threads,
+            "load_s": load_s, "extract_run_s": run_s, "tables_s": tables_s, "plain_forward_s": plain_s}
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -315,12 +340,6 @@ def ratios(mem: dict, plain: dict) -> dict:
     live = lambda m: m["weights_mb"] + m["live_peak_mb"]  # noqa: E731
     return {"rss_ratio": mem["rss_hwm_mb"] / plain["rss_hwm_mb"], "live_ratio": live(mem) / live(plain),
             "live_activation_ratio": mem["live_peak_mb"] / max(plain["live_peak_mb"], 1e-9)}
-
-
-SWEEPS = {  # the real sweeps, for the projection: checkpoints and bytes per weight in the files fetched
-    "bert": {"sweep": "MultiBERTs seed 0", "checkpoints": 29, "file": "pytorch_model.bin", "bytes_per_param": 4},
-    "pythia": {"sweep": "Pythia-160m", "checkpoints": 154, "file": "model.safetensors (float16)", "bytes_per_param": 2},
-}
 
 
 def drive(a) -> None:
@@ -398,12 +417,11 @@ def flat_rows(a, shape: str, rows: list[dict]) -> list[dict]:
 
 
 def checkpoint_row(a, shape: str) -> dict:
-    """One checkpoint at the sweep settings, and the projection of the real sweep from it."""
+    """One checkpoint at the settings of the shape's sweep config, and the projection of the sweep from it."""
     import transformers
 
-    print(f"[{shape}] one checkpoint, {a.sweep_n} x {max(a.seq_lens)} ...", flush=True)
-    row = spawn(sys.executable, "checkpoint", shape=shape, seq_len=max(a.seq_lens), n_sequences=a.sweep_n,
-                threads=a.threads, batch=a.batch)
+    print(f"[{shape}] one checkpoint at the settings of {SWEEPS[shape]['config']} ...", flush=True)
+    row = spawn(sys.executable, "checkpoint", shape=shape, threads=a.threads)
     with torch.device("meta"):  # parameter counts of the checkpoints' own classes, without allocating them
         if shape == "bert":
             lm = transformers.BertForPreTraining(hf_model_config(shape))
@@ -462,7 +480,6 @@ def main(argv=None):
     ap.add_argument("--out", default=str(HERE.parent / "out" / "extract.json"))
     ap.add_argument("--parts", nargs="+", default=["ratios", "flat", "checkpoint"],
                     choices=["ratios", "flat", "checkpoint"], help="what to (re)measure; the rest of --out is kept")
-    ap.add_argument("--sweep-n", type=int, default=64, help="sequences per checkpoint for the projection")
     # worker options
     ap.add_argument("--shape", choices=["bert", "pythia"])
     ap.add_argument("--seq-len", type=int)

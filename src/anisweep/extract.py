@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+import math
 import threading
 import time
 import weakref
@@ -25,8 +26,7 @@ from tqdm.auto import tqdm
 
 from . import metrics
 from .adapters import Adapter, Geometry, adapter_for
-from .streaming import (ROW_FIELDS, AttentionStats, HeadVectorStats, VectorStats, VisibleKeys, masked_softmax_,
-                        row_statistics)
+from .streaming import ROW_FIELDS, AttentionStats, HeadVectorStats, VectorStats, VisibleKeys, masked_exp_, row_statistics
 from .tables import with_identity, write_atomic, write_text_atomic
 
 ATTENTION_NAME = "anisweep"
@@ -95,6 +95,21 @@ class Workers:
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown()
+
+
+class Scratch(threading.local):
+    """Buffers that each thread reuses for its chunks' scores and exponentials. A fresh tensor of a few MB
+    per chunk is fresh memory from the kernel, and its page faults can cost as much as the arithmetic."""
+
+    def __init__(self):
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        n = math.prod(shape)
+        buffer = self.buffers.get(name)
+        if buffer is None or buffer.numel() < n or buffer.dtype != like.dtype or buffer.device != like.device:
+            buffer = self.buffers[name] = torch.empty(n, dtype=like.dtype, device=like.device)
+        return buffer[:n].view(shape)
 
 
 def _run_inference(task):
@@ -168,6 +183,7 @@ class Recorder:
     device: torch.device
     workers: Workers = field(default_factory=lambda: Workers(1))
     valid: torch.Tensor = field(init=False)
+    scratch: "Scratch" = field(init=False, default_factory=lambda: Scratch())
 
     def __post_init__(self):
         g, dev = self.geometry, self.device
@@ -216,12 +232,14 @@ class Recorder:
             # a view whenever the chunk is one sequence or whole heads, as _chunks makes them: the out=
             # writes below land in row_stats and output
             flat = lambda x, pos: x[seqs, heads, pos].flatten(0, 1)  # noqa: E731
-            k = flat(key, keys_slice)
-            scores = torch.baddbmm(zero, flat(query, rows), k.transpose(-1, -2), beta=0.0, alpha=scaling)
-            chunk_rows = flat(row_stats, rows)
-            probs = masked_softmax_(scores, keys, chunk_rows)
-            torch.bmm(probs.to(value.dtype), flat(value, keys_slice), out=flat(output, rows))
-            row_statistics(scores, probs, keys, chunk_rows)
+            q, k, chunk_rows, chunk_output = flat(query, rows), flat(key, keys_slice), flat(row_stats, rows), flat(output, rows)
+            shape = (q.shape[0], q.shape[1], k.shape[1])
+            scores = torch.baddbmm(zero, q, k.transpose(-1, -2), beta=0.0, alpha=scaling,
+                                   out=self.scratch.get("scores", shape, q))
+            e = masked_exp_(scores, keys, chunk_rows, out=self.scratch.get("e", shape, q))
+            torch.bmm(e.to(value.dtype), flat(value, keys_slice), out=chunk_output)
+            chunk_output.div_(chunk_rows[..., ROW_FIELDS.index("z"), None])
+            row_statistics(scores, e, keys, chunk_rows)
 
         self.q[(layer, rope)].update(query, self.valid, self.all_valid)
         self.k[(layer, rope)].update(key, self.valid, self.all_valid)

@@ -85,8 +85,8 @@ class HeadVectorStats:
         self.sum_norm += torch.linalg.vector_norm(x, dim=-1).sum(dim=2).sum(dim=0).double()
 
 
-# Per query row, written by `masked_softmax_` and `row_statistics`, reduced by AttentionStats.update.
-ROW_FIELDS = ("p_dot_shifted", "p_min", "p_lower", "p_upper", "p_max", "score_sum", "score_norm")
+# Per query row, written by `masked_exp_` and `row_statistics`, reduced by AttentionStats.update.
+ROW_FIELDS = ("p_dot_shifted", "p_min", "p_lower", "p_upper", "p_max", "score_sum", "score_norm", "z")
 ORDER_FIELDS = slice(ROW_FIELDS.index("p_min"), ROW_FIELDS.index("p_max") + 1)  # VisibleKeys.index's order
 
 
@@ -134,10 +134,11 @@ def _sort_rows_(x: torch.Tensor) -> torch.Tensor:
     return x.sort(dim=-1).values
 
 
-def masked_softmax_(scores: torch.Tensor, keys: VisibleKeys, rows: torch.Tensor) -> torch.Tensor:
-    """Softmax over the visible keys of scores (n, R, L) float32. Writes the per-row sums of the visible
-    scores and of their squares to rows (n, R, len(ROW_FIELDS)), then shifts `scores` in place so that
-    each row's visible max is 0; hidden ones are left near the dtype's min, where p is exactly 0."""
+def masked_exp_(scores: torch.Tensor, keys: VisibleKeys, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Unnormalised softmax over the visible keys of scores (n, R, L) float32: writes the per-row sums of
+    the visible scores and of their squares and Z = sum_j exp(s_j - max) to rows (n, R, len(ROW_FIELDS)),
+    shifts `scores` in place so that each row's visible max is 0 (hidden ones are left near the dtype's
+    min), and returns e = exp(shifted) in `out`, exactly 0 on hidden keys. p = e / Z."""
     if keys.hidden is not None:
         scores[..., keys.cols].masked_fill_(keys.hidden, 0.0)  # for the sums
     torch.sum(scores, dim=-1, out=rows[..., ROW_FIELDS.index("score_sum")])
@@ -145,18 +146,24 @@ def masked_softmax_(scores: torch.Tensor, keys: VisibleKeys, rows: torch.Tensor)
     if keys.hidden is not None:
         scores[..., keys.cols].masked_fill_(keys.hidden, torch.finfo(scores.dtype).min)  # for the softmax
     scores.sub_(scores.amax(dim=-1, keepdim=True))
-    return torch.softmax(scores, dim=-1)
+    torch.exp(scores, out=out)
+    torch.sum(out, dim=-1, out=rows[..., ROW_FIELDS.index("z")])
+    return out
 
 
-def row_statistics(shifted: torch.Tensor, probs: torch.Tensor, keys: VisibleKeys, rows: torch.Tensor) -> None:
-    """Writes sum_j p_j s_j (s shifted so that its visible max is 0) and the visible min, lower and upper
-    middle and max of p to rows; consumes `shifted` and `probs` (sorted in place). Min, median and max
-    come from one sort of each row."""
-    torch.sum(shifted.mul_(probs), dim=-1, out=rows[..., ROW_FIELDS.index("p_dot_shifted")])
+def row_statistics(shifted: torch.Tensor, e: torch.Tensor, keys: VisibleKeys, rows: torch.Tensor) -> None:
+    """From masked_exp_'s shifted scores and e, writes sum_j p_j s_j (s shifted so that its visible max is
+    0) and the visible min, lower and upper middle and max of p = e / Z to rows; consumes `shifted` and
+    `e` (sorted in place). Min, median and max come from one sort of each row."""
+    z = rows[..., ROW_FIELDS.index("z")]
+    torch.sum(shifted.mul_(e), dim=-1, out=rows[..., ROW_FIELDS.index("p_dot_shifted")])
+    rows[..., ROW_FIELDS.index("p_dot_shifted")].div_(z)
     if keys.fill is not None:
-        probs[..., keys.cols].add_(keys.fill)
-    ordered = _sort_rows_(probs)
-    torch.gather(ordered, -1, keys.index.expand(*ordered.shape[:-1], 4), out=rows[..., ORDER_FIELDS])
+        e[..., keys.cols].add_(keys.fill)
+    ordered = _sort_rows_(e)
+    order = rows[..., ORDER_FIELDS]
+    torch.gather(ordered, -1, keys.index.expand(*ordered.shape[:-1], 4), out=order)
+    order.div_(z[..., None])
 
 
 class AttentionStats:
