@@ -19,15 +19,15 @@ base-model forward (sdpa attention, no hooks) on the same batch:
     one thread extract's statistics run inline), plus the weights; unlike RSS it ignores the allocator's
     retained free memory.
 
-Variants: `plain`; `extract` (anisweep.extract.run with every statistic and the hidden-state sample drawn
-at the rate of the shape's real sweep config, 1 token in 8 for config/multiberts.yaml and 3 in 16 for
-config/pythia.yaml, up to the config's sample size: the forward and its accumulators, not the writing
-of tables); `hf_keep_all` (eager
-attention, output_attentions + output_hidden_states, all outputs kept); `tl` (TransformerLens 3.9
-`run_with_cache` on a HookedEncoder / HookedTransformer of the same shape, base model only: the
-HookedTransformer runs with return_type=None, which stops after ln_final; HookedEncoder.forward always
-applies its MLM head, so its cache is filled with the same caching hooks that run_with_cache installs,
-around `encoder_output`). TransformerLens is an optional benchmark extra, never a runtime dependency:
+Variants: `plain`; `extract` (anisweep.extract.run with every statistic and the hidden-state sample
+drawn at the rate of the shape's real sweep config, 1 token in 8 for config/multiberts.yaml and 3 in 16
+for config/pythia.yaml, which is what one mini-batch of those sweeps contributes; memory over growing
+n_sequences keeps the config's whole sample: the forward and its accumulators, not the writing of tables);
+`hf_keep_all` (eager attention, output_attentions + output_hidden_states, all outputs kept); `tl`
+(TransformerLens 3.9 `run_with_cache` on a HookedEncoder / HookedTransformer of the same shape, base
+model only: the HookedTransformer runs with return_type=None, which stops after ln_final;
+HookedEncoder.forward always applies its MLM head, so its cache is filled with the same caching hooks
+that run_with_cache installs, around `encoder_output`). TransformerLens is an optional benchmark extra, never a runtime dependency:
 its part runs in a separate venv (--tl-python) with its own plain baseline in the same process.
 """
 
@@ -154,11 +154,12 @@ def variants_for(shape: str, names: list[str]) -> dict:
             adapter = adapter_for(model.config)
             parts = (model, adapter.base_model(model), adapter, adapter.geometry(model.config))
 
-            def run_extract(batch, batch_size=None):
+            def run_extract(batch, batch_size=None, sample_tokens=None):
                 model.set_attn_implementation(extract.ATTENTION_NAME)
                 n, t = batch["input_ids"].shape
                 settings = extract.ExtractSettings(n_sequences=n, seq_len=t, batch_size=batch_size or n,
-                                                   sample_tokens=sample_size(shape, n, t), device="cpu")
+                                                   sample_tokens=sample_tokens or sample_size(shape, n, t),
+                                                   device="cpu")
                 return extract.run(parts, batch, settings, progress=False)
 
             runs["extract"] = run_extract
@@ -247,7 +248,7 @@ def memory(args) -> dict:
     runs = variants_for(args.shape, [name])
     run = runs[name]
     batch = make_batch(args.shape, args.n_sequences, args.seq_len)
-    call = (lambda: run(batch, args.batch)) if name == "extract" else (lambda: run(batch))
+    call = (lambda: run(batch, args.batch, args.sample_tokens)) if name == "extract" else (lambda: run(batch))
     with torch.inference_mode():
         if name == "extract":  # warm up on one mini-batch, whatever the number of sequences measured
             run(make_batch(args.shape, args.batch, args.seq_len), args.batch)
@@ -409,6 +410,7 @@ def flat_rows(a, shape: str, rows: list[dict]) -> list[dict]:
     for n in a.flat_n:
         print(f"[{shape}] extract memory, {n} sequences of {t} in batches of {a.batch} ...", flush=True)
         m = spawn(sys.executable, "memory", shape=shape, seq_len=t, n_sequences=n, variants=["extract"],
+                  sample_tokens=sweep_settings(shape)["sample_tokens"],
                   threads=a.threads, batch=a.batch)
         out.append({"shape": shape, "seq_len": t, "n_sequences": n, **ratios(m, plain), "memory": m})
         print(f"  n={n:4d}  peak RSS {m['rss_hwm_mb']:.0f} MB ({out[-1]['rss_ratio']:.2f}x plain)  "
@@ -484,6 +486,7 @@ def main(argv=None):
     ap.add_argument("--shape", choices=["bert", "pythia"])
     ap.add_argument("--seq-len", type=int)
     ap.add_argument("--n-sequences", type=int)
+    ap.add_argument("--sample-tokens", type=int, help="extract's hidden-state sample (default: sample_size)")
     ap.add_argument("--variants", nargs="+")
     ap.add_argument("--tl-env", action="store_true", help="load transformer_lens instead of anisweep (memory)")
     a = ap.parse_args(argv)
