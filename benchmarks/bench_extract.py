@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import gc
 import json
 import os
@@ -60,6 +61,7 @@ SWEEPS = {  # the real sweep of each shape: its config, and for the projection i
 }
 
 
+@functools.cache  # read once: sample_size runs inside the timed extract calls
 def sweep_settings(shape: str) -> dict:
     """The `extract` section of the shape's real sweep config."""
     import yaml

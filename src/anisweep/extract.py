@@ -183,7 +183,7 @@ class Recorder:
     device: torch.device
     workers: Workers = field(default_factory=lambda: Workers(1))
     valid: torch.Tensor = field(init=False)
-    scratch: "Scratch" = field(init=False, default_factory=lambda: Scratch())
+    scratch: Scratch = field(init=False, default_factory=Scratch)
 
     def __post_init__(self):
         g, dev = self.geometry, self.device

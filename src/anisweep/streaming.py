@@ -183,13 +183,13 @@ class AttentionStats:
     def update(self, rows: torch.Tensor, valid: torch.Tensor, n_visible: torch.Tensor) -> None:
         """rows: (B, H, T, len(ROW_FIELDS)) of one layer; valid: (B, T) query rows to count; n_visible: (B, T).
 
-        With s the scores shifted so that the visible max is 0, Z = sum_j exp(s_j) = 1/p_max and the
-        entropy -sum_j p_j log p_j = log Z - sum_j p_j s_j: no log of T x T values, and no cancellation
-        since both terms are >= 0 (as accurate as summing entr(p) of float32 p; unshifted scores
-        would lose ~eps * max|s| per row).
+        With s the scores shifted so that the visible max is 0 and Z = sum_j exp(s_j), the entropy
+        -sum_j p_j log p_j = log Z - sum_j p_j s_j: no log of T x T values, and no cancellation since both
+        terms are >= 0 (as accurate as summing entr(p) of float32 p; unshifted scores would lose
+        ~eps * max|s| per row).
         """
         r = dict(zip(ROW_FIELDS, rows.double().unbind(-1)))
-        entropy = -torch.log(r["p_max"]) - r["p_dot_shifted"]
+        entropy = torch.log(r["z"]) - r["p_dot_shifted"]
         norm_rows = valid & (n_visible > 1)
         per_row = {
             "entropy": (entropy, valid),
