@@ -148,7 +148,7 @@ def variants_for(shape: str, names: list[str]) -> dict:
             return model(**batch, output_attentions=True, output_hidden_states=True)
 
         runs.update(plain=plain, hf_keep_all=hf_keep_all)
-        if "extract" in names or "extract_eager" in names:
+        if "extract" in names:
             from anisweep import extract
             from anisweep.adapters import adapter_for
 
@@ -156,16 +156,15 @@ def variants_for(shape: str, names: list[str]) -> dict:
             adapter = adapter_for(model.config)
             parts = (model, adapter.base_model(model), adapter, adapter.geometry(model.config))
 
-            def run_extract(batch, batch_size=None, sample_tokens=None, compile=True):
+            def run_extract(batch, batch_size=None, sample_tokens=None):
                 model.set_attn_implementation(extract.ATTENTION_NAME)
                 n, t = batch["input_ids"].shape
                 settings = extract.ExtractSettings(n_sequences=n, seq_len=t, batch_size=batch_size or n,
                                                    sample_tokens=sample_tokens or sample_size(shape, n, t),
-                                                   device="cpu", compile=compile)
+                                                   device="cpu")
                 return extract.run(parts, batch, settings, progress=False)
 
             runs["extract"] = run_extract
-            runs["extract_eager"] = functools.partial(run_extract, compile=False)
     if "tl" in names:
         tl = tl_model(shape)
 
@@ -373,13 +372,13 @@ def ratio_rows(a, shape: str, t: int) -> list[dict]:
     tl_ok = a.tl_python and Path(a.tl_python).exists()
     print(f"[{shape} {a.batch}x{t}] speed ...", flush=True)
     sp = spawn(sys.executable, "speed", shape=shape, seq_len=t, repeat=a.repeat,
-               variants=["plain", "extract", "extract_eager", "hf_keep_all"], **common)
+               variants=["plain", "extract", "hf_keep_all"], **common)
     if tl_ok:
         sp_tl = spawn(a.tl_python, "speed", shape=shape, seq_len=t, repeat=a.repeat, variants=["plain", "tl"], **common)
         sp["tl"] = sp_tl["tl"]
         sp["tl"]["plain_tokens_per_s_same_process"] = sp_tl["plain"]["tokens_per_s"]
     mem = {}
-    for name in ("plain", "extract", "extract_eager", "hf_keep_all"):
+    for name in ("plain", "extract", "hf_keep_all"):
         print(f"[{shape} {a.batch}x{t}] memory {name} ...", flush=True)
         mem[name] = spawn(sys.executable, "memory", shape=shape, seq_len=t, n_sequences=a.batch, variants=[name],
                           **common)
@@ -450,7 +449,7 @@ def checkpoint_row(a, shape: str) -> dict:
 def summary(out: dict) -> str:
     lines = ["| model | batch x seq | variant | speed vs plain | peak RSS vs plain | live tensors vs plain |",
              "|---|---|---|---|---|---|"]
-    names = {"extract": "anisweep extract", "extract_eager": "anisweep extract, compile: false", "hf_keep_all": "HF keep-all (eager)", "tl": "TransformerLens run_with_cache"}
+    names = {"extract": "anisweep extract", "hf_keep_all": "HF keep-all (eager)", "tl": "TransformerLens run_with_cache"}
     for r in out.get("rows", []):
         lines.append(f"| {r['shape']} | {r['batch']}x{r['seq_len']} | {names[r['variant']]} | "
                      f"{r['speed_ratio']:.2f}x | {r['rss_ratio']:.2f}x | {r['live_ratio']:.2f}x |")

@@ -251,10 +251,9 @@ def full_batch(n=5, t=12, seed=0):
 @pytest.mark.parametrize("kind", ["bert", "gpt_neox"])
 @pytest.mark.parametrize("padded", [True, False])
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("compiled", [False, True])
-def test_chunks_row_blocks_and_workers_match_eager_reference(tmp_path, monkeypatch, kind, padded, threads, compiled):
+def test_chunks_row_blocks_and_workers_match_eager_reference(tmp_path, monkeypatch, kind, padded, threads):
     """Tiny chunks (one head, or several sequences), causal row blocks of 5 rows and the worker pool
-    (forced on), with the softmax in torch ops or compiled, give the statistics of the eager reference."""
+    (forced on) give the statistics of the eager reference."""
     monkeypatch.setattr(extract, "CHUNK_ELEMENTS", 150)  # < one head's 12 x 12 scores for the first rows
     monkeypatch.setattr(extract, "ROW_BLOCKS", 3)
     monkeypatch.setattr(extract, "MIN_ROW_BLOCK", 5)
@@ -265,7 +264,7 @@ def test_chunks_row_blocks_and_workers_match_eager_reference(tmp_path, monkeypat
         cls, config = (transformers.BertModel, bert_config()) if kind == "bert" else (transformers.GPTNeoXModel, neox_config())
         path = saved(tmp_path, cls, config, kind)
         batch = padded_batch() if padded else full_batch()
-        tables, _ = run_extract(path, batch, batch_size=3, compile=compiled)
+        tables, _ = run_extract(path, batch, batch_size=3)
         assert torch.get_num_threads() == threads  # the pool leaves the job's thread count as it was
     finally:
         torch.set_num_threads(before)
@@ -300,30 +299,3 @@ def test_bfloat16_statistics_close_to_float32(tmp_path, cls, config):
     np.testing.assert_allclose(bf16["hidden_stats"]["sum_norm"], f32["hidden_stats"]["sum_norm"], rtol=2e-2)
     assert bf16["hidden_stats"]["n"].to_list() == f32["hidden_stats"]["n"].to_list()
     assert bf16["hidden"]["vector"].dtype == pl.List(pl.Float32)
-
-
-def test_failed_compile_warns_and_falls_back_to_torch_ops(tmp_path, monkeypatch):
-    def no_compiler(*args, **kwargs):
-        raise RuntimeError("no C++ compiler found\nsecond line")
-
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: no_compiler)
-    path = saved(tmp_path, transformers.GPTNeoXModel, neox_config(), "neox")
-    batch = padded_batch()
-    with pytest.warns(RuntimeWarning, match="torch.compile .* failed .*no C\\+\\+ compiler found\\); .*extract.compile: false"):
-        tables, _ = run_extract(path, batch, compile=True)
-    check_all(tables, reference(path, batch, "gpt_neox"), batch, causal=True)
-
-
-def test_compile_setting(monkeypatch):
-    from anisweep.adapters.base import Geometry
-
-    geometry = Geometry(n_layers=12, n_heads=12, d_model=768, d_head=64, rotary_dims=0, causal=False)
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    sweep = extract.ExtractSettings(n_sequences=128, seq_len=512)  # multiberts.yaml: 4.8e9 scores
-    small = extract.ExtractSettings(n_sequences=32, seq_len=64)
-    assert sweep.compiles(cpu, geometry) and not small.compiles(cpu, geometry)
-    assert not sweep.compiles(cuda, geometry)
-    assert extract.ExtractSettings(compile=True).compiles(cpu, geometry)
-    assert not extract.ExtractSettings(n_sequences=128, seq_len=512, compile=False).compiles(cpu, geometry)
-    with pytest.raises(ValueError, match="extract.compile is 'yes': use true, false or auto"):
-        extract.ExtractSettings(compile="yes")

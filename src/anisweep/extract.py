@@ -26,15 +26,12 @@ from tqdm.auto import tqdm
 
 from . import metrics
 from .adapters import Adapter, Geometry, adapter_for
-from .streaming import ROW_FIELDS, AttentionStats, HeadVectorStats, RowSoftmax, VectorStats, VisibleKeys, order_statistics_
+from .streaming import ROW_FIELDS, AttentionStats, HeadVectorStats, VectorStats, VisibleKeys, masked_exp_, row_statistics
 from .tables import with_identity, write_atomic, write_text_atomic
 
 ATTENTION_NAME = "anisweep"
 SAMPLED_SITES = ("resid", "final_ln_in", "final_ln_out")
 CHUNK_ELEMENTS = 2**20
-# compile: auto compiles the softmax on CPU from this many attention scores per checkpoint: it saves
-# ~1.5 ns of a core per score, and costs ~2 s to compile (more the first time on a machine)
-COMPILE_MIN_SCORES = 2 * 10**9
 ROW_BLOCKS, MIN_ROW_BLOCK = 8, 32
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -51,25 +48,11 @@ class ExtractSettings:
     dtype: str = "float32"
     seed: int = 0
     threads: int | None = None
-    compile: bool | str = "auto"  # the attention statistics through torch.compile (CPU): true, false or auto
-
-    def __post_init__(self):
-        if self.compile not in (True, False, "auto"):
-            raise ValueError(f"extract.compile is {self.compile!r}: use true, false or auto")
 
     def torch_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
-
-    def compiles(self, device: torch.device, geometry: Geometry) -> bool:
-        """Whether the softmax runs compiled: on CPU only; under auto, when the checkpoint's attention
-        scores are enough for the time saved to outweigh the compiling."""
-        if device.type != "cpu":
-            return False
-        if self.compile == "auto":
-            return self.n_sequences * geometry.n_layers * geometry.n_heads * self.seq_len**2 >= COMPILE_MIN_SCORES
-        return bool(self.compile)
 
 
 def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -199,7 +182,6 @@ class Recorder:
     sample: Sample
     device: torch.device
     workers: Workers = field(default_factory=lambda: Workers(1))
-    softmax: RowSoftmax = field(default_factory=lambda: RowSoftmax(compiled=False))
     valid: torch.Tensor = field(init=False)
     scratch: Scratch = field(init=False, default_factory=Scratch)
 
@@ -254,10 +236,10 @@ class Recorder:
             shape = (q.shape[0], q.shape[1], k.shape[1])
             scores = torch.baddbmm(zero, q, k.transpose(-1, -2), beta=0.0, alpha=scaling,
                                    out=self.scratch.get("scores", shape, q))
-            e = self.softmax(scores, keys, chunk_rows, out=self.scratch.get("e", shape, q))
+            e = masked_exp_(scores, keys, chunk_rows, out=self.scratch.get("e", shape, q))
             torch.bmm(e.to(value.dtype), flat(value, keys_slice), out=chunk_output)
             chunk_output.div_(chunk_rows[..., ROW_FIELDS.index("z"), None])
-            order_statistics_(e, keys, chunk_rows)
+            row_statistics(scores, e, keys, chunk_rows)
 
         self.q[(layer, rope)].update(query, self.valid, self.all_valid)
         self.k[(layer, rope)].update(key, self.valid, self.all_valid)
@@ -366,7 +348,7 @@ def run(model_parts, batch: dict, settings: ExtractSettings, progress: bool = Tr
     input_ids, mask = batch["input_ids"], batch["attention_mask"].bool()
     sample = Sample.draw(input_ids, mask, settings.sample_tokens, settings.seed)
     workers = Workers(torch.get_num_threads() if device.type == "cpu" else 1)
-    recorder = Recorder(geometry, sample, device, workers, RowSoftmax(settings.compiles(device, geometry)))
+    recorder = Recorder(geometry, sample, device, workers)
     token = _ACTIVE.set(recorder)
     try:
         with Hooks(adapter, base, geometry, recorder):

@@ -7,7 +7,6 @@ first. Nothing here keeps per-token tensors beyond the mini-batch being processe
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -86,9 +85,8 @@ class HeadVectorStats:
         self.sum_norm += torch.linalg.vector_norm(x, dim=-1).sum(dim=2).sum(dim=0).double()
 
 
-# Per query row, written by `softmax_rows_` (the first four) and `order_statistics_`, reduced by AttentionStats.update.
-ROW_FIELDS = ("score_sum", "score_norm", "z", "p_dot_shifted", "p_min", "p_lower", "p_upper", "p_max")
-SOFTMAX_FIELDS = slice(0, ROW_FIELDS.index("p_dot_shifted") + 1)
+# Per query row, written by `masked_exp_` and `row_statistics`, reduced by AttentionStats.update.
+ROW_FIELDS = ("p_dot_shifted", "p_min", "p_lower", "p_upper", "p_max", "score_sum", "score_norm", "z")
 ORDER_FIELDS = slice(ROW_FIELDS.index("p_min"), ROW_FIELDS.index("p_max") + 1)  # VisibleKeys.index's order
 
 
@@ -107,11 +105,8 @@ class VisibleKeys:
     n_visible: torch.Tensor  # (R,) int64
     index: torch.Tensor  # (R, 4) int64
     cols: slice | None = None  # the columns that hold hidden keys
-    hidden: torch.Tensor | None = None  # (R, width of cols) bool
+    hidden: torch.Tensor | None = None  # (R, width of cols) bool, True where the key is not visible
     fill: torch.Tensor | None = None  # (R, width of cols) float32
-    # the whole mask as the compiled softmax reads it (float, not bool: a bool mask there is ~5x slower):
-    keep: torch.Tensor | None = None  # (R, L) float32, 1 on visible keys and 0 on hidden ones
-    penalty: torch.Tensor | None = None  # (R, L) float32, 0 on visible keys and the dtype's min on hidden ones
 
     @classmethod
     def build(cls, hidden: torch.Tensor) -> "VisibleKeys":
@@ -128,8 +123,6 @@ class VisibleKeys:
             to_low = hidden.cumsum(dim=-1) <= n_below[:, None]
             fill = torch.where(to_low, float("-inf"), float("inf")).masked_fill(~hidden, 0.0)
             keys.hidden, keys.fill = hidden[:, keys.cols], fill[:, keys.cols]
-            keys.keep = (~hidden).float()
-            keys.penalty = torch.zeros(hidden.shape, device=hidden.device).masked_fill_(hidden, torch.finfo(torch.float32).min)
         return keys
 
 
@@ -141,74 +134,36 @@ def _sort_rows_(x: torch.Tensor) -> torch.Tensor:
     return x.sort(dim=-1).values
 
 
-def softmax_rows_(scores: torch.Tensor, keys: VisibleKeys, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Unnormalised softmax over the visible keys of scores (n, R, L) float32, in torch ops: returns
-    e = exp(s - max) in `out` (exactly 0 on hidden keys; p = e / Z) and writes each row's SOFTMAX_FIELDS
-    to rows (n, R, len(ROW_FIELDS)): the sums of the visible scores and of their squares, Z = sum_j e_j
-    and sum_j p_j (s_j - max). Overwrites `scores`."""
-    field = lambda name: rows[..., ROW_FIELDS.index(name)]  # noqa: E731
+def masked_exp_(scores: torch.Tensor, keys: VisibleKeys, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Unnormalised softmax over the visible keys of scores (n, R, L) float32: writes the per-row sums of
+    the visible scores and of their squares and Z = sum_j exp(s_j - max) to rows (n, R, len(ROW_FIELDS)),
+    shifts `scores` in place so that each row's visible max is 0 (hidden ones are left near the dtype's
+    min), and returns e = exp(shifted) in `out`, exactly 0 on hidden keys. p = e / Z."""
     if keys.hidden is not None:
         scores[..., keys.cols].masked_fill_(keys.hidden, 0.0)  # for the sums
-    torch.sum(scores, dim=-1, out=field("score_sum"))
-    torch.linalg.vector_norm(scores, dim=-1, out=field("score_norm"))
+    torch.sum(scores, dim=-1, out=rows[..., ROW_FIELDS.index("score_sum")])
+    torch.linalg.vector_norm(scores, dim=-1, out=rows[..., ROW_FIELDS.index("score_norm")])
     if keys.hidden is not None:
         scores[..., keys.cols].masked_fill_(keys.hidden, torch.finfo(scores.dtype).min)  # for the softmax
     scores.sub_(scores.amax(dim=-1, keepdim=True))
     torch.exp(scores, out=out)
-    torch.sum(out, dim=-1, out=field("z"))
-    torch.sum(scores.mul_(out), dim=-1, out=field("p_dot_shifted"))
-    field("p_dot_shifted").div_(field("z"))
+    torch.sum(out, dim=-1, out=rows[..., ROW_FIELDS.index("z")])
     return out
 
 
-def fused_softmax_rows(scores: torch.Tensor, keep: torch.Tensor | None, penalty: torch.Tensor | None,
-                       out: torch.Tensor) -> torch.Tensor:
-    """softmax_rows_ written for torch.compile, which turns it into a loop over each row's keys (a few
-    reads of a row, one write of e) where eager torch makes a pass over all the scores per op. Returns
-    the SOFTMAX_FIELDS (n, R, 4); keep and penalty: VisibleKeys'."""
-    visible = scores if keep is None else scores * keep
-    shifted = visible if penalty is None else visible + penalty
-    shifted = shifted - shifted.amax(dim=-1, keepdim=True)
-    e = torch.exp(shifted)
-    out.copy_(e)
-    z = e.sum(dim=-1)
-    return torch.stack([visible.sum(dim=-1), torch.linalg.vector_norm(visible, dim=-1), z,
-                        (e * shifted).sum(dim=-1) / z], dim=-1)
-
-
-class RowSoftmax:
-    """softmax_rows_, or its compiled form on CPU when `compiled`. torch.compile needs a C++ compiler:
-    if compiling fails, the first call warns and every call falls back to the torch ops."""
-
-    def __init__(self, compiled: bool):
-        self.compiled = None
-        if compiled:  # one thread per kernel: extract's workers run the chunks in parallel
-            self.compiled = torch.compile(fused_softmax_rows, dynamic=True, options={"cpp.threads": 1})
-
-    def __call__(self, scores: torch.Tensor, keys: VisibleKeys, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        compiled = self.compiled
-        if compiled is not None and scores.device.type == "cpu":
-            try:
-                rows[..., SOFTMAX_FIELDS] = compiled(scores, keys.keep, keys.penalty, out)
-                return out
-            except Exception as error:  # noqa: BLE001 (no compiler, or a torch build without inductor)
-                self.compiled = None
-                reason = (str(error).strip().splitlines() or [""])[0][:300]
-                warnings.warn(f"torch.compile of the attention statistics failed ({type(error).__name__}: {reason}); "
-                              "extract goes on with torch ops, ~1.2x slower. Install a C++ compiler (g++), or set "
-                              "extract.compile: false to skip the attempt.", RuntimeWarning, stacklevel=2)
-        return softmax_rows_(scores, keys, rows, out)
-
-
-def order_statistics_(e: torch.Tensor, keys: VisibleKeys, rows: torch.Tensor) -> None:
-    """The visible min, lower and upper middle and max of p = e / Z of each row, from one sort of the
-    row (e is sorted in place), into rows' ORDER_FIELDS; Z from rows."""
+def row_statistics(shifted: torch.Tensor, e: torch.Tensor, keys: VisibleKeys, rows: torch.Tensor) -> None:
+    """From masked_exp_'s shifted scores and e, writes sum_j p_j s_j (s shifted so that its visible max is
+    0) and the visible min, lower and upper middle and max of p = e / Z to rows; consumes `shifted` and
+    `e` (sorted in place). Min, median and max come from one sort of each row."""
+    z = rows[..., ROW_FIELDS.index("z")]
+    torch.sum(shifted.mul_(e), dim=-1, out=rows[..., ROW_FIELDS.index("p_dot_shifted")])
+    rows[..., ROW_FIELDS.index("p_dot_shifted")].div_(z)
     if keys.fill is not None:
         e[..., keys.cols].add_(keys.fill)
     ordered = _sort_rows_(e)
     order = rows[..., ORDER_FIELDS]
     torch.gather(ordered, -1, keys.index.expand(*ordered.shape[:-1], 4), out=order)
-    order.div_(rows[..., ROW_FIELDS.index("z"), None])
+    order.div_(z[..., None])
 
 
 class AttentionStats:
