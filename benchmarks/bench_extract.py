@@ -27,8 +27,9 @@ n_sequences keeps the config's whole sample: the forward and its accumulators, n
 (TransformerLens 3.9 `run_with_cache` on a HookedEncoder / HookedTransformer of the same shape, base
 model only: the HookedTransformer runs with return_type=None, which stops after ln_final;
 HookedEncoder.forward always applies its MLM head, so its cache is filled with the same caching hooks
-that run_with_cache installs, around `encoder_output`). TransformerLens is an optional benchmark extra, never a runtime dependency:
-its part runs in a separate venv (--tl-python) with its own plain baseline in the same process.
+that run_with_cache installs, around `encoder_output`). TransformerLens is an optional benchmark extra,
+never a runtime dependency: its part runs in a separate venv (--tl-python) with its own plain baseline
+in the same process.
 """
 
 from __future__ import annotations
@@ -293,9 +294,7 @@ def checkpoint(args) -> dict:
     from anisweep import extract
 
     torch.set_num_threads(args.threads)
-    sweep = sweep_settings(args.shape)
-    settings = extract.ExtractSettings(**{k: sweep[k] for k in ("n_sequences", "seq_len", "batch_size", "sample_tokens")},
-                                       device="cpu")
+    settings = extract.ExtractSettings(**{**sweep_settings(args.shape), "device": "cpu"})  # as the sweep's extract jobs
     with tempfile.TemporaryDirectory() as tmp:
         hf_model(args.shape).save_pretrained(tmp)
         started = time.perf_counter()

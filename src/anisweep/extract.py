@@ -232,7 +232,8 @@ class Recorder:
             # a view whenever the chunk is one sequence or whole heads, as _chunks makes them: the out=
             # writes below land in row_stats and output
             flat = lambda x, pos: x[seqs, heads, pos].flatten(0, 1)  # noqa: E731
-            q, k, chunk_rows, chunk_output = flat(query, rows), flat(key, keys_slice), flat(row_stats, rows), flat(output, rows)
+            q, k = flat(query, rows), flat(key, keys_slice)
+            chunk_rows, chunk_output = flat(row_stats, rows), flat(output, rows)
             shape = (q.shape[0], q.shape[1], k.shape[1])
             scores = torch.baddbmm(zero, q, k.transpose(-1, -2), beta=0.0, alpha=scaling,
                                    out=self.scratch.get("scores", shape, q))

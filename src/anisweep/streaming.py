@@ -31,8 +31,8 @@ class VectorStats:
 
     @staticmethod
     def partial(x: torch.Tensor, valid: torch.Tensor) -> dict:
-        """x: (..., d); valid: bool of x.shape[:-1]. The sums over the valid tokens of x, taken in float32 within one mini-batch and in float64
-        across mini-batches: enough for avg_cos over 10^6 tokens to ~1e-10."""
+        """x: (..., d); valid: bool of x.shape[:-1]. The sums over the valid tokens of x, taken in float32
+        within one mini-batch and in float64 across mini-batches: enough for avg_cos over 10^6 tokens to ~1e-10."""
         x = x.reshape(-1, x.shape[-1]).float()
         norms = torch.linalg.vector_norm(x, dim=-1)
         if not bool(torch.isfinite(norms).all()):  # a NaN or inf component, or a norm beyond float32:
