@@ -4,7 +4,7 @@ Markers (registered in pyproject.toml): ``slow`` for whole-DAG Snakemake runs an
 ``slurm`` for the real SLURM cluster test. ``pytest -m "not slow and not slurm"`` is the quick subset to run
 while changing code (under two minutes on 2 cores); plain ``pytest`` runs everything.
 
-The tiny-model helpers below are shared by test_extract.py and test_measure.py (``from conftest import
+The tiny-model helpers below are shared by test_extract.py and test_metrics.py (``from conftest import
 ...``; pytest puts this folder on ``sys.path``, as it does for hubcache.py and slurm_cluster.py).
 """
 

@@ -15,9 +15,9 @@ from huggingface_hub.errors import HfHubHTTPError, RevisionNotFoundError
 from huggingface_hub.utils import filter_repo_objects
 
 import anisweep.fetch as fetch_mod
-from anisweep.aggregate import find_duplicates
 from anisweep.fetch import FetchError, RevisionNotFound, fetch, hash_files, select_files
 from anisweep.sources import resolve
+from anisweep.sweep import find_duplicates
 
 from hubcache import build_hub_cache, offline_hub, repo_cache_dir, save_tiny_bert, save_tiny_pythia
 

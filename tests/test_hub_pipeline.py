@@ -26,9 +26,9 @@ import polars as pl
 import pytest
 import yaml
 
-from anisweep.aggregate import aggregate, find_duplicates
 from anisweep.fetch import fetch
 from anisweep.sources import resolve
+from anisweep.sweep import aggregate, find_duplicates
 from anisweep.tables import METRIC_SCHEMA, write_atomic
 
 from conftest import snakemake_command

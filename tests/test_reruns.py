@@ -21,7 +21,7 @@ import yaml
 
 import anisweep
 from anisweep import cli
-from anisweep.aggregate import aggregate, analysed
+from anisweep.sweep import aggregate, analysed
 
 from conftest import snakemake_command
 
@@ -144,7 +144,7 @@ def test_one_checkpoint_alone_then_the_sweep_tables(run):
     # of small inputs, and this deterministic toy rerun wrote the same bytes), never another checkpoint.
     assert not {"train_toy", "fetch", "extract", "metrics"} & set(planned(workdir, configfile))
     at_once = planned(workdir, configfile, "--forcerun", f"{NEOX}/step8/extract.json")  # both in one command
-    assert at_once == {"fetch": 1, "extract": 1, "metrics": 1, "aggregate": 1, "plot_model": 1, "compare_family": 1}
+    assert at_once == {"fetch": 1, "extract": 1, "metrics": 1, "sweep": 1, "plot_model": 1, "plot_family": 1}
 
 
 def test_growing_the_sweep_schedules_only_the_new_checkpoints(run):
@@ -154,22 +154,22 @@ def test_growing_the_sweep_schedules_only_the_new_checkpoints(run):
     more_steps = planned(workdir, write_config(root / "steps.yaml", [neox(GRID)]))
     assert more_steps.get("fetch", 0) - base.get("fetch", 0) == 1
     assert more_steps.get("extract", 0) - base.get("extract", 0) == 1
-    assert "train_toy" not in more_steps and more_steps["aggregate"] == 1 and more_steps["plot_model"] == 1
+    assert "train_toy" not in more_steps and more_steps["sweep"] == 1 and more_steps["plot_model"] == 1
 
     bert = {"family": "toy", "name": "toy-bert", "steps": [0, 32]}
     more_models = planned(workdir, write_config(root / "models.yaml", [neox(), bert]))
     assert more_models["train_toy"] == 1
     assert more_models["extract"] - base.get("extract", 0) == 2
-    assert more_models["aggregate"] - base.get("aggregate", 0) == 1  # toy-bert's: toy-neox's sweep stands
-    assert more_models["compare_family"] == 1
+    assert more_models["sweep"] - base.get("sweep", 0) == 1  # toy-bert's: toy-neox's sweep stands
+    assert more_models["plot_family"] == 1
 
 
 @pytest.mark.parametrize(
     ("module", "reruns", "never"),
     [
-        ("measure.py", {"metrics": 3, "aggregate": 1, "plot_model": 1, "compare_family": 1}, ()),
-        ("aggregate.py", {"aggregate": 1, "plot_model": 1, "compare_family": 1}, ("metrics",)),
-        ("plots.py", {"plot_model": 1, "compare_family": 1}, ("metrics", "aggregate")),
+        ("metrics.py", {"metrics": 3, "sweep": 1, "plot_model": 1, "plot_family": 1}, ()),
+        ("sweep.py", {"sweep": 1, "plot_model": 1, "plot_family": 1}, ("metrics",)),
+        ("plots.py", {"plot_model": 1, "plot_family": 1}, ("metrics", "sweep")),
     ],
 )
 def test_analysis_code_reruns_metrics_and_figures_never_extract(run, module, reruns, never):
@@ -250,9 +250,9 @@ def test_failing_checkpoints_fail_alone_and_the_sweep_lists_them(run, tmp_path):
 
     weights.write_bytes(original)  # fixed: the next run retries them and re-aggregates both sweeps
     retry = planned(workdir, configfile)
-    assert retry["extract"] == 3 and retry["aggregate"] == 2
+    assert retry["extract"] == 3 and retry["sweep"] == 2
     # a partial sweep is never taken for an up-to-date one, whatever becomes of the failed checkpoints
-    assert planned(workdir, run["config"]).get("aggregate") == 1
+    assert planned(workdir, run["config"]).get("sweep") == 1
 
 
 def test_a_run_killed_mid_write_resumes_with_rerun_incomplete(run, tmp_path):

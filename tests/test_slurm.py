@@ -3,7 +3,7 @@ tests/slurm_cluster.py installs (apt-get) and starts; the tests that need it ski
 installed or started (not root, no apt-get, a foreign /etc/slurm/slurm.conf).
 
 * The tiny sweep through ``--workflow-profile profiles/slurm`` goes through sbatch (extract + metrics, grouped
-  into few SLURM jobs; train_toy, fetch, aggregate and the plots stay on the submit host), every SLURM job
+  into few SLURM jobs; train_toy, fetch, sweep and the plots stay on the submit host), every SLURM job
   completes, the group jobs are sized for one checkpoint at a time, and every Parquet table equals, bit
   for bit, that of a local ``snakemake --cores 2`` run.
 * A rule that fails inside a SLURM job is reported as failed (after the profile's one retry) and snakemake
@@ -215,7 +215,7 @@ def test_sweep_goes_through_slurm(cluster_run, slurm_cluster):
     assert n_checkpoints == len(CHECKPOINTS)
     # extract + metrics in groups of up to PER_GROUP checkpoints; nothing else is submitted.
     assert kinds == {"group_sweep_extract_metrics": -(-n_checkpoints // PER_GROUP)}, kinds
-    for rule in ("train_toy", "fetch", "aggregate", "plot_model", "compare_family"):
+    for rule in ("train_toy", "fetch", "sweep", "plot_model", "plot_family"):
         assert f"localrule {rule}:" in out, rule
 
     controller = slurm_cluster.controller_log()

@@ -86,9 +86,7 @@ def test_every_rule_logs_the_same_way_and_repeats_its_cause(tmp_path):
         assert log[1].startswith("logs/"), line
         if command not in ("fetch", "extract", "metrics"):  # these name the checkpoint in the line themselves
             assert re.search(r"echo '?[a-z_]+[^\"]*'?\": \$\(tail -n 1 ", line), line
-    assert any(
-        "echo 'aggregate toy/toy-bert'\": $(tail -n 1 logs/aggregate/toy/toy-bert.log)\"" in line for line in lines
-    )
+    assert any("echo 'sweep toy/toy-bert'\": $(tail -n 1 logs/sweep/toy/toy-bert.log)\"" in line for line in lines)
 
 
 def test_a_failing_rule_without_a_checkpoint_names_its_cause_on_the_console(tmp_path):

@@ -5,9 +5,9 @@ anisweep fetch      --checkpoint JSON --out DIR     get a checkpoint's weights, 
 anisweep corpus     --corpus JSON --out FILE       read the evaluation texts once
 anisweep extract    --manifest FILE --out DIR       one forward pass, write the per-checkpoint Parquet
 anisweep metrics    --extract-dir DIR --out FILE    every metric of one checkpoint
-anisweep aggregate  --out FILE METRICS...           one tidy table per sweep
+anisweep sweep      --out FILE METRICS...           one tidy table per model's sweep
 anisweep plot       --sweep FILE --out-dir DIR      the figures of one model
-anisweep compare    --out FILE SWEEPS...            one figure across the models of a family
+anisweep plot-family --out FILE SWEEPS...           one figure across the models of a family
 anisweep checkpoints --configfile FILE              list the checkpoints a config names
 """
 
@@ -114,14 +114,14 @@ def _remove_downloaded_weights(folder: Path, manifest: dict) -> None:
 
 
 def cmd_metrics(args) -> None:
-    from .measure import checkpoint_metrics
+    from .metrics import checkpoint_metrics
     from .tables import write_atomic
 
     write_atomic(checkpoint_metrics(args.extract_dir), args.out)
 
 
-def cmd_aggregate(args) -> None:
-    from .aggregate import aggregate
+def cmd_sweep(args) -> None:
+    from .sweep import aggregate
     from .tables import write_atomic
 
     write_atomic(
@@ -138,7 +138,7 @@ def cmd_plot(args) -> None:
     plot_model(pl.read_parquet(args.sweep), Path(args.out_dir))
 
 
-def cmd_compare(args) -> None:
+def cmd_plot_family(args) -> None:
     import polars as pl
 
     from .plots import plot_family
@@ -202,7 +202,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(run=cmd_metrics)
 
-    p = sub.add_parser("aggregate", help="one tidy table per sweep")
+    p = sub.add_parser("sweep", help="one tidy table per model's sweep, from its checkpoints' metrics")
     p.add_argument("--out", required=True)
     p.add_argument(
         "--expected-steps",
@@ -214,17 +214,17 @@ def parser() -> argparse.ArgumentParser:
         "--final-step", type=int, help="the step trusted when several steps share weights (the published final model)"
     )
     p.add_argument("metrics", nargs="+")
-    p.set_defaults(run=cmd_aggregate)
+    p.set_defaults(run=cmd_sweep)
 
     p = sub.add_parser("plot", help="figures of one model's sweep")
     p.add_argument("--sweep", required=True)
     p.add_argument("--out-dir", required=True)
     p.set_defaults(run=cmd_plot)
 
-    p = sub.add_parser("compare", help="one figure comparing the models of a family")
+    p = sub.add_parser("plot-family", help="one figure comparing the models of a family")
     p.add_argument("--out", required=True)
     p.add_argument("sweeps", nargs="+")
-    p.set_defaults(run=cmd_compare)
+    p.set_defaults(run=cmd_plot_family)
 
     p = sub.add_parser("checkpoints", help="list the checkpoints a config names, as JSON lines")
     p.add_argument("--configfile", nargs="+", required=True)

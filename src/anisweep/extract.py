@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import config, metrics, preflight
+from . import config, geometry, preflight
 from .adapters import Adapter, Geometry, adapter_for
 from .atomic import write_text
 from .device import torch_device as resolve_device
@@ -434,7 +434,7 @@ def qk_table(recorder: Recorder) -> pl.DataFrame:
         q_mean = (q_stats.sum_x / n).cpu().numpy()
         k_mean = (k_stats.sum_x / n).cpu().numpy()
         for head in range(q_mean.shape[0]):
-            cos, score = metrics.qk_alignment(q_mean[head], k_mean[head])
+            cos, score = geometry.qk_alignment(q_mean[head], k_mean[head])
             rows.append(
                 {
                     "layer": layer,
@@ -558,7 +558,7 @@ def embeddings_table(adapter: Adapter, model: nn.Module) -> pl.DataFrame:
                     "n_rows": w.shape[0],
                     "d": w.shape[1],
                     "metric": "partition_isotropy_centred" if centre else "partition_isotropy",
-                    "value": metrics.partition_isotropy(w, centre=centre),
+                    "value": geometry.partition_isotropy(w, centre=centre),
                 }
             )
     return pl.DataFrame(rows)

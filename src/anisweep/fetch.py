@@ -25,7 +25,7 @@ Local/toy checkpoints are used in place: ``path`` is the checkpoint folder, noth
 
 ``weights_sha256`` is a sha256 over the weight files' bytes (sorted by name, streamed in 1 MiB chunks), and
 ``weight_files_sha256`` the sha256 of each file (the Hub's LFS oid), from the same single read;
-:func:`anisweep.aggregate.find_duplicates` uses them (read back from ``extract.json``) to flag steps serving
+:func:`anisweep.sweep.find_duplicates` uses them (read back from ``extract.json``) to flag steps serving
 the same weights as another step. The known Pythia defects come in two shapes: a whole checkpoint that is
 another step's (pythia-2.8b: the early branches serve final-era files, EleutherAI/pythia#205, #195) and ONE
 shard of a sharded checkpoint that is another step's (pythia-12b step50000/step58000 serve the final model's

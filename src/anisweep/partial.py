@@ -54,7 +54,7 @@ def write_partial_sweep(sweep: Sweep) -> list[int] | None:
     the next run re-aggregates it whatever becomes of the failed checkpoints (retried, or dropped from the
     config). Returns the missing steps, or None when every step has metrics (then the aggregate itself failed:
     its log says why, and nothing is written)."""
-    from .aggregate import aggregate
+    from .sweep import aggregate
     from .tables import write_atomic
 
     paths = [Path(p) for p in sweep.metrics]

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from .aggregate import analysed
 from .atomic import replacing
+from .sweep import analysed
 
 ISOTROPY_METRICS = ("avg_cos", "centred_avg_cos", "drift_ratio", "isoscore", "top_eig_share")
 

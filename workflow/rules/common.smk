@@ -78,9 +78,9 @@ def package_files(*modules):
 # The analysis code is an input of the rules that run it: editing it reruns metrics, sweeps and figures
 # (Snakemake's mtime trigger), never fetch or extract, which do not depend on it (the model runs are the cost).
 ANALYSIS_CODE = {
-    "metrics": package_files("measure", "metrics", "tables"),
-    "aggregate": package_files("aggregate", "tables"),
-    "plots": package_files("plots", "aggregate"),
+    "metrics": package_files("metrics", "geometry", "tables"),
+    "sweep": package_files("sweep", "tables"),
+    "plots": package_files("plots", "sweep"),
 }
 
 
@@ -89,7 +89,7 @@ def on_failure(rule):
     log on the console (the cause: the CLI's last line), name a kill by a signal (9: out of memory, mostly) and
     exit with the command's status. The log is the rule's own `log:`. The per-checkpoint commands start that line
     with `{family}/{model}/step{N}: ` themselves; for the other rules it is prefixed with the job's name
-    (`corpus: UnicodeDecodeError: ...`, `aggregate toy/toy-neox: ValueError: ...`)."""
+    (`corpus: UnicodeDecodeError: ...`, `sweep toy/toy-neox: ValueError: ...`)."""
 
     def suffix(wildcards):
         log = shlex.quote(str(getattr(rules, rule).log[0]).format(**dict(wildcards.items())))
@@ -109,7 +109,7 @@ def on_failure(rule):
 
 
 def sweep_of(family, model, job=None):
-    """A model's sweep table for the onerror handler (anisweep.partial): with the aggregate `job` that was to
+    """A model's sweep table for the onerror handler (anisweep.partial): with the sweep `job` that was to
     write it, dropping its metadata record is one of Snakemake's internals."""
     checkpoints = model_checkpoints(family, model)
     return Sweep(
@@ -125,13 +125,13 @@ def sweep_of(family, model, job=None):
 
 
 def unfinished_sweeps():
-    """onerror: the sweep of every aggregate job the failed run had still to run, from Snakemake's DAG (an
+    """onerror: the sweep of every sweep job the failed run had still to run, from Snakemake's DAG (an
     internal API: every model's sweep when it cannot say)."""
     try:
         pending = {
             (job.wildcards.family, job.wildcards.model): job
             for job in workflow.dag.needrun_jobs()
-            if job.rule.name == "aggregate"
+            if job.rule.name == "sweep"
         }
     except Exception:  # noqa: BLE001 - an internal Snakemake API: fall back to every model
         pending = dict.fromkeys(MODELS)

@@ -18,24 +18,24 @@ rule metrics:
 
 # Seconds of work: on the submit host in cluster runs, not a SLURM job each.
 localrules:
-    aggregate,
+    sweep,
 
 
-rule aggregate:
+rule sweep:
     input:
         metrics=model_metrics,
-        code=ANALYSIS_CODE["aggregate"],
+        code=ANALYSIS_CODE["sweep"],
     output:
         "results/{family}/{model}/sweep.parquet",
     log:
-        "logs/aggregate/{family}/{model}.log",
+        "logs/sweep/{family}/{model}.log",
     conda:
         CONDA_ENV
     params:
         cli=ANISWEEP,
-        on_failure=on_failure("aggregate"),
+        on_failure=on_failure("sweep"),
         steps=lambda wc: ",".join(str(c.step) for c in model_checkpoints(wc.family, wc.model)),
         final=final_step_of,
     shell:
-        "{params.cli} aggregate --out {output} --expected-steps {params.steps} --final-step {params.final} "
+        "{params.cli} sweep --out {output} --expected-steps {params.steps} --final-step {params.final} "
         "{input.metrics} 2> {log} {params.on_failure}"

@@ -1,7 +1,7 @@
 # Seconds of work: on the submit host in cluster runs, not a SLURM job each.
 localrules:
     plot_model,
-    compare_family,
+    plot_family,
 
 
 rule plot_model:
@@ -30,7 +30,7 @@ rule plot_model:
         "{params.cli} plot --sweep {input.sweep} --out-dir {params.out_dir} 2> {log} {params.on_failure}"
 
 
-rule compare_family:
+rule plot_family:
     input:
         sweeps=lambda wc: [f"results/{f}/{m}/sweep.parquet" for f, m in MODELS if f == wc.family],
         code=ANALYSIS_CODE["plots"],
@@ -47,6 +47,6 @@ rule compare_family:
         CONDA_ENV
     params:
         cli=ANISWEEP,
-        on_failure=on_failure("compare_family"),
+        on_failure=on_failure("plot_family"),
     shell:
-        "{params.cli} compare --out {output} {input.sweeps} 2> {log} {params.on_failure}"
+        "{params.cli} plot-family --out {output} {input.sweeps} 2> {log} {params.on_failure}"

@@ -8,8 +8,8 @@ import matplotlib
 import polars as pl
 import pytest
 
-from anisweep.aggregate import aggregate, analysed
 from anisweep.plots import MODEL_FIGURES, _log_spaced, plot_family, plot_model
+from anisweep.sweep import aggregate, analysed
 from anisweep.tables import metric_rows, write_atomic
 
 matplotlib.use("Agg")

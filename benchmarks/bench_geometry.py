@@ -1,11 +1,11 @@
 """Benchmark the point-cloud metrics on a large float32 cloud (run by hand, not by pytest).
 
-    python benchmarks/bench_metrics.py [--n 1000000] [--d 768] [--iso-n 100000 1000000] [--repeat 3]
+    python benchmarks/bench_geometry.py [--n 1000000] [--d 768] [--iso-n 100000 1000000] [--repeat 3]
 
 Each metric's time is reported with a baseline measured in the same process on the same array:
 one ``x.sum(axis=0)`` pass (float32, memory-bound), so the figures are ratios that survive a
 change of machine. Peak memory is the tracemalloc peak of the call alone (numpy reports its
-buffers to tracemalloc), compared with x.nbytes. Results go to benchmarks/out/metrics.json.
+buffers to tracemalloc), compared with x.nbytes. Results go to benchmarks/out/geometry.json.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from anisweep import metrics as M
+from anisweep import geometry as M
 
 
 def timed(fn, repeat):
@@ -77,7 +77,7 @@ def main(argv=None):
         help="IsoScore sample sizes (first rows of the cloud); must be >= d",
     )
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "out" / "metrics.json"))
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "out" / "geometry.json"))
     a = ap.parse_args(argv)
 
     t = time.perf_counter()
