@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from anisweep import extract
+from anisweep import attention_torch
+from anisweep import recorder as recorder_mod
 from anisweep.adapters.base import Geometry
 
 HERE = Path(__file__).resolve()
@@ -49,12 +50,12 @@ def main(argv=None):
     q, k, v = (torch.randn(b, t, h, d).transpose(1, 2) for _ in range(3))  # the layout HF passes
     valid = torch.ones(b, t, dtype=torch.bool)
     geometry = Geometry(n_layers=1, n_heads=h, d_model=h * d, d_head=d, rotary_dims=0, causal=False)
-    recorder = extract.Recorder(
-        geometry, extract.Sample.draw(torch.zeros(b, t, dtype=torch.long), valid, 1, 0), torch.device("cpu")
+    recorder = recorder_mod.Recorder(
+        geometry, recorder_mod.Sample.draw(torch.zeros(b, t, dtype=torch.long), valid, 1, 0), torch.device("cpu")
     )
     recorder.begin_batch(valid, 0)
     qc, kc, vc = (x.contiguous().flatten(0, 1) for x in (q, k, v))
-    per_chunk = max(1, extract.CHUNK_ELEMENTS // (t * t))  # heads per chunk, as extract takes them
+    per_chunk = max(1, attention_torch.CHUNK_ELEMENTS // (t * t))  # heads per chunk, as extract takes them
     chunk_scores, output = torch.empty(per_chunk, t, t), torch.empty(b * h, t, d)
     scores = torch.empty(b * h, t, t)
 

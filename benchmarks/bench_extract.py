@@ -217,15 +217,15 @@ def variants_for(shape: str, names: list[str], device="cpu", dtype=torch.float32
 
         runs.update(plain=plain, hf_keep_all=hf_keep_all)
         if "extract" in names:
-            from anisweep import extract
+            from anisweep import extract, recorder
             from anisweep.adapters import adapter_for
 
-            extract._register_attention()
+            recorder.register_attention()
             adapter = adapter_for(model.config)
-            parts = (model, adapter.base_model(model), adapter, adapter.geometry(model.config))
+            parts = extract.LoadedModel(model, adapter.base_model(model), adapter, adapter.geometry(model.config))
 
             def run_extract(batch, batch_size=None, sample_tokens=None):
-                model.set_attn_implementation(extract.ATTENTION_NAME)
+                model.set_attn_implementation(recorder.ATTENTION_NAME)
                 n, t = batch["input_ids"].shape
                 settings = extract.ExtractSettings(
                     n_sequences=n,
@@ -373,7 +373,7 @@ def _params(runs):
 def device_cell(args) -> dict:
     """One cell of the device table in this fresh process: speed of every variant, interleaved, then the peak
     device memory of each (CUDA only)."""
-    from anisweep import extract
+    from anisweep import extract, recorder
 
     device, dtype = torch.device(args.device), extract.DTYPES[args.dtype]
     runs = variants_for(args.shape, ["plain", "extract", "hf_keep_all"], device, dtype)
@@ -412,7 +412,7 @@ def device_cell(args) -> dict:
         "seq_len": args.seq_len,
         "dtype": args.dtype,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "attention": "triton" if extract.attention_kernel("auto", device) else "torch",
+        "attention": "triton" if recorder.attention_kernel("auto", device) else "torch",
     }
     for n in names:
         ratios = [p / v for p, v in zip(seconds["plain"], seconds[n])]
@@ -431,7 +431,7 @@ def checkpoint(args) -> dict:
     model, extract.run, building the tables; and a plain forward over the same sequences."""
     import tempfile
 
-    from anisweep import extract
+    from anisweep import extract, extract_tables
 
     torch.set_num_threads(args.threads)
     settings = extract.ExtractSettings(**{**sweep_settings(args.shape), "device": args.device})  # as the sweep's jobs
@@ -449,11 +449,11 @@ def checkpoint(args) -> dict:
         sync()
         run_s = time.perf_counter() - started
         started = time.perf_counter()
-        extract.tables(
+        extract_tables.tables(
             recorder, parts, {"family": "bench", "model": args.shape, "seed": 0, "step": 0, "tokens_seen": 0}
         )
         tables_s = time.perf_counter() - started
-        model = parts[0]
+        model = parts.model
         model.set_attn_implementation("sdpa")
         started = time.perf_counter()
         with torch.inference_mode():

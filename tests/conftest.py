@@ -21,7 +21,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch
 from transformers import BertConfig, GPTNeoXConfig
 
-from anisweep import extract
+from anisweep import extract, extract_tables
 
 from slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture test_slurm.py uses
 
@@ -80,7 +80,7 @@ def run_extract(path, batch, **settings):
     parts = extract.load_model(path, device="cpu")
     recorder = extract.run(parts, batch, settings, progress=False)
     ident = {"family": "test", "model": "m", "seed": 0, "step": 3, "tokens_seen": 30}
-    return extract.tables(recorder, parts, ident), parts
+    return extract_tables.tables(recorder, parts, ident), parts
 
 
 def snakemake_command(workdir: Path, *args: str) -> list[str]:

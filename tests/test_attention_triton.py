@@ -16,7 +16,7 @@ pytest.importorskip("triton")  # in the test extra on Linux
 
 from test_extract import bert_config, check_all, neox_config, padded_batch, reference, run_extract, saved
 
-from anisweep import attention_triton, extract
+from anisweep import attention_triton, recorder
 from anisweep.streaming import ROW_FIELDS, VisibleKeys, masked_exp_, row_statistics
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-5, torch.float16: 1e-5}  # statistics: the scores are float32
@@ -161,24 +161,24 @@ def test_refuses_cpu_tensors_without_interpreter():
 
 def test_attention_setting_picks_the_kernel():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert extract.attention_kernel("auto", cpu) is None
-    assert extract.attention_kernel("torch", cuda) is None
-    assert extract.attention_kernel("triton", cpu) is attention_triton
-    assert extract.attention_kernel("auto", cuda) is attention_triton
+    assert recorder.attention_kernel("auto", cpu) is None
+    assert recorder.attention_kernel("torch", cuda) is None
+    assert recorder.attention_kernel("triton", cpu) is attention_triton
+    assert recorder.attention_kernel("auto", cuda) is attention_triton
     assert not attention_triton.supports(torch.zeros(1, 1, attention_triton.MAX_KEYS + 1, 16))
 
 
 def test_missing_triton_warns_once_and_falls_back(monkeypatch):
     monkeypatch.setitem(sys.modules, "anisweep.attention_triton", None)  # import raises ImportError
     monkeypatch.delattr(sys.modules["anisweep"], "attention_triton")
-    extract._triton_or_warn.cache_clear()
+    recorder._triton_or_warn.cache_clear()
     try:
         with pytest.warns(UserWarning, match="Triton does not import") as caught:
-            assert extract.attention_kernel("auto", torch.device("cuda")) is None
-            assert extract.attention_kernel("auto", torch.device("cuda")) is None
+            assert recorder.attention_kernel("auto", torch.device("cuda")) is None
+            assert recorder.attention_kernel("auto", torch.device("cuda")) is None
         assert len(caught) == 1
     finally:
-        extract._triton_or_warn.cache_clear()
+        recorder._triton_or_warn.cache_clear()
 
 
 @pytest.mark.parametrize("kind", ["bert", "gpt_neox"])

@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from anisweep import extract
+from anisweep import attention_torch, extract, extract_tables
 from anisweep.adapters import UnsupportedArchitecture
 
 from conftest import bert_config, neox_config, padded_batch, run_extract, saved
@@ -165,7 +165,7 @@ def test_gpt_neox_matches_eager_reference(tmp_path, cls):
 def test_pre_and_post_rotary_means_differ_only_on_rotary_dims(tmp_path):
     path = saved(tmp_path, transformers.GPTNeoXModel, neox_config(), "neox")
     tables, parts = run_extract(path, padded_batch())
-    rot = parts[3].rotary_dims
+    rot = parts.geometry.rotary_dims
     qk = tables["qk"].sort("layer", "head")
     pre = np.stack(qk.filter(pl.col("rope") == "pre")["q_mean"].to_list())
     post = np.stack(qk.filter(pl.col("rope") == "post")["q_mean"].to_list())
@@ -222,10 +222,10 @@ def full_batch(n=5, t=12, seed=0):
 def test_chunks_row_blocks_and_workers_match_eager_reference(tmp_path, monkeypatch, kind, padded, threads):
     """Tiny chunks (one head, or several sequences), causal row blocks of 5 rows and the worker pool
     (forced on) give the statistics of the eager reference."""
-    monkeypatch.setattr(extract, "CHUNK_ELEMENTS", 150)  # < one head's 12 x 12 scores for the first rows
-    monkeypatch.setattr(extract, "ROW_BLOCKS", 3)
-    monkeypatch.setattr(extract, "MIN_ROW_BLOCK", 5)
-    monkeypatch.setattr(extract.Workers, "MIN_TASKS_PER_THREAD", 1)
+    monkeypatch.setattr(attention_torch, "CHUNK_ELEMENTS", 150)  # < one head's 12 x 12 scores for the first rows
+    monkeypatch.setattr(attention_torch, "ROW_BLOCKS", 3)
+    monkeypatch.setattr(attention_torch, "MIN_ROW_BLOCK", 5)
+    monkeypatch.setattr(attention_torch.Workers, "MIN_TASKS_PER_THREAD", 1)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -242,7 +242,7 @@ def test_chunks_row_blocks_and_workers_match_eager_reference(tmp_path, monkeypat
 
 
 def test_many_sequences_per_chunk_match_eager_reference(tmp_path, monkeypatch):
-    monkeypatch.setattr(extract, "CHUNK_ELEMENTS", 4 * 12 * 12 * 3)  # three whole sequences per chunk
+    monkeypatch.setattr(attention_torch, "CHUNK_ELEMENTS", 4 * 12 * 12 * 3)  # three whole sequences per chunk
     path = saved(tmp_path, transformers.BertModel, bert_config(), "bert")
     batch = full_batch(n=7)
     tables, _ = run_extract(path, batch, batch_size=7)
@@ -261,8 +261,8 @@ def test_bfloat16_statistics_close_to_float32(tmp_path, cls, config):
     for dtype in ("float32", "bfloat16"):
         settings = extract.ExtractSettings(batch_size=2, sample_tokens=10_000, device="cpu", dtype=dtype)
         parts = extract.load_model(path, dtype, "cpu")
-        assert next(parts[0].parameters()).dtype == extract.DTYPES[dtype]
-        out[dtype] = extract.tables(extract.run(parts, batch, settings, progress=False), parts, ident)
+        assert next(parts.model.parameters()).dtype == extract.DTYPES[dtype]
+        out[dtype] = extract_tables.tables(extract.run(parts, batch, settings, progress=False), parts, ident)
     f32, bf16 = out["float32"], out["bfloat16"]
     for name in (
         "entropy_mean",

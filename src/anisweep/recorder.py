@@ -1,0 +1,236 @@
+"""What extract records during a forward pass: the Recorder's accumulators, fed by forward hooks (residual
+stream, LayerNorms, pre-rotary q/k) and by the registered attention function (post-rotary q/k, the attention
+statistics). The adapter says where the hooked modules are; nothing here knows an architecture."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from functools import cache
+
+import torch
+from torch import nn
+
+from . import attention_torch
+from .adapters import Adapter, Geometry
+from .attention_torch import Scratch, Workers, row_blocks
+from .streaming import AttentionStats, HeadVectorStats, VectorStats, VisibleKeys
+
+ATTENTION_NAME = "anisweep"
+SAMPLED_SITES = ("resid", "final_ln_in", "final_ln_out")
+
+_ACTIVE: contextvars.ContextVar[Recorder] = contextvars.ContextVar("anisweep_recorder")
+
+
+def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Eager attention that also records q/k means and attention statistics for the active Recorder.
+
+    transformers passes no mask to a custom attention function; the recorder builds padding and causal
+    masks from the batch, which reproduces eager attention exactly on every valid position.
+    """
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    return _ACTIVE.get().attend(module.layer_idx, query, key, value, scaling), None
+
+
+def attention_kernel(choice: str, device: torch.device):
+    """The module whose `attend` runs a layer's attention (anisweep.attention_triton), or None for the torch
+    ops. `auto` takes Triton on CUDA when it imports, else falls back with one warning."""
+    if choice == "torch" or (choice == "auto" and device.type != "cuda"):
+        return None
+    if choice == "triton":
+        from . import attention_triton
+
+        return attention_triton
+    return _triton_or_warn()
+
+
+@cache
+def _triton_or_warn():
+    try:
+        from . import attention_triton
+    except ImportError as error:
+        warnings.warn(
+            f"extract: Triton does not import ({error}); attention runs as torch ops, slower on a GPU", stacklevel=2
+        )
+        return None
+    return attention_triton
+
+
+@contextlib.contextmanager
+def recording(recorder: Recorder):
+    """Route the registered attention function's calls in this context to `recorder`."""
+    token = _ACTIVE.set(recorder)
+    try:
+        yield recorder
+    finally:
+        _ACTIVE.reset(token)
+
+
+def register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, attention_forward)
+
+
+def first_tensor(output):
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+@dataclass
+class Sample:
+    """The seeded sample of valid tokens kept whole for hidden.parquet: global (seq, position) pairs."""
+
+    seq: torch.Tensor
+    position: torch.Tensor
+    token_id: torch.Tensor
+
+    @classmethod
+    def draw(cls, input_ids: torch.Tensor, valid: torch.Tensor, n: int, seed: int) -> Sample:
+        seqs, positions = valid.nonzero(as_tuple=True)
+        if n < seqs.numel():
+            generator = torch.Generator().manual_seed(seed)
+            keep = torch.randperm(seqs.numel(), generator=generator)[:n].sort().values
+            seqs, positions = seqs[keep], positions[keep]
+        return cls(seqs, positions, input_ids[seqs, positions])
+
+
+@dataclass
+class Recorder:
+    """Accumulators for one checkpoint, fed mini-batch by mini-batch by hooks and the attention function."""
+
+    geometry: Geometry
+    sample: Sample
+    device: torch.device
+    workers: Workers = field(default_factory=lambda: Workers(1))
+    kernel: object = None  # attention_kernel's choice: None for the torch ops below
+    valid: torch.Tensor = field(init=False)
+    scratch: Scratch = field(init=False, default_factory=Scratch)
+
+    def __post_init__(self):
+        g, dev = self.geometry, self.device
+        ropes = ("pre", "post") if g.rotary_dims else ("pre",)
+        self.q = {
+            (layer, rope): HeadVectorStats(g.n_heads, g.d_head, dev) for layer in range(g.n_layers) for rope in ropes
+        }
+        self.k = {
+            (layer, rope): HeadVectorStats(g.n_heads, g.d_head, dev) for layer in range(g.n_layers) for rope in ropes
+        }
+        self.attention = {layer: AttentionStats(g.n_heads, dev) for layer in range(g.n_layers)}
+        self.vectors: dict[tuple[int, str], VectorStats] = {}
+        self.samples: dict[tuple[int, str], torch.Tensor] = {}  # (n sampled tokens, d) float32 on the CPU
+        self._batch_sample = None
+        self._recent: list[tuple[weakref.ref, dict]] = []
+
+    def begin_batch(self, valid: torch.Tensor, first_seq: int) -> None:
+        """Set the masks and the sampled positions of the mini-batch about to run."""
+        self.valid = valid
+        self.all_valid = bool(valid.all())
+        self._recent = []
+        t = valid.shape[1]
+        hidden = ~valid[:, None, :].expand(-1, t, -1)
+        if self.geometry.causal:
+            hidden = hidden | torch.ones(t, t, dtype=torch.bool, device=valid.device).triu(1)
+        if self.all_valid:  # one mask for the whole mini-batch when there is no padding; else one per sequence
+            hidden = hidden[:1]
+        self.blocks = []  # (query rows, VisibleKeys of each sequence (or of all))
+        for rows in row_blocks(t, self.geometry.causal):
+            n_keys = rows.stop if self.geometry.causal else t
+            self.blocks.append((rows, [VisibleKeys.build(h[rows, :n_keys]) for h in hidden]))
+        n_visible = [torch.cat([keys[i].n_visible for _, keys in self.blocks]) for i in range(len(hidden))]
+        self.n_visible = torch.stack(n_visible).expand(valid.shape[0], -1)
+        host_valid = valid.cpu()  # the batch's counts, copied once before its forward: no layer waits for them
+        self.n_valid, self.row_counts = int(host_valid.sum()), AttentionStats.counts(host_valid, self.n_visible.cpu())
+        in_batch = ((self.sample.seq >= first_seq) & (self.sample.seq < first_seq + valid.shape[0])).nonzero()
+        sample_rows = slice(int(in_batch[0]), int(in_batch[-1]) + 1) if len(in_batch) else slice(0, 0)
+        flat_index = (self.sample.seq[sample_rows] - first_seq) * t + self.sample.position[sample_rows]
+        self._batch_sample = (sample_rows, flat_index.to(valid.device))
+
+    def attend(self, layer, query, key, value, scaling) -> torch.Tensor:
+        """Attention output (B, T, H, d_head) of one layer; records its q/k means and row statistics."""
+        rope = "post" if self.geometry.rotary_dims else "pre"
+        self.q[(layer, rope)].update(query, self.valid, self.all_valid, self.n_valid)
+        self.k[(layer, rope)].update(key, self.valid, self.all_valid, self.n_valid)
+        if self.kernel is not None and self.kernel.supports(query):
+            output, row_stats = self.kernel.attend(query, key, value, scaling, self.valid, self.geometry.causal)
+            self.attention[layer].update(row_stats, self.valid, self.n_visible, self.row_counts)
+            return output.transpose(1, 2).contiguous()
+        output, row_stats = attention_torch.attend(
+            query, key, value, scaling, self.blocks, self.all_valid, self.workers, self.scratch
+        )
+        self.attention[layer].update(row_stats, self.valid, self.n_visible, self.row_counts)
+        return output.transpose(1, 2).contiguous()
+
+    def record_pre_rotary(self, layer, q, k) -> None:
+        self.q[(layer, "pre")].update(q, self.valid, self.all_valid, self.n_valid)
+        self.k[(layer, "pre")].update(k, self.valid, self.all_valid, self.n_valid)
+
+    def reserve(self, layer: int, site: str) -> None:
+        """Allocate a hooked site's accumulators and sample buffer once, before any forward pass: every
+        batch writes into them, and nothing that outlives a pass is allocated amid the model's temporaries."""
+        key = (layer, site)
+        self.vectors[key] = VectorStats(self.geometry.d_model, self.device)
+        if site in SAMPLED_SITES:
+            self.samples[key] = torch.empty(len(self.sample.seq), self.geometry.d_model)
+
+    def record_vectors(self, layer: int, site: str, x: torch.Tensor) -> None:
+        key = (layer, site)
+        self.vectors[key].add(self._vector_parts(x))
+        if site in SAMPLED_SITES:
+            rows, index = self._batch_sample  # the sample is sorted: its rows in this batch are a slice
+            flat, target = x.reshape(-1, x.shape[-1]), self.samples[key][rows]
+            if flat.dtype == target.dtype and flat.device == target.device:
+                torch.index_select(flat, 0, index, out=target)
+            else:
+                target.copy_(flat[index])
+
+    def _vector_parts(self, x: torch.Tensor) -> dict:
+        """VectorStats sums of x. Several sites often hold one tensor (a block's output is the next
+        block's LayerNorm input, twice with a parallel residual; no hooked module changes its input in
+        place): the sums of the last few tensors are kept, by weak reference so that no tensor outlives
+        its use."""
+        for ref, part in self._recent:
+            if ref() is x:
+                return part
+        part = VectorStats.partial(x, self.valid)
+        self._recent = [(weakref.ref(x), part)] + self._recent[:3]
+        return part
+
+
+class Hooks:
+    """Forward hooks that feed a Recorder; a context manager so they never outlive the extraction."""
+
+    def __init__(self, adapter: Adapter, base: nn.Module, geometry: Geometry, recorder: Recorder):
+        self.handles = []
+        for site in adapter.resid_sites(base):
+            recorder.reserve(site.layer, "resid")
+            self._add(
+                site.module, lambda m, a, o, layer=site.layer: recorder.record_vectors(layer, "resid", first_tensor(o))
+            )
+        for site in adapter.layernorm_sites(base):
+            recorder.reserve(site.layer, f"{site.site}_in")
+            recorder.reserve(site.layer, f"{site.site}_out")
+
+            def on_layernorm(module, args, output, layer=site.layer, name=site.site):
+                recorder.record_vectors(layer, f"{name}_in", args[0])
+                recorder.record_vectors(layer, f"{name}_out", first_tensor(output))
+
+            self._add(site.module, on_layernorm)
+        for site in adapter.pre_rotary_qk(base, geometry):
+
+            def on_qkv(module, args, output, layer=site.layer, split=site.split):
+                recorder.record_pre_rotary(layer, *split(output))
+
+            self._add(site.module, on_qkv)
+
+    def _add(self, module: nn.Module, fn) -> None:
+        self.handles.append(module.register_forward_hook(fn))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
