@@ -308,3 +308,26 @@ def test_cli_writes_tables_and_figures(tmp_path):
         assert (tmp_path / "figures" / name).stat().st_size > 10_000
     bad = run("untrained", "--settings", '{"inits": ["gpt2"]}', "--out-dir", str(tmp_path / "bad"))
     assert bad.returncode == 1 and "unknown init" in bad.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_rule_all_asks_for_the_figures_only_when_enabled(tmp_path, enabled):
+    import yaml
+
+    from conftest import snakemake_command
+
+    config = {
+        "models": [{"family": "toy", "name": "toy-bert", "steps": [0]}],
+        "toy": {"toy-bert": {"arch": "bert", "steps": [0]}},
+        "extract": {"seq_len": 64, "sample_tokens": 64},
+        "untrained": {"enabled": enabled},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        snakemake_command(tmp_path, "-n", "--configfile", str(tmp_path / "config.yaml")), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    jobs = done.stdout + done.stderr
+    assert ("plot_untrained" in jobs) is enabled and (
+        "results/untrained/figures/untrained_norms.png" in jobs
+    ) is enabled

@@ -26,6 +26,7 @@ def _axes(summary: pl.DataFrame, n_panels: int):
 def _norm_axis(ax, summary: pl.DataFrame) -> None:
     norms = [n for n in summary["norm"].drop_nulls().unique().to_list() if n > 0]
     ax.set_xscale("symlog", linthresh=min(norms) if norms else 1.0)
+    ax.set_xlim(0, max(norms) * 1.3 if norms else 1.0)
     ax.set_xlabel("bias norm N")
 
 
@@ -86,7 +87,12 @@ def scores(histogram: pl.DataFrame, path: Path) -> None:
             label = f"N = {norm:g}" + (f" ({outside:.1%} beyond the edges)" if outside else "")
             ax.plot(centres, inner["count"].to_numpy() / total, color=colour, marker=".", markersize=3, label=label)
         smallest = float(inner_edges["bin_hi"].filter(inner_edges["bin_hi"] > 0).min())
+        largest = float(inner_edges["bin_hi"].max())
         ax.set_xscale("symlog", linthresh=smallest)
+        decades = np.arange(np.ceil(np.log10(smallest)), np.log10(largest) + 1e-9)
+        ticks = 10.0 ** decades[:: max(1, int(np.ceil(len(decades) / 4)))]
+        ax.set_xticks([*(-ticks[::-1]), 0.0, *ticks])
+        ax.tick_params(axis="x", labelsize=7)
         ax.set_xlabel("score q.k / sqrt(d_head)")
         ax.set_ylabel("share of visible pairs per bin")
         ax.set_title(f"{init}: pre-softmax scores", fontsize=9)
