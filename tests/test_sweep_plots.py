@@ -35,7 +35,8 @@ def fake_checkpoint(root, step, sha, tokens_per_step=100, model="m"):
                 rows.append({"layer": layer, "site": site, "metric": metric, "value": 0.2 + step / 2000})
         for head in range(2):
             for site in ("qk_pre", "qk_post"):
-                rows.append({"layer": layer, "head": head, "site": site, "metric": "qk_cos", "value": 0.5 - head})
+                for metric in ("qk_cos", "qk_mean_score", "qk_mean_dot"):
+                    rows.append({"layer": layer, "head": head, "site": site, "metric": metric, "value": 0.5 - head})
             rows.append({"layer": layer, "head": head, "site": "attention", "metric": "entropy_mean", "value": 1.0})
         for metric in (
             "entropy_mean",
@@ -47,15 +48,19 @@ def fake_checkpoint(root, step, sha, tokens_per_step=100, model="m"):
             "score_std",
         ):
             rows.append({"layer": layer, "site": "attention", "metric": metric, "value": 0.5 + layer / 10})
-        rows.append({"layer": layer, "site": "qk_post", "metric": "qk_cos_abs_mean", "value": 0.3})
+        for site in ("qk_pre", "qk_post"):
+            rows.append({"layer": layer, "site": site, "metric": "qk_cos_abs_mean", "value": 0.3})
+            rows.append({"layer": layer, "site": site, "metric": "qk_cos_concat", "value": 0.2 * layer})
     for metric in ("gain_mean", "gain_std", "bias_norm", "bias_drift_share"):
         rows.append({"layer": 2, "site": "final_ln", "metric": metric, "value": 1.0})
     for site in ("embed_in", "embed_out"):
         rows += [
             {"site": site, "metric": "partition_isotropy", "value": 0.5},
             {"site": site, "metric": "partition_isotropy_centred", "value": 0.9},
+            {"site": site, "metric": "partition_isotropy_mm", "value": 0.7},
+            {"site": site, "metric": "partition_isotropy_mm_centred", "value": 0.95},
         ]
-    for name in ("spearman_r", "pearson_r"):
+    for name in ("spearman_r", "pearson_r", "spearman_p", "pearson_p"):
         rows.append({"site": "resid", "metric": f"drift_avg_cos_{name}", "value": 0.8})
     folder = root / model / f"step{step}"
     write_atomic(metric_rows(ident, rows), folder / "metrics.parquet")
