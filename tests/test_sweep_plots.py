@@ -119,3 +119,38 @@ def test_family_figure_handles_models_without_token_counts(tmp_path):
     second = second.with_columns(pl.lit(None, pl.Int64).alias("tokens_seen"))
     plot_family(pl.concat([first, second]), tmp_path / "compare.png")
     assert (tmp_path / "compare.png").stat().st_size > 10_000
+
+
+def test_family_figure_compares_the_same_named_site_and_rotary_variant(tmp_path, monkeypatch):
+    import anisweep.plots as plots
+
+    neox = aggregate([fake_checkpoint(tmp_path, s, f"a{s}", model="neox") for s in (0, 10, 100)])
+    bert = aggregate([fake_checkpoint(tmp_path, s, f"b{s}", model="bert") for s in (0, 10, 100)])
+    bert = bert.filter(pl.col("site") != "qk_post")  # no rotary
+    sweeps = pl.concat([neox, bert])
+    # distinct values per site and model, so a panel showing the wrong one is caught
+    code = {"final_ln_in": 1.0, "final_ln_out": 2.0, "resid": 3.0, "qk_pre": 4.0, "qk_post": 5.0}
+    site_code = pl.DataFrame({"site": list(code), "code": list(code.values())})
+    sweeps = (
+        sweeps.join(site_code, on="site", how="left")
+        .with_columns(
+            (pl.col("code").fill_null(0.0) + pl.when(pl.col("model") == "bert").then(0.5).otherwise(0.0)).alias("value")
+        )
+        .drop("code")
+    )
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    plot_family(sweeps, tmp_path / "compare.png")
+    panels = {ax.get_ylabel(): ax for ax in figures[0].axes if ax.get_visible() and ax.get_ylabel()}
+    for metric in ("avg cos", "IsoScore"):
+        for site in ("final_ln_in", "final_ln_out"):
+            ax = next(a for label, a in panels.items() if label.startswith(f"{metric} at {site}"))
+            lines = {line.get_label(): set(line.get_ydata()) for line in ax.get_lines()}
+            assert lines == {"neox": {code[site]}, "bert": {code[site] + 0.5}}
+    ax = next(a for label, a in panels.items() if label.startswith("|qk cos|"))
+    lines = {line.get_label(): (set(line.get_ydata()), line.get_linestyle()) for line in ax.get_lines()}
+    assert lines == {
+        "neox qk_pre": ({4.0}, "-"),
+        "neox qk_post": ({5.0}, "--"),
+        "bert qk_pre": ({4.5}, "-"),
+    }
