@@ -154,3 +154,28 @@ def test_family_figure_compares_the_same_named_site_and_rotary_variant(tmp_path,
         "neox qk_post": ({5.0}, "--"),
         "bert qk_pre": ({4.5}, "-"),
     }
+
+
+def test_drift_figure_shows_p_against_005_and_qk_figures_show_each_metric(tmp_path, monkeypatch):
+    import anisweep.plots as plots
+
+    sweep = aggregate([fake_checkpoint(tmp_path, s, str(s)) for s in (0, 10, 100)])
+    p_of = {"drift_avg_cos_spearman_p": 0.3, "drift_avg_cos_pearson_p": 0.01}
+    sweep = sweep.with_columns(pl.col("metric").replace_strict(p_of, default=None, return_dtype=pl.Float64).alias("p"))
+    sweep = sweep.with_columns(pl.coalesce("p", "value").alias("value")).drop("p")
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    plots.drift_vs_anisotropy(sweep, tmp_path / "d.png")
+    ax = next(a for a in figures[0].axes if a.get_ylabel() == "two-sided permutation p")
+    assert ax.get_yscale() == "log"
+    lines = {line.get_label(): set(line.get_ydata()) for line in ax.get_lines()}
+    assert lines == {"spearman": {0.3}, "pearson": {0.01}, "p = 0.05": {0.05}}
+    plots.qk_mean_dot(sweep, tmp_path / "q.png")
+    labels = [a.get_ylabel() for a in figures[1].axes if a.get_ylabel()]
+    assert labels == ["<mean q, mean k>", "<mean q, mean k> / sqrt(d_head)"] * 2  # pre-rotary rows, then post
+    plots.qk_cos_concat(sweep, tmp_path / "c.png")
+    concat = [a for a in figures[2].axes if a.get_ylabel()]
+    assert [a.get_title() for a in concat] == ["pre-rotary", "post-rotary"]
+    assert {
+        line.get_label(): tuple(line.get_ydata()) for line in concat[0].get_lines() if "layer" in line.get_label()
+    } == {f"layer {layer}": (0.2 * layer,) * 3 for layer in range(3)}
