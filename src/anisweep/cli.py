@@ -146,6 +146,24 @@ def cmd_plot_family(args) -> None:
     plot_family(pl.concat([pl.read_parquet(p) for p in args.sweeps], how="diagonal_relaxed"), Path(args.out))
 
 
+def cmd_qk_svd(args) -> None:
+    from .plots_distributions import qk_svd_figures
+    from .qk_svd import qk_svd
+    from .tables import write_atomic
+
+    table, extras = qk_svd([Path(d) for d in args.extract_dirs], args.fraction, args.seed)
+    write_atomic(table, args.out)
+    qk_svd_figures(table, extras, args.heads, Path(args.figures_dir))
+
+
+def cmd_plot_score_hist(args) -> None:
+    import polars as pl
+
+    from .plots_distributions import score_hist_figure
+
+    score_hist_figure(pl.concat([pl.read_parquet(p) for p in args.hists]), Path(args.out))
+
+
 def cmd_checkpoints(args) -> None:
     import yaml
 
@@ -225,6 +243,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("sweeps", nargs="+")
     p.set_defaults(run=cmd_plot_family)
+
+    p = sub.add_parser("qk-svd", help="one model's queries and keys across training on their singular directions")
+    p.add_argument("--out", required=True, help="qk_svd.parquet")
+    p.add_argument("--figures-dir", required=True)
+    p.add_argument("--fraction", type=float, default=0.2, help="share of the sampled vectors the SVD is computed on")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--heads", type=_json, default="auto", help='JSON: "auto" or [[layer, head], ...] to plot')
+    p.add_argument("extract_dirs", nargs="+", help="the model's per-step extract folders")
+    p.set_defaults(run=cmd_qk_svd)
+
+    p = sub.add_parser("plot-score-hist", help="one model's pre-softmax score histograms over training")
+    p.add_argument("--out", required=True)
+    p.add_argument("hists", nargs="+", help="the model's score_hist.parquet, one per step")
+    p.set_defaults(run=cmd_plot_score_hist)
 
     p = sub.add_parser("checkpoints", help="list the checkpoints a config names, as JSON lines")
     p.add_argument("--configfile", nargs="+", required=True)

@@ -13,7 +13,7 @@ IDENTITY = ("family", "model", "seed", "step", "tokens_seen")
 
 #: The tables extract writes per checkpoint, `{name}.parquet` (the extract rule's outputs and
 #: `extract.tables()`'s keys, in this order).
-EXTRACT_TABLES = ("qk", "attention", "hidden", "hidden_stats", "layernorm", "embeddings")
+EXTRACT_TABLES = ("qk", "attention", "hidden", "hidden_stats", "layernorm", "embeddings", "qk_sample", "score_hist")
 
 #: attention.parquet's statistics, one value per (layer, head): what extract writes and metrics reads.
 ATTENTION_STATISTICS = (

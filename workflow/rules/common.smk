@@ -167,10 +167,19 @@ def figures(family, model):
     return [f"results/{family}/{model}/figures/{name}" for name in MODEL_FIGURES]
 
 
+def distribution_outputs(family, model):
+    """The q/k SVD table and figures and the score histogram figure of one model (workflow/rules/distributions.smk)."""
+    from anisweep.qk_svd import FIGURES as QK_SVD_FIGURES
+
+    names = [*QK_SVD_FIGURES, "score_hist.png"]
+    return [f"results/{family}/{model}/qk_svd.parquet", *(f"results/{family}/{model}/figures/{n}" for n in names)]
+
+
 def all_outputs():
     outputs = []
     for family, model in MODELS:
         outputs += [f"results/{family}/{model}/sweep.parquet", *figures(family, model)]
+        outputs += distribution_outputs(family, model)
     for family in sorted({family for family, _ in MODELS}):
         outputs.append(f"results/{family}/figures/compare.png")
     return outputs
