@@ -8,7 +8,8 @@ import polars as pl
 import pytest
 import transformers
 
-from anisweep import plots_distributions, qk_svd
+from anisweep import geometry, plots_distributions, qk_svd
+from anisweep import spectra as spectra_module
 from anisweep.metrics import checkpoint_metrics, qk_sample_rows
 from anisweep.tables import write_atomic
 
@@ -141,12 +142,20 @@ def test_score_hist_figure(tmp_path):
     assert (tmp_path / "h.png").stat().st_size > 10_000
 
 
-def test_q_and_k_anisotropy_metrics_match_brute_force(tmp_path):
+@pytest.fixture(scope="module")
+def extracted(tmp_path_factory):
+    """A tiny rotary model's extract tables, written to a folder."""
+    tmp_path = tmp_path_factory.mktemp("neox")
     path = saved(tmp_path, transformers.GPTNeoXForCausalLM, neox_config(), "m")
     tables, _ = run_extract(path, padded_batch(), qk_sample_tokens=25)
     for name, df in tables.items():
         write_atomic(df, tmp_path / f"{name}.parquet")
-    metrics = checkpoint_metrics(tmp_path)
+    return tables, tmp_path
+
+
+def test_q_and_k_anisotropy_metrics_match_brute_force(extracted):
+    tables, folder = extracted
+    metrics = checkpoint_metrics(folder)
     checked = 0
     for (layer, head, rope), group in tables["qk_sample"].group_by("layer", "head", "rope"):
         for which in ("q", "k"):
@@ -165,3 +174,40 @@ def test_q_and_k_anisotropy_metrics_match_brute_force(tmp_path):
             checked += 1
     assert checked == 2 * 4 * 2 * 2  # layers x heads x ropes x (q, k)
     assert len(qk_sample_rows(tables["qk_sample"])) == checked * 2
+
+
+def test_spectra_match_numpy_svd(extracted):
+    tables, folder = extracted
+    spectra = spectra_module.checkpoint_spectra(folder)
+    assert spectra.columns[:5] == ["family", "model", "seed", "step", "tokens_seen"]
+    hidden = tables["hidden"].filter((pl.col("layer") == 2) & (pl.col("site") == "resid"))
+    x = np.stack(hidden["vector"].to_list()).astype(np.float64)
+    s = np.linalg.svd(x, compute_uv=False)
+    got = spectra.filter((pl.col("vectors") == "hidden") & (pl.col("layer") == 2) & (pl.col("site") == "resid"))
+    np.testing.assert_allclose(got.sort("index")["singular_value"].to_numpy(), s, rtol=1e-9)
+    np.testing.assert_allclose(got.sort("index")["share"].to_numpy(), s / s.sum(), rtol=1e-9)
+    assert got["head"].is_null().all() and got["n"].unique().to_list() == [len(x)]
+    sample = tables["qk_sample"].filter((pl.col("layer") == 1) & (pl.col("head") == 3) & (pl.col("rope") == "post"))
+    k = np.stack(sample["k"].to_list()).astype(np.float64)
+    got = spectra.filter(
+        (pl.col("vectors") == "k") & (pl.col("layer") == 1) & (pl.col("head") == 3) & (pl.col("site") == "qk_post")
+    ).sort("index")
+    np.testing.assert_allclose(got["singular_value"].to_numpy(), np.linalg.svd(k, compute_uv=False), rtol=1e-9)
+    n_groups = spectra.select("layer", "head", "site", "vectors").unique().height
+    assert n_groups == tables["hidden"].select("layer", "site").unique().height + 2 * 4 * 2 * 2
+
+
+def test_planted_rank_one_spectrum():
+    u = np.random.default_rng(0).standard_normal(6)
+    singular, share = spectra_module.spectrum(np.outer(np.arange(1, 9), u))
+    assert share[0] == pytest.approx(1.0) and np.allclose(share[1:], 0, atol=1e-12)
+    assert singular[0] == pytest.approx(np.linalg.norm(np.arange(1, 9)) * np.linalg.norm(u))
+
+
+def test_isotropic_cos_spread_is_the_spread_of_normal_pairs():
+    rng = np.random.default_rng(0)
+    for d in (16, 256):
+        a, b = rng.standard_normal((2, 20_000, d))
+        cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+        assert abs(cos.mean()) < 0.01
+        assert cos.std() == pytest.approx(geometry.isotropic_cos_spread(d), rel=0.03)

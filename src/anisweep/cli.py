@@ -118,6 +118,10 @@ def cmd_metrics(args) -> None:
     from .tables import write_atomic
 
     write_atomic(checkpoint_metrics(args.extract_dir), args.out)
+    if args.spectra_out:
+        from .spectra import checkpoint_spectra
+
+        write_atomic(checkpoint_spectra(args.extract_dir), args.spectra_out)
 
 
 def cmd_sweep(args) -> None:
@@ -218,6 +222,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("metrics", help="every metric of one checkpoint from extract's Parquet")
     p.add_argument("--extract-dir", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--spectra-out", help="spectra.parquet: normalised singular values of the sampled vectors")
     p.set_defaults(run=cmd_metrics)
 
     p = sub.add_parser("sweep", help="one tidy table per model's sweep, from its checkpoints' metrics")

@@ -77,6 +77,7 @@ def stats_rows(stats: pl.DataFrame) -> list[dict]:
             "norm_max": r["norm_max"],
             "n_tokens": n,
             "n_nonfinite": r["n_nonfinite"],
+            "dim": r["d"],
         }
         rows += [{"layer": r["layer"], "site": r["site"], "metric": m, "value": v} for m, v in values.items()]
     return rows

@@ -78,7 +78,7 @@ def package_files(*modules):
 # The analysis code is an input of the rules that run it: editing it reruns metrics, sweeps and figures
 # (Snakemake's mtime trigger), never fetch or extract, which do not depend on it (the model runs are the cost).
 ANALYSIS_CODE = {
-    "metrics": package_files("metrics", "geometry", "tables"),
+    "metrics": package_files("metrics", "geometry", "tables", "spectra"),
     "sweep": package_files("sweep", "tables"),
     "plots": package_files("plots", "sweep"),
 }
