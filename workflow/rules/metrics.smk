@@ -3,7 +3,7 @@ rule metrics:
         rules.extract.output,
         code=ANALYSIS_CODE["metrics"],
     output:
-        "results/{family}/{model}/step{step}/metrics.parquet",
+        metrics="results/{family}/{model}/step{step}/metrics.parquet",
         spectra="results/{family}/{model}/step{step}/spectra.parquet",
     log:
         "logs/metrics/{family}/{model}/step{step}.log",
@@ -14,7 +14,7 @@ rule metrics:
         on_failure=on_failure("metrics"),
         extract_dir=lambda wildcards, output: os.path.dirname(output[0]),
     shell:
-        "{params.cli} metrics --extract-dir {params.extract_dir} --out {output[0]} --spectra-out {output.spectra} "
+        "{params.cli} metrics --extract-dir {params.extract_dir} --out {output.metrics} --spectra-out {output.spectra} "
         "2> {log} {params.on_failure}"
 
 
