@@ -101,3 +101,24 @@ def test_settings_carry_the_schema_defaults():
     settings = extract.ExtractSettings()
     assert settings.qk_sample_tokens == 256
     assert settings.score_bins == {"low": -20.0, "high": 20.0, "n": 80}
+
+
+@pytest.mark.parametrize("max_scores", [100, 4 * 12 * 12 * 2, 2**22])
+@pytest.mark.parametrize("causal", [False, True])
+def test_score_histogram_chunks_match_numpy(monkeypatch, max_scores, causal):
+    """One head of one sequence, two whole sequences, or the whole batch per chunk: numpy's histogram of the
+    visible pairs' scores."""
+    monkeypatch.setattr(score_hist, "MAX_SCORES", max_scores)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(5, 4, 12, 8, generator=g), torch.randn(5, 4, 12, 8, generator=g)
+    valid = padded_batch()["attention_mask"].bool()
+    hist = score_hist.ScoreHistogram(1, -1.5, 2.0, 7, torch.device("cpu"))
+    hist.update(0, q[:3], k[:3], 0.3, valid[:3], causal)  # two mini-batches add up
+    hist.update(0, q[3:], k[3:], 0.3, valid[3:], causal)
+    visible = valid[:, None, :, None] & valid[:, None, None, :]
+    if causal:
+        visible = visible & torch.ones(12, 12, dtype=torch.bool).tril()
+    scores = (q.double() @ k.double().transpose(-1, -2) * 0.3)[visible.expand(5, 4, 12, 12)].numpy()
+    expected, _ = np.histogram(scores, bins=[-np.inf, *np.linspace(-1.5, 2.0, 8), np.inf])
+    assert (expected > 0).all()
+    np.testing.assert_array_equal(hist.counts[0].numpy(), expected)

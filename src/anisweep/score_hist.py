@@ -30,17 +30,23 @@ class ScoreHistogram:
         self.counts = {layer: torch.zeros(n + 2, dtype=torch.int64, device=device) for layer in range(n_layers)}
 
     def update(self, layer: int, query, key, scaling: float, valid: torch.Tensor, causal: bool) -> None:
-        """query, key: (B, H, T, d_head) as attention scores them; valid: (B, T) bool."""
+        """query, key: (B, H, T, d_head) as attention scores them; valid: (B, T) bool. Chunks of whole sequences
+        (or of a few heads of one) hold at most MAX_SCORES scores; hidden pairs go to a discarded extra bin."""
         b, h, t, _ = query.shape
-        visible = valid[:, :, None] & valid[:, None, :]
+        visible = valid[:, None, :, None] & valid[:, None, None, :]
         if causal:
             visible = visible & torch.ones(t, t, dtype=torch.bool, device=valid.device).tril()
-        heads = max(1, min(h, MAX_SCORES // (t * t)))
         counts = self.counts[layer]
-        for s in range(b):
-            keep = visible[s]
-            for first in range(0, h, heads):
-                q, k = query[s, first : first + heads].float(), key[s, first : first + heads].float()
+        discard = counts.numel()
+        per_seq = h * t * t
+        seqs = max(1, MAX_SCORES // per_seq)
+        heads = h if seqs > 1 or per_seq <= MAX_SCORES else max(1, MAX_SCORES // (t * t))
+        for first_seq in range(0, b, seqs):
+            rows = slice(first_seq, first_seq + seqs)
+            for first_head in range(0, h, heads):
+                cols = slice(first_head, first_head + heads)
+                q, k = query[rows, cols].float(), key[rows, cols].float()
                 scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scaling)
-                index = torch.bucketize(scores[:, keep].flatten(), self._edges, right=True)
-                counts += torch.bincount(index, minlength=counts.numel())
+                index = torch.bucketize(scores, self._edges, right=True)
+                index = index.masked_fill_(~visible[rows], discard)
+                counts += torch.bincount(index.flatten(), minlength=discard + 1)[:discard]
