@@ -254,7 +254,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--figures-dir", required=True)
     p.add_argument("--fraction", type=float, default=0.2, help="share of the sampled vectors the SVD is computed on")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--heads", type=_json, default="auto", help='JSON: "auto" or [[layer, head], ...] to plot')
+    p.add_argument("--heads", type=_json, default='"auto"', help='JSON: "auto" or [[layer, head], ...] to plot')
     p.add_argument("extract_dirs", nargs="+", help="the model's per-step extract folders")
     p.set_defaults(run=cmd_qk_svd)
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from . import geometry
 from .atomic import replacing
 from .sweep import analysed
 
@@ -190,11 +189,13 @@ def attention_softmax(sweep: pl.DataFrame, path: Path) -> None:
 
 
 def isotropy(sweep: pl.DataFrame, path: Path) -> None:
+    from .geometry import isotropic_cos_spread  # here: geometry imports scipy, and the Snakefile imports plots
+
     panels = {metric: metric for metric in ISOTROPY_METRICS}
     dims = _select(sweep, "dim", "resid")["value"].drop_nulls()
     bands = {}
     if len(dims):  # the cosine spread of an isotropic normal cloud of the residual stream's dimension
-        spread = geometry.isotropic_cos_spread(int(dims.max()))
+        spread = isotropic_cos_spread(int(dims.max()))
         band = (-spread, spread, f"isotropic N(0, I_d): cos 0 +- 1/sqrt(d), d = {int(dims.max())}")
         bands = {"avg_cos": band, "centred_avg_cos": band}
     _lines_per_layer(
