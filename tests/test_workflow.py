@@ -9,6 +9,9 @@ import polars as pl
 import pytest
 import yaml
 
+from anisweep.plots import MODEL_FIGURES
+from anisweep.qk_svd import FIGURES as QK_SVD_FIGURES
+
 from conftest import snakemake_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,6 +20,32 @@ TINY = ROOT / "tests" / "configs" / "tiny.yaml"
 pytestmark = pytest.mark.slow  # the whole DAG, and Snakemake started per bad config
 
 CONTRACT = {
+    "qk_sample.parquet": [
+        "family",
+        "model",
+        "step",
+        "tokens_seen",
+        "layer",
+        "head",
+        "rope",
+        "seq",
+        "position",
+        "q",
+        "k",
+    ],
+    "score_hist.parquet": ["family", "model", "step", "tokens_seen", "layer", "bin", "bin_lo", "bin_hi", "count"],
+    "spectra.parquet": [
+        "family",
+        "model",
+        "step",
+        "layer",
+        "head",
+        "site",
+        "vectors",
+        "index",
+        "singular_value",
+        "share",
+    ],
     "qk.parquet": [
         "family",
         "model",
@@ -91,7 +120,10 @@ def test_every_contract_file_is_written(tiny_run):
         assert (sweep["status"] == "ok").all()
         for figure in (tiny_run / "results" / "toy" / model / "figures").iterdir():
             assert figure.stat().st_size > 10_000, figure
-        assert len(list((tiny_run / "results" / "toy" / model / "figures").glob("*.png"))) == 9
+        figures = {p.name for p in (tiny_run / "results" / "toy" / model / "figures").glob("*.png")}
+        assert figures == {*MODEL_FIGURES, *QK_SVD_FIGURES, "score_hist.png"}
+        svd = pl.read_parquet(tiny_run / "results" / "toy" / model / "qk_svd.parquet")
+        assert set(svd["basis"]) == {"common", "q", "k"} and sorted(svd["step"].unique()) == steps
     assert (tiny_run / "results" / "toy" / "figures" / "compare.png").exists()
 
 
