@@ -24,6 +24,7 @@ include: "workflow/rules/extract.smk"
 include: "workflow/rules/metrics.smk"
 include: "workflow/rules/plots.smk"
 include: "workflow/rules/untrained.smk"
+include: "workflow/rules/distributions.smk"
 
 
 # A failed run (a checkpoint that cannot be fetched, loaded or run) still leaves each sweep it was making, from

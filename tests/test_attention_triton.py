@@ -190,7 +190,7 @@ def test_extract_through_the_kernel(tmp_path, kind):
     batch = padded_batch(n=4)
     kernel, _ = run_extract(path, batch, batch_size=4, attention="triton")
     torch_path, _ = run_extract(path, batch, batch_size=4, attention="torch")
-    for name in ("qk", "attention"):
+    for name in ("qk", "attention", "qk_sample", "score_hist"):
         for column in kernel[name].columns:
             got, expected = kernel[name][column].to_list(), torch_path[name][column].to_list()
             if isinstance(got[0], float) or isinstance(got[0], list):

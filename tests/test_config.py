@@ -19,7 +19,10 @@ def schema_properties(section: str) -> dict:
 
 
 def fields(cls) -> dict:
-    return {f.name: f.default for f in dataclasses.fields(cls)}
+    return {
+        f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        for f in dataclasses.fields(cls)
+    }
 
 
 def test_extract_settings_are_the_schema_extract_section():

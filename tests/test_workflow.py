@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from anisweep.plots import MODEL_FIGURES
+from anisweep.qk_svd import FIGURES as QK_SVD_FIGURES
 
 from conftest import snakemake_command
 
@@ -19,6 +20,32 @@ TINY = ROOT / "tests" / "configs" / "tiny.yaml"
 pytestmark = pytest.mark.slow  # the whole DAG, and Snakemake started per bad config
 
 CONTRACT = {
+    "qk_sample.parquet": [
+        "family",
+        "model",
+        "step",
+        "tokens_seen",
+        "layer",
+        "head",
+        "rope",
+        "seq",
+        "position",
+        "q",
+        "k",
+    ],
+    "score_hist.parquet": ["family", "model", "step", "tokens_seen", "layer", "bin", "bin_lo", "bin_hi", "count"],
+    "spectra.parquet": [
+        "family",
+        "model",
+        "step",
+        "layer",
+        "head",
+        "site",
+        "vectors",
+        "index",
+        "singular_value",
+        "share",
+    ],
     "qk.parquet": [
         "family",
         "model",
@@ -94,9 +121,11 @@ def test_every_contract_file_is_written(tiny_run):
         for figure in (tiny_run / "results" / "toy" / model / "figures").iterdir():
             assert figure.stat().st_size > 10_000, figure
         figures = {p.name for p in (tiny_run / "results" / "toy" / model / "figures").glob("*.png")}
-        assert figures == set(MODEL_FIGURES)
+        assert figures == {*MODEL_FIGURES, *QK_SVD_FIGURES, "score_hist.png"}
         new_metrics = {"qk_mean_dot", "qk_cos_concat", "partition_isotropy_mm", "drift_avg_cos_p_exact"}
         assert new_metrics <= set(sweep["metric"])
+        svd = pl.read_parquet(tiny_run / "results" / "toy" / model / "qk_svd.parquet")
+        assert set(svd["basis"]) == {"common", "q", "k"} and sorted(svd["step"].unique()) == steps
     assert (tiny_run / "results" / "toy" / "figures" / "compare.png").exists()
 
 

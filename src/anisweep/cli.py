@@ -120,6 +120,10 @@ def cmd_metrics(args) -> None:
     from .tables import write_atomic
 
     write_atomic(checkpoint_metrics(args.extract_dir), args.out)
+    if args.spectra_out:
+        from .spectra import checkpoint_spectra
+
+        write_atomic(checkpoint_spectra(args.extract_dir), args.spectra_out)
 
 
 def cmd_sweep(args) -> None:
@@ -168,6 +172,24 @@ def cmd_plot_untrained(args) -> None:
     from .untrained_plots import plot_untrained
 
     plot_untrained(Path(args.tables_dir), Path(args.out_dir))
+
+
+def cmd_qk_svd(args) -> None:
+    from .plots_distributions import qk_svd_figures
+    from .qk_svd import qk_svd
+    from .tables import write_atomic
+
+    table, extras = qk_svd([Path(d) for d in args.extract_dirs], args.fraction, args.seed)
+    write_atomic(table, args.out)
+    qk_svd_figures(table, extras, args.heads, Path(args.figures_dir))
+
+
+def cmd_plot_score_hist(args) -> None:
+    import polars as pl
+
+    from .plots_distributions import score_hist_figure
+
+    score_hist_figure(pl.concat([pl.read_parquet(p) for p in args.hists]), Path(args.out))
 
 
 def cmd_checkpoints(args) -> None:
@@ -224,6 +246,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("metrics", help="every metric of one checkpoint from extract's Parquet")
     p.add_argument("--extract-dir", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--spectra-out", help="spectra.parquet: normalised singular values of the sampled vectors")
     p.set_defaults(run=cmd_metrics)
 
     p = sub.add_parser("sweep", help="one tidy table per model's sweep, from its checkpoints' metrics")
@@ -262,6 +285,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tables-dir", required=True)
     p.add_argument("--out-dir", required=True)
     p.set_defaults(run=cmd_plot_untrained)
+
+    p = sub.add_parser("qk-svd", help="one model's queries and keys across training on their singular directions")
+    p.add_argument("--out", required=True, help="qk_svd.parquet")
+    p.add_argument("--figures-dir", required=True)
+    p.add_argument("--fraction", type=float, default=0.2, help="share of the sampled vectors the SVD is computed on")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--heads", type=_json, default='"auto"', help='JSON: "auto" or [[layer, head], ...] to plot')
+    p.add_argument("extract_dirs", nargs="+", help="the model's per-step extract folders")
+    p.set_defaults(run=cmd_qk_svd)
+
+    p = sub.add_parser("plot-score-hist", help="one model's pre-softmax score histograms over training")
+    p.add_argument("--out", required=True)
+    p.add_argument("hists", nargs="+", help="the model's score_hist.parquet, one per step")
+    p.set_defaults(run=cmd_plot_score_hist)
 
     p = sub.add_parser("checkpoints", help="list the checkpoints a config names, as JSON lines")
     p.add_argument("--configfile", nargs="+", required=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -23,7 +23,9 @@ from .atomic import write_text
 from .attention_torch import Workers
 from .device import torch_device as resolve_device
 from .extract_tables import tables
+from .qk_sample import QKSample
 from .recorder import ATTENTION_NAME, Hooks, Recorder, Sample, attention_kernel, recording, register_attention
+from .score_hist import ScoreHistogram
 from .tables import write_atomic
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -43,6 +45,8 @@ class ExtractSettings:
     dtype: str = _DEFAULTS["dtype"]
     seed: int = _DEFAULTS["seed"]
     attention: str = _DEFAULTS["attention"]  # auto: the Triton kernel on CUDA, torch ops elsewhere
+    qk_sample_tokens: int = _DEFAULTS["qk_sample_tokens"]
+    score_bins: dict = field(default_factory=lambda: dict(_DEFAULTS["score_bins"]))
     threads: int | None = None  # resources.extract_threads
 
     def torch_device(self) -> torch.device:
@@ -85,7 +89,27 @@ def run(loaded: LoadedModel, batch: dict, settings: ExtractSettings, progress: b
     input_ids, mask = batch["input_ids"], batch["attention_mask"].bool()
     sample = Sample.draw(input_ids, mask, settings.sample_tokens, settings.seed)
     workers = Workers(torch.get_num_threads() if device.type == "cpu" else 1)
-    recorder = Recorder(loaded.geometry, sample, device, workers, attention_kernel(settings.attention, device))
+    g = loaded.geometry
+    ropes = ("pre", "post") if g.rotary_dims else ("pre",)
+    qk_sample = QKSample(
+        sample,
+        settings.qk_sample_tokens,
+        settings.seed,
+        g.n_heads,
+        g.d_head,
+        [(i, r) for i in range(g.n_layers) for r in ropes],
+    )
+    bins = settings.score_bins
+    score_hist = ScoreHistogram(g.n_layers, bins["low"], bins["high"], bins["n"], device)
+    recorder = Recorder(
+        g,
+        sample,
+        device,
+        workers,
+        attention_kernel(settings.attention, device),
+        qk_sample=qk_sample,
+        score_hist=score_hist,
+    )
     try:
         with recording(recorder), Hooks(loaded.adapter, loaded.base, loaded.geometry, recorder):
             starts = range(0, input_ids.shape[0], settings.batch_size)

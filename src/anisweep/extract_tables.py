@@ -113,6 +113,56 @@ def hidden_table(recorder: Recorder) -> pl.DataFrame:
     return pl.concat(frames)
 
 
+def _by_head(x: np.ndarray) -> np.ndarray:
+    """(tokens, heads, d) -> (heads * tokens, d), head-major."""
+    return x.transpose(1, 0, 2).reshape(-1, x.shape[2]).astype(np.float32)
+
+
+def qk_sample_table(recorder: Recorder) -> pl.DataFrame:
+    """The sampled tokens' q and k vectors, one row per (layer, rope, head, token)."""
+    sample = recorder.qk_sample
+    n, frames = len(sample), []
+    for layer, rope in sorted({(layer, rope) for layer, rope, _ in sample.vectors}):
+        q, k = (sample.vectors[(layer, rope, which)].numpy() for which in ("q", "k"))
+        n_heads = q.shape[1]
+        frames.append(
+            pl.DataFrame(
+                {
+                    "layer": np.full(n_heads * n, layer, dtype=np.int64),
+                    "head": np.repeat(np.arange(n_heads, dtype=np.int64), n),
+                    "rope": [rope] * (n_heads * n),
+                    "seq": np.tile(sample.seq.numpy().astype(np.int64), n_heads),
+                    "position": np.tile(sample.position.numpy().astype(np.int64), n_heads),
+                    "token_id": np.tile(sample.token_id.numpy().astype(np.int64), n_heads),
+                }
+            ).with_columns(
+                pl.Series("q", _by_head(q)).cast(pl.List(pl.Float32)),
+                pl.Series("k", _by_head(k)).cast(pl.List(pl.Float32)),
+            )
+        )
+    return pl.concat(frames)
+
+
+def score_hist_table(recorder: Recorder) -> pl.DataFrame:
+    """Counts of pre-softmax scores per layer and bin; the first and last bins are the under- and overflow."""
+    edges = recorder.score_hist.edges.numpy()
+    lo = np.concatenate([[-np.inf], edges])
+    hi = np.concatenate([edges, [np.inf]])
+    frames = [
+        pl.DataFrame(
+            {
+                "layer": np.full(len(lo), layer, dtype=np.int64),
+                "bin": np.arange(len(lo), dtype=np.int64),
+                "bin_lo": lo,
+                "bin_hi": hi,
+                "count": counts.cpu().numpy().astype(np.int64),
+            }
+        )
+        for layer, counts in sorted(recorder.score_hist.counts.items())
+    ]
+    return pl.concat(frames)
+
+
 def layernorm_table(adapter: Adapter, base: nn.Module) -> pl.DataFrame:
     rows = []
     for site in adapter.layernorm_sites(base):
@@ -170,5 +220,7 @@ def tables(recorder: Recorder, loaded: LoadedModel, ident: dict) -> dict[str, pl
         "hidden_stats": lambda: hidden_stats_table(recorder),
         "layernorm": lambda: layernorm_table(loaded.adapter, loaded.base),
         "embeddings": lambda: embeddings_table(loaded.adapter, loaded.model),
+        "qk_sample": lambda: qk_sample_table(recorder),
+        "score_hist": lambda: score_hist_table(recorder),
     }
     return {name: with_identity(build[name](), ident) for name in EXTRACT_TABLES}

@@ -145,6 +145,12 @@ def avg_cos(x, chunk_rows: int | None = None) -> float:
     return avg_cos_from_sums(*unit_sum(x, chunk_rows=chunk_rows))
 
 
+def isotropic_cos_spread(d: int) -> float:
+    """The standard deviation of the cosine between two independent N(0, I_d) vectors, 1/sqrt(d) (its mean is 0):
+    the spread of cosines an isotropic cloud of that dimension shows (Godey et al. 2024, Fig. 17/18)."""
+    return 1.0 / np.sqrt(d)
+
+
 def centred_avg_cos(x, chunk_rows: int | None = None) -> float:
     """avg_cos of x_i - mean(x): the anisotropy left once the common drift is removed.
 

@@ -85,6 +85,7 @@ def stats_rows(stats: pl.DataFrame) -> list[dict]:
             "norm_max": r["norm_max"],
             "n_tokens": n,
             "n_nonfinite": r["n_nonfinite"],
+            "dim": r["d"],
         }
         rows += [{"layer": r["layer"], "site": r["site"], "metric": m, "value": v} for m, v in values.items()]
     return rows
@@ -110,6 +111,21 @@ def sample_rows(hidden: pl.DataFrame) -> list[dict]:
                 stacklevel=2,
             )
         rows += [{"layer": layer, "site": site, "metric": m, "value": v} for m, v in values.items()]
+    return rows
+
+
+def qk_sample_rows(qk_sample: pl.DataFrame) -> list[dict]:
+    """Anisotropy of the queries and of the keys themselves per head (Godey et al. 2024, Sec. 5): exact
+    all-pairs avg_cos and drift ratio within the sampled q vectors, and within the sampled k vectors."""
+    rows = []
+    for (layer, head, rope), group in sorted(qk_sample.group_by("layer", "head", "rope"), key=lambda g: g[0]):
+        for which in ("q", "k"):
+            x = np.stack(group[which].to_list()).astype(np.float64)
+            x = x[np.isfinite(x).all(axis=1)]
+            values = {f"{which}_avg_cos": geometry.avg_cos(x), f"{which}_drift_ratio": geometry.drift(x)[1]}
+            rows += [
+                {"layer": layer, "head": head, "site": f"qk_{rope}", "metric": m, "value": v} for m, v in values.items()
+            ]
     return rows
 
 
@@ -156,5 +172,6 @@ def checkpoint_metrics(extract_dir: str | Path) -> pl.DataFrame:
         + correlation_rows(stat_rows)
         + layernorm_rows(read("layernorm"), stats)
         + embedding_rows(read("embeddings"))
+        + qk_sample_rows(read("qk_sample"))
     )
     return metric_rows(_identity(qk), rows).sort("layer", "head", "site", "metric", nulls_last=True)

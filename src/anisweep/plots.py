@@ -196,10 +196,15 @@ def _lines_per_layer(
     title: str,
     ncols: int = 3,
     log_y: tuple[str, ...] = (),
+    bands: dict[str, tuple[float, float, str]] | None = None,
 ) -> None:
-    """A panel per metric (`panels`: metric -> y label), a line per layer, against the step."""
+    """A panel per metric (`panels`: metric -> y label), a line per layer, against the step; `bands`: metric ->
+    (low, high, label) of a grey reference band."""
     fig, axes = _grid(len(panels), ncols)
     for ax, (metric, label) in zip(axes, panels.items()):
+        if metric in (bands or {}):
+            low, high, band_label = bands[metric]
+            ax.axhspan(low, high, color="grey", alpha=0.2, lw=0, label=band_label)
         _lines_by(ax, _select(sweep, metric, site), "layer", "layer {}")
         ax.set_ylabel(label)
         if metric in log_y:
@@ -234,8 +239,18 @@ def attention_softmax(sweep: pl.DataFrame, path: Path) -> None:
 
 
 def isotropy(sweep: pl.DataFrame, path: Path) -> None:
+    from .geometry import isotropic_cos_spread  # here: geometry imports scipy, and the Snakefile imports plots
+
     panels = {metric: metric for metric in ISOTROPY_METRICS}
-    _lines_per_layer(sweep, path, "resid", panels, "isotropy of the residual stream per layer (0 = embeddings)")
+    dims = _select(sweep, "dim", "resid")["value"].drop_nulls()
+    bands = {}
+    if len(dims):  # the cosine spread of an isotropic normal cloud of the residual stream's dimension
+        spread = isotropic_cos_spread(int(dims.max()))
+        band = (-spread, spread, f"isotropic N(0, I_d): cos 0 +- 1/sqrt(d), d = {int(dims.max())}")
+        bands = {"avg_cos": band, "centred_avg_cos": band}
+    _lines_per_layer(
+        sweep, path, "resid", panels, "isotropy of the residual stream per layer (0 = embeddings)", bands=bands
+    )
 
 
 def isotropy_heatmap(sweep: pl.DataFrame, path: Path) -> None:

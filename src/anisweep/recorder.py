@@ -17,6 +17,8 @@ from torch import nn
 from . import attention_torch
 from .adapters import Adapter, Geometry
 from .attention_torch import Scratch, Workers, row_blocks
+from .qk_sample import QKSample
+from .score_hist import ScoreHistogram
 from .streaming import AttentionStats, HeadVectorStats, VectorStats, VisibleKeys
 
 ATTENTION_NAME = "anisweep"
@@ -106,6 +108,8 @@ class Recorder:
     device: torch.device
     workers: Workers = field(default_factory=lambda: Workers(1))
     kernel: object = None  # attention_kernel's choice: None for the torch ops below
+    qk_sample: QKSample | None = None
+    score_hist: ScoreHistogram | None = None
     valid: torch.Tensor = field(init=False)
     scratch: Scratch = field(init=False, default_factory=Scratch)
 
@@ -148,12 +152,18 @@ class Recorder:
         sample_rows = slice(int(in_batch[0]), int(in_batch[-1]) + 1) if len(in_batch) else slice(0, 0)
         flat_index = (self.sample.seq[sample_rows] - first_seq) * t + self.sample.position[sample_rows]
         self._batch_sample = (sample_rows, flat_index.to(valid.device))
+        if self.qk_sample is not None:
+            self.qk_sample.begin_batch(first_seq, valid.shape[0], valid.device)
 
     def attend(self, layer, query, key, value, scaling) -> torch.Tensor:
         """Attention output (B, T, H, d_head) of one layer; records its q/k means and row statistics."""
         rope = "post" if self.geometry.rotary_dims else "pre"
         self.q[(layer, rope)].update(query, self.valid, self.all_valid, self.n_valid)
         self.k[(layer, rope)].update(key, self.valid, self.all_valid, self.n_valid)
+        if self.qk_sample is not None:
+            self.qk_sample.record(layer, rope, query, key)
+        if self.score_hist is not None:
+            self.score_hist.update(layer, query, key, scaling, self.valid, self.geometry.causal)
         if self.kernel is not None and self.kernel.supports(query):
             output, row_stats = self.kernel.attend(query, key, value, scaling, self.valid, self.geometry.causal)
             self.attention[layer].update(row_stats, self.valid, self.n_visible, self.row_counts)
@@ -167,6 +177,8 @@ class Recorder:
     def record_pre_rotary(self, layer, q, k) -> None:
         self.q[(layer, "pre")].update(q, self.valid, self.all_valid, self.n_valid)
         self.k[(layer, "pre")].update(k, self.valid, self.all_valid, self.n_valid)
+        if self.qk_sample is not None:
+            self.qk_sample.record(layer, "pre", q, k)
 
     def reserve(self, layer: int, site: str) -> None:
         """Allocate a hooked site's accumulators and sample buffer once, before any forward pass: every

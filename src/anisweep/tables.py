@@ -13,7 +13,7 @@ IDENTITY = ("family", "model", "seed", "step", "tokens_seen")
 
 #: The tables extract writes per checkpoint, `{name}.parquet` (the extract rule's outputs and
 #: `extract.tables()`'s keys, in this order).
-EXTRACT_TABLES = ("qk", "attention", "hidden", "hidden_stats", "layernorm", "embeddings")
+EXTRACT_TABLES = ("qk", "attention", "hidden", "hidden_stats", "layernorm", "embeddings", "qk_sample", "score_hist")
 
 #: The tables of the untrained-block experiment (anisweep.untrained), `results/untrained/{name}.parquet`.
 UNTRAINED_TABLES = ("untrained", "histogram", "summary")

@@ -80,7 +80,7 @@ def package_files(*modules):
 # The analysis code is an input of the rules that run it: editing it reruns metrics, sweeps and figures
 # (Snakemake's mtime trigger), never fetch or extract, which do not depend on it (the model runs are the cost).
 ANALYSIS_CODE = {
-    "metrics": package_files("metrics", "geometry", "tables"),
+    "metrics": package_files("metrics", "geometry", "tables", "spectra"),
     "sweep": package_files("sweep", "tables"),
     "plots": package_files("plots", "sweep"),
     "untrained": package_files("untrained", "recorder", "streaming", "attention_torch", "geometry"),
@@ -171,10 +171,19 @@ def figures(family, model):
     return [f"results/{family}/{model}/figures/{name}" for name in MODEL_FIGURES]
 
 
+def distribution_outputs(family, model):
+    """The q/k SVD table and figures and the score histogram figure of one model (workflow/rules/distributions.smk)."""
+    from anisweep.qk_svd import FIGURES as QK_SVD_FIGURES
+
+    names = [*QK_SVD_FIGURES, "score_hist.png"]
+    return [f"results/{family}/{model}/qk_svd.parquet", *(f"results/{family}/{model}/figures/{n}" for n in names)]
+
+
 def all_outputs():
     outputs = []
     for family, model in MODELS:
         outputs += [f"results/{family}/{model}/sweep.parquet", *figures(family, model)]
+        outputs += distribution_outputs(family, model)
     for family in sorted({family for family, _ in MODELS}):
         outputs.append(f"results/{family}/figures/compare.png")
     if config["untrained"]["enabled"]:

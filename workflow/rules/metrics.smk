@@ -3,7 +3,8 @@ rule metrics:
         rules.extract.output,
         code=ANALYSIS_CODE["metrics"],
     output:
-        "results/{family}/{model}/step{step}/metrics.parquet",
+        metrics="results/{family}/{model}/step{step}/metrics.parquet",
+        spectra="results/{family}/{model}/step{step}/spectra.parquet",
     log:
         "logs/metrics/{family}/{model}/step{step}.log",
     conda:
@@ -13,7 +14,8 @@ rule metrics:
         on_failure=on_failure("metrics"),
         extract_dir=lambda wildcards, output: os.path.dirname(output[0]),
     shell:
-        "{params.cli} metrics --extract-dir {params.extract_dir} --out {output} 2> {log} {params.on_failure}"
+        "{params.cli} metrics --extract-dir {params.extract_dir} --out {output.metrics} --spectra-out {output.spectra} "
+        "2> {log} {params.on_failure}"
 
 
 # Seconds of work: on the submit host in cluster runs, not a SLURM job each.
