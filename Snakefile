@@ -23,6 +23,7 @@ include: "workflow/rules/fetch.smk"
 include: "workflow/rules/extract.smk"
 include: "workflow/rules/metrics.smk"
 include: "workflow/rules/plots.smk"
+include: "workflow/rules/gradients.smk"
 
 
 # A failed run (a checkpoint that cannot be fetched, loaded or run) still leaves each sweep it was making, from
@@ -37,3 +38,4 @@ rule all:
     default_target: True
     input:
         all_outputs(),
+        gradient_outputs(),
