@@ -70,14 +70,14 @@ def brute_force_shares(g: np.ndarray, basis: np.ndarray, m: int) -> tuple[float,
 def site_sums(act, grad, strata):
     sums = gr.SiteSums(act.shape[1])
     sums.add(torch.from_numpy(act), torch.from_numpy(grad), torch.from_numpy(strata))
-    return sums
+    return sums.finish()
 
 
 def test_shares_against_brute_force():
     rng = np.random.default_rng(0)
     g = rng.normal(size=(300, 10)) * np.linspace(3, 0.5, 10) + 0.3
     basis = rng.normal(size=(10, 3))
-    sums = site_sums(g, g, np.zeros(300, np.int64))
+    sums = site_sums(g, g, np.random.default_rng(1).integers(0, 3, 300))
     second, covariance = gr._moments(sums, 0)
     values, vectors = gr.top_eigenpairs(covariance, 3)
     u = orthonormal_basis(basis)
@@ -91,6 +91,8 @@ def test_shares_against_brute_force():
         rows = strata == i
         np.testing.assert_allclose(sums.grad_second[i + 1], g[rows].T @ g[rows])
         assert sums.n[i + 1] == rows.sum()
+    np.testing.assert_allclose(sums.grad_second[0], g.T @ g)  # `all`: every token
+    assert sums.n[0] == 300
 
 
 def test_a_planted_subspace_is_found_and_a_random_one_is_not():

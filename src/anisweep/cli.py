@@ -124,6 +124,11 @@ def cmd_metrics(args) -> None:
 
 
 def cmd_gradients(args) -> None:
+    import os
+
+    if args.threads:  # numpy's BLAS reads these when it loads (not yet: the imports below load it)
+        for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(name, str(args.threads))
     from .corpus import read_texts
     from .extract import ExtractSettings
     from .gradients import GradientSettings, gradients_checkpoint

@@ -188,9 +188,11 @@ def frequency_strata(token_ids: torch.Tensor, valid: torch.Tensor) -> tuple[torc
 # --------------------------------------------------------------------------- the pass and its sums
 @dataclass
 class SiteSums:
-    """float64 sums over the valid tokens of one site, per stratum (index into STRATA)."""
+    """float64 sums over the valid tokens of one site per frequency stratum, accumulated on the model's device;
+    `finish()` gives them as numpy arrays indexed by STRATA (`all` being the strata's sum)."""
 
     d: int
+    device: torch.device | str = "cpu"
     n: np.ndarray = field(init=False)
     grad_sum: np.ndarray = field(init=False)
     grad_second: np.ndarray = field(init=False)
@@ -199,26 +201,40 @@ class SiteSums:
     grad_norm: np.ndarray = field(init=False)
 
     def __post_init__(self):
-        s, d = len(STRATA), self.d
-        self.n = np.zeros(s, np.int64)
-        self.grad_sum, self.grad_unit, self.act_unit = (np.zeros((s, d)) for _ in range(3))
-        self.grad_second = np.zeros((s, d, d))
-        self.grad_norm = np.zeros(s)
+        zeros = lambda *shape: torch.zeros(3, *shape, dtype=torch.float64, device=self.device)  # noqa: E731
+        self._sums = {
+            "n": zeros(),
+            "grad_sum": zeros(self.d),
+            "grad_second": zeros(self.d, self.d),
+            "grad_unit": zeros(self.d),
+            "act_unit": zeros(self.d),
+            "grad_norm": zeros(),
+        }
 
     def add(self, act: torch.Tensor, grad: torch.Tensor, stratum: torch.Tensor) -> None:
-        """act, grad: (n, d) of valid tokens; stratum (n,) in 0..2."""
+        """act, grad: (n, d) of valid tokens; stratum (n,) in 0..2 (0 frequent, 1 middle, 2 rare)."""
         a, g = act.double(), grad.double()
+        stratum = stratum.to(g.device)
         g_norm = g.norm(dim=1, keepdim=True)
         g_unit = g / g_norm.clamp_min(1e-300)
         a_unit = a / a.norm(dim=1, keepdim=True).clamp_min(1e-300)
-        for index, rows in [(0, slice(None))] + [(i + 1, stratum == i) for i in range(3)]:
+        sums = self._sums
+        for index in range(3):
+            rows = stratum == index
             gs = g[rows]
-            self.n[index] += gs.shape[0]
-            self.grad_sum[index] += gs.sum(0).numpy()
-            self.grad_second[index] += (gs.T @ gs).numpy()
-            self.grad_unit[index] += g_unit[rows].sum(0).numpy()
-            self.act_unit[index] += a_unit[rows].sum(0).numpy()
-            self.grad_norm[index] += float(g_norm[rows].sum())
+            sums["n"][index] += gs.shape[0]
+            sums["grad_sum"][index] += gs.sum(0)
+            sums["grad_second"][index] += gs.T @ gs
+            sums["grad_unit"][index] += g_unit[rows].sum(0)
+            sums["act_unit"][index] += a_unit[rows].sum(0)
+            sums["grad_norm"][index] += g_norm[rows].sum()
+
+    def finish(self) -> SiteSums:
+        for name, value in self._sums.items():
+            per_stratum = value.cpu().numpy()
+            setattr(self, name, np.concatenate([per_stratum.sum(0, keepdims=True), per_stratum]))
+        self.n = self.n.astype(np.int64)
+        return self
 
 
 @dataclass
@@ -267,7 +283,7 @@ def gradient_pass(
     strata, strata_info = frequency_strata(lm.token_ids, lm.valid)
     sample = Sample.draw(lm.token_ids, lm.valid, settings.sample_tokens, settings.seed)
     sample_strata = strata[sample.seq, sample.position].numpy()
-    sums = {(s.layer, s.site): SiteSums(d_model) for s in sites}
+    sums = {(s.layer, s.site): SiteSums(d_model, device) for s in sites}
     act_sample = {key: np.zeros((len(sample.seq), d_model), np.float32) for key in sums}
     grad_sample = {key: np.zeros((len(sample.seq), d_model), np.float32) for key in sums}
     n_targets = lm.n_targets
@@ -295,17 +311,17 @@ def gradient_pass(
                 grads = torch.autograd.grad(loss, unique, allow_unused=True)
             by_id = {id(t): (t, gr) for t, gr in zip(unique, grads, strict=True)}
             total_loss += float(loss.detach())
-            flat_valid = valid.reshape(-1).cpu()
-            batch_strata = strata[rows].reshape(-1)[flat_valid]
+            flat_valid = valid.reshape(-1)
+            batch_strata = strata[rows].reshape(-1).to(device)[flat_valid]
             in_batch = (sample.seq >= start) & (sample.seq < start + ids.shape[0])
-            flat_index = ((sample.seq[in_batch] - start) * ids.shape[1] + sample.position[in_batch]).numpy()
+            flat_index = ((sample.seq[in_batch] - start) * ids.shape[1] + sample.position[in_batch]).to(device)
             for key in keys:
                 tensor, grad = by_id[id(captured[key])]
-                act = tensor.detach().float().reshape(-1, d_model).cpu()
-                grad = torch.zeros_like(act) if grad is None else grad.float().reshape(-1, d_model).cpu()
+                act = tensor.detach().float().reshape(-1, d_model)
+                grad = torch.zeros_like(act) if grad is None else grad.float().reshape(-1, d_model)
                 sums[key].add(act[flat_valid], grad[flat_valid], batch_strata)
-                act_sample[key][in_batch.numpy()] = act[flat_index].numpy()
-                grad_sample[key][in_batch.numpy()] = grad[flat_index].numpy()
+                act_sample[key][in_batch.numpy()] = act[flat_index].cpu().numpy()
+                grad_sample[key][in_batch.numpy()] = grad[flat_index].cpu().numpy()
             del logits, loss, grads, by_id
             captured.clear()
     finally:
@@ -314,7 +330,7 @@ def gradient_pass(
         model.train(was_training)
     return GradientPass(
         sites,
-        sums,
+        {key: value.finish() for key, value in sums.items()},
         act_sample,
         grad_sample,
         sample_strata,

@@ -9,7 +9,8 @@ rule gradients:
         "results/{family}/{model}/step{step}/gradients.parquet",
     log:
         "logs/gradients/{family}/{model}/step{step}.log",
-    # Like extract, before any further fetch: the weights are deleted once both have read them.
+    # Like extract, before any further fetch: the weights are deleted once both have read them. numpy's BLAS
+    # (the subspace fits) keeps to the job's threads: spinning BLAS threads on busy cores cost 15x the CPU time.
     priority: 1
     conda:
         CONDA_ENV
@@ -24,6 +25,7 @@ rule gradients:
         settings=json_arg(config["extract"]),
         gradients=json_arg(GRADIENTS),
     shell:
+        "OPENBLAS_NUM_THREADS={threads} OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
         "{params.cli} gradients --manifest {input.weights}/checkpoint.json --texts {input.texts} "
         "--settings {params.settings} --gradients {params.gradients} --threads {threads} --out {output} "
         "2> {log} {params.on_failure}"
