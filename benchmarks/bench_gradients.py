@@ -203,8 +203,8 @@ def main() -> None:
         entry["peak_ratio_to_extract"] = {v: memory[v] / max(memory["extract"], 1) for v in VARIANTS}
         report["shapes"][shape] = entry
         print(shape, json.dumps({k: entry[k] for k in ("seconds", "ratio_to_extract", "peak_bytes")}), flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # after every shape: a stopped run keeps its part
+        Path(args.out).write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

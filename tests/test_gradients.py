@@ -217,3 +217,12 @@ def test_unknown_layers_and_base_models_are_named(tmp_path):
     GPTNeoXModel(neox_config()).save_pretrained(tmp_path / "base")
     with pytest.raises(ValueError, match="LM head|not one of"):
         gr.load_lm(tmp_path / "base")
+
+
+def test_default_sites_read_the_last_layer_once():
+    model = GPTNeoXForCausalLM(neox_config())
+    adapter = adapter_for(model.config)
+    sites = gr.gradient_sites(adapter, model.gpt_neox, 2, gr.GradientSettings())
+    assert [(s.layer, s.site) for s in sites] == [(0, "resid"), (1, "resid"), (2, "final_ln_in"), (2, "final_ln_out")]
+    sites = gr.gradient_sites(adapter, model.gpt_neox, 2, gr.GradientSettings(final_ln=False))
+    assert [(s.layer, s.site) for s in sites] == [(0, "resid"), (1, "resid"), (2, "resid")]

@@ -52,7 +52,7 @@ class GradientSettings:
     """The config's `gradients` section; the defaults are the schema's (anisweep/config.schema.yaml)."""
 
     enabled: bool = _DEFAULTS["enabled"]
-    layers: list[int] | None = _DEFAULTS["layers"]  # residual-stream layers; None: 0, n_layers // 2, n_layers
+    layers: list[int] | None = _DEFAULTS["layers"]  # residual-stream layers; None: 0, n_layers // 2 (and n_layers)
     final_ln: bool = _DEFAULTS["final_ln"]
     rank: int | list[int] = _DEFAULTS["rank"]
     n_random: int = _DEFAULTS["n_random"]
@@ -153,7 +153,9 @@ class GradientSite:
 
 def gradient_sites(adapter: Adapter, base: nn.Module, n_layers: int, settings: GradientSettings) -> list[GradientSite]:
     """The residual-stream modules at the configured layers, and the final LayerNorm's input and output."""
-    layers = settings.layers if settings.layers is not None else sorted({0, n_layers // 2, n_layers})
+    # By default the last layer is read through the final LayerNorm's sites, one of which it equals.
+    default = {0, n_layers // 2} if settings.final_ln else {0, n_layers // 2, n_layers}
+    layers = settings.layers if settings.layers is not None else sorted(default)
     resid = {site.layer: site.module for site in adapter.resid_sites(base)}
     unknown = sorted(set(layers) - set(resid))
     if unknown:
