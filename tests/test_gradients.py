@@ -226,3 +226,26 @@ def test_default_sites_read_the_last_layer_once():
     assert [(s.layer, s.site) for s in sites] == [(0, "resid"), (1, "resid"), (2, "final_ln_in"), (2, "final_ln_out")]
     sites = gr.gradient_sites(adapter, model.gpt_neox, 2, gr.GradientSettings(final_ln=False))
     assert [(s.layer, s.site) for s in sites] == [(0, "resid"), (1, "resid"), (2, "resid")]
+
+
+def test_gradient_sweep_and_figures_from_checkpoint_tables(tmp_path):
+    from anisweep.gradient_plots import GRADIENT_FIGURES, gradients_sweep, plot_gradients
+    from anisweep.tables import with_identity, write_atomic
+
+    model = GPTNeoXForCausalLM.from_pretrained(saved(tmp_path, GPTNeoXForCausalLM, neox_config(), "n")).eval()
+    adapter = adapter_for(model.config)
+    batch = padded_batch()
+    lm = gr.causal_lm_batch(batch["input_ids"], batch["attention_mask"].bool())
+    settings = gr.GradientSettings(rank=2, n_random=4)
+    result = gr.gradient_pass(model, adapter, 32, 2, lm, settings, batch_size=5, progress=False)
+    table = gr.analyse(result, settings, 32, progress=False)
+    paths = []
+    for step in (0, 10, 100):
+        ident = {"family": "toy", "model": "m", "seed": 0, "step": step, "tokens_seen": step * 64}
+        paths.append(tmp_path / f"step{step}.parquet")
+        write_atomic(with_identity(table, ident), paths[-1])
+    sweep = gradients_sweep(paths[::-1])
+    assert sweep["step"].is_sorted() and sweep.height == 3 * table.height
+    written = plot_gradients(sweep, tmp_path / "figures")
+    assert [p.name for p in written] == list(GRADIENT_FIGURES)
+    assert all(p.stat().st_size > 10_000 for p in written)
