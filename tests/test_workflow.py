@@ -91,7 +91,10 @@ def test_every_contract_file_is_written(tiny_run):
         assert (sweep["status"] == "ok").all()
         for figure in (tiny_run / "results" / "toy" / model / "figures").iterdir():
             assert figure.stat().st_size > 10_000, figure
-        assert len(list((tiny_run / "results" / "toy" / model / "figures").glob("*.png"))) == 9
+        assert len(list((tiny_run / "results" / "toy" / model / "figures").glob("*.png"))) == 9 + 2  # 2: gradients
+        gradients = pl.read_parquet(tiny_run / "results" / "toy" / model / "gradients_sweep.parquet")
+        assert sorted(gradients["step"].unique()) == config["gradients"]["steps"]
+        assert {"seminmf", "pca", "random"} <= set(gradients["subspace"].drop_nulls())
     assert (tiny_run / "results" / "toy" / "figures" / "compare.png").exists()
 
 
