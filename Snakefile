@@ -25,6 +25,7 @@ include: "workflow/rules/metrics.smk"
 include: "workflow/rules/plots.smk"
 include: "workflow/rules/untrained.smk"
 include: "workflow/rules/distributions.smk"
+include: "workflow/rules/gradients.smk"
 
 
 # A failed run (a checkpoint that cannot be fetched, loaded or run) still leaves each sweep it was making, from
@@ -39,3 +40,4 @@ rule all:
     default_target: True
     input:
         all_outputs(),
+        gradient_outputs(),

@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 import yaml
 
+from anisweep.gradient_plots import GRADIENT_FIGURES
 from anisweep.plots import MODEL_FIGURES
 from anisweep.qk_svd import FIGURES as QK_SVD_FIGURES
 
@@ -121,11 +122,14 @@ def test_every_contract_file_is_written(tiny_run):
         for figure in (tiny_run / "results" / "toy" / model / "figures").iterdir():
             assert figure.stat().st_size > 10_000, figure
         figures = {p.name for p in (tiny_run / "results" / "toy" / model / "figures").glob("*.png")}
-        assert figures == {*MODEL_FIGURES, *QK_SVD_FIGURES, "score_hist.png"}
+        assert figures == {*MODEL_FIGURES, *QK_SVD_FIGURES, "score_hist.png", *GRADIENT_FIGURES}
         new_metrics = {"qk_mean_dot", "qk_cos_concat", "partition_isotropy_mm", "drift_avg_cos_p_exact"}
         assert new_metrics <= set(sweep["metric"])
         svd = pl.read_parquet(tiny_run / "results" / "toy" / model / "qk_svd.parquet")
         assert set(svd["basis"]) == {"common", "q", "k"} and sorted(svd["step"].unique()) == steps
+        gradients = pl.read_parquet(tiny_run / "results" / "toy" / model / "gradients_sweep.parquet")
+        assert sorted(gradients["step"].unique()) == config["gradients"]["steps"]
+        assert {"seminmf", "pca", "random"} <= set(gradients["subspace"].drop_nulls())
     assert (tiny_run / "results" / "toy" / "figures" / "compare.png").exists()
 
 

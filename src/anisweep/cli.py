@@ -5,6 +5,9 @@ anisweep fetch      --checkpoint JSON --out DIR     get a checkpoint's weights, 
 anisweep corpus     --corpus JSON --out FILE       read the evaluation texts once
 anisweep extract    --manifest FILE --out DIR       one forward pass, write the per-checkpoint Parquet
 anisweep metrics    --extract-dir DIR --out FILE    every metric of one checkpoint
+anisweep gradients  --manifest FILE --out FILE      LM-loss gradients against activation subspaces
+anisweep gradients-sweep --out FILE TABLES...       one model's gradient tables in one
+anisweep plot-gradients --sweep FILE --out-dir DIR  the gradient figures of one model
 anisweep sweep      --out FILE METRICS...           one tidy table per model's sweep
 anisweep plot       --sweep FILE --out-dir DIR      the figures of one model
 anisweep plot-family --out FILE SWEEPS...           one figure across the models of a family
@@ -124,6 +127,38 @@ def cmd_metrics(args) -> None:
         from .spectra import checkpoint_spectra
 
         write_atomic(checkpoint_spectra(args.extract_dir), args.spectra_out)
+
+
+def cmd_gradients(args) -> None:
+    import os
+
+    if args.threads:  # numpy's BLAS reads these when it loads (not yet: the imports below load it)
+        for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(name, str(args.threads))
+    from .corpus import read_texts
+    from .extract import ExtractSettings
+    from .gradients import GradientSettings, gradients_checkpoint
+
+    settings = ExtractSettings(**args.settings)
+    if args.threads:
+        settings.threads = args.threads
+    manifest = json.loads(Path(args.manifest).read_text())
+    gradients_checkpoint(manifest, read_texts(args.texts), settings, GradientSettings(**args.gradients), args.out)
+
+
+def cmd_gradients_sweep(args) -> None:
+    from .gradient_plots import gradients_sweep
+    from .tables import write_atomic
+
+    write_atomic(gradients_sweep([Path(p) for p in args.tables]), args.out)
+
+
+def cmd_plot_gradients(args) -> None:
+    import polars as pl
+
+    from .gradient_plots import plot_gradients
+
+    plot_gradients(pl.read_parquet(args.sweep), Path(args.out_dir))
 
 
 def cmd_sweep(args) -> None:
@@ -249,6 +284,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--spectra-out", help="spectra.parquet: normalised singular values of the sampled vectors")
     p.set_defaults(run=cmd_metrics)
 
+    p = sub.add_parser("gradients", help="LM-loss gradients of one checkpoint against activation-derived subspaces")
+    p.add_argument("--manifest", required=True, help="checkpoint.json written by fetch")
+    p.add_argument("--texts", required=True, help="the texts written by `anisweep corpus`")
+    p.add_argument("--settings", type=_json, default={}, help="JSON of the config's extract section")
+    p.add_argument("--gradients", type=_json, default={}, help="JSON of the config's gradients section")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--out", required=True, help="the gradients.parquet to write")
+    p.set_defaults(run=cmd_gradients)
+
+    p = sub.add_parser("gradients-sweep", help="one model's per-checkpoint gradient tables in one")
+    p.add_argument("--out", required=True)
+    p.add_argument("tables", nargs="+")
+    p.set_defaults(run=cmd_gradients_sweep)
+
+    p = sub.add_parser("plot-gradients", help="the gradient figures of one model")
+    p.add_argument("--sweep", required=True)
+    p.add_argument("--out-dir", required=True)
+    p.set_defaults(run=cmd_plot_gradients)
+
     p = sub.add_parser("sweep", help="one tidy table per model's sweep, from its checkpoints' metrics")
     p.add_argument("--out", required=True)
     p.add_argument(
@@ -312,7 +366,7 @@ def _checkpoint_key(args) -> str | None:
         if args.command == "fetch":
             c = args.checkpoint
             return f"{c['family']}/{c['model']}/step{c['step']}"
-        if args.command == "extract":
+        if args.command in ("extract", "gradients"):
             m = json.loads(Path(args.manifest).read_text())
             return f"{m['family']}/{m['model']}/step{m['step']}"
     except Exception:  # an unreadable manifest is reported as the error itself

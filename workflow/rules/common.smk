@@ -11,6 +11,7 @@ from anisweep import config as anisweep_config
 from anisweep import sources
 from anisweep.adapters import UnsupportedArchitecture, adapter_for
 from anisweep.partial import Sweep, remove_stranded_weights, write_partial_sweeps
+from anisweep.gradient_plots import GRADIENT_FIGURES
 from anisweep.plots import MODEL_FIGURES
 from anisweep.tables import UNTRAINED_TABLES
 from anisweep.untrained_plots import UNTRAINED_FIGURES
@@ -219,3 +220,39 @@ def extract_mem_mb(wildcards, attempt):
 def extract_runtime(wildcards, attempt):
     params_per_minute = 200 if EXTRACT_GPU else 50  # millions of parameters through the forward passes a minute
     return int((15 + extract_params_m(wildcards) / params_per_minute) * attempt)
+
+
+# The gradient analysis (config `gradients`, workflow/rules/gradients.smk): which checkpoints, which targets.
+GRADIENTS = config["gradients"]
+
+
+def gradient_checkpoints(family, model):
+    """The model's checkpoints the gradient analysis runs on: gradients.steps among its swept steps."""
+    steps = GRADIENTS["steps"]
+    return [c for c in model_checkpoints(family, model) if steps is None or c.step in steps]
+
+
+def check_gradient_steps():
+    if not GRADIENTS["enabled"] or GRADIENTS["steps"] is None:
+        return
+    swept = {c.step for c in CHECKPOINTS.values()}
+    unknown = sorted(set(GRADIENTS["steps"]) - swept)
+    if unknown:
+        raise WorkflowError(
+            f"config: gradients.steps {unknown} are not swept steps of any model; choose among {sorted(swept)}"
+        )
+
+
+check_gradient_steps()
+
+
+def gradient_outputs():
+    """The gradient targets of the default target: per model, its table and figures (none unless gradients.enabled)."""
+    if not GRADIENTS["enabled"]:
+        return []
+    outputs = []
+    for family, model in MODELS:
+        if gradient_checkpoints(family, model):
+            outputs.append(f"results/{family}/{model}/gradients_sweep.parquet")
+            outputs += [f"results/{family}/{model}/figures/{name}" for name in GRADIENT_FIGURES]
+    return outputs
