@@ -8,6 +8,7 @@ anisweep metrics    --extract-dir DIR --out FILE    every metric of one checkpoi
 anisweep sweep      --out FILE METRICS...           one tidy table per model's sweep
 anisweep plot       --sweep FILE --out-dir DIR      the figures of one model
 anisweep plot-family --out FILE SWEEPS...           one figure across the models of a family
+anisweep plot-families --out FILE SWEEPS...         one figure across families, like with like
 anisweep checkpoints --configfile FILE              list the checkpoints a config names
 """
 
@@ -146,6 +147,14 @@ def cmd_plot_family(args) -> None:
     plot_family(pl.concat([pl.read_parquet(p) for p in args.sweeps], how="diagonal_relaxed"), Path(args.out))
 
 
+def cmd_plot_families(args) -> None:
+    import polars as pl
+
+    from .plot_families import plot_families
+
+    plot_families(pl.concat([pl.read_parquet(p) for p in args.sweeps], how="diagonal_relaxed"), Path(args.out))
+
+
 def cmd_checkpoints(args) -> None:
     import yaml
 
@@ -225,6 +234,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("sweeps", nargs="+")
     p.set_defaults(run=cmd_plot_family)
+
+    p = sub.add_parser("plot-families", help="one figure comparing families, the same site in every panel")
+    p.add_argument("--out", required=True)
+    p.add_argument("sweeps", nargs="+")
+    p.set_defaults(run=cmd_plot_families)
 
     p = sub.add_parser("checkpoints", help="list the checkpoints a config names, as JSON lines")
     p.add_argument("--configfile", nargs="+", required=True)

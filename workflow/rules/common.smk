@@ -81,6 +81,7 @@ ANALYSIS_CODE = {
     "metrics": package_files("metrics", "geometry", "tables"),
     "sweep": package_files("sweep", "tables"),
     "plots": package_files("plots", "sweep"),
+    "plot_families": package_files("plot_families", "plots", "sweep"),
 }
 
 
@@ -171,8 +172,11 @@ def all_outputs():
     outputs = []
     for family, model in MODELS:
         outputs += [f"results/{family}/{model}/sweep.parquet", *figures(family, model)]
-    for family in sorted({family for family, _ in MODELS}):
+    families = sorted({family for family, _ in MODELS})
+    for family in families:
         outputs.append(f"results/{family}/figures/compare.png")
+    if len(families) > 1:
+        outputs.append("results/figures/compare_families.png")
     return outputs
 
 
