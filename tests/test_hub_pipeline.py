@@ -250,7 +250,8 @@ def sweep_run(world):
     configfile = write_config(world, world["root"] / "config.yaml", HUB_MODELS + local_models(world))
     cache_before = tree_state(world["hf_home"])
     runs_before = tree_state(world["root"] / "runs")
-    done = snakemake(world, workdir, configfile, *sweep_targets(HUB_MODELS + local_models(world)))
+    # a guard against a hung run, not a speed test: twelve checkpoints on cores that other jobs may share
+    done = snakemake(world, workdir, configfile, *sweep_targets(HUB_MODELS + local_models(world)), timeout=1800)
     assert done.returncode == 0, done.stderr[-6000:]
     return {"workdir": workdir, "done": done, "cache_before": cache_before, "runs_before": runs_before}
 
