@@ -23,6 +23,7 @@ include: "workflow/rules/fetch.smk"
 include: "workflow/rules/extract.smk"
 include: "workflow/rules/metrics.smk"
 include: "workflow/rules/plots.smk"
+include: "workflow/rules/untrained.smk"
 
 
 # A failed run (a checkpoint that cannot be fetched, loaded or run) still leaves each sweep it was making, from

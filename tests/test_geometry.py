@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 import tracemalloc
 import warnings
 
@@ -274,22 +276,153 @@ def test_partition_isotropy_known_answers():
     assert M.partition_isotropy(g + m, centre=True) > 0.9
 
 
+def machina_mercer_iw(w, centre=False):
+    """compute_IW of Machina & Mercer (anemily-machina/isotropy_transformers, partition_function.py), in numpy:
+    eigenvectors of W^T W from eigh, used with the sign it returns; Z per eigenvector = column sums of
+    exp(W V); I(W) = min Z / max Z. Centred as their calc_isotropy does: W minus its row mean."""
+    w = np.asarray(w, dtype=np.float64)
+    if centre:
+        w = w - w.mean(axis=0)
+    _, vectors = np.linalg.eigh(w.T @ w)
+    z = np.exp(w @ vectors).sum(axis=0)
+    return z.min() / z.max()
+
+
+def test_partition_isotropy_mm_matches_machina_mercer_on_random_data():
+    r = rng(40)
+    for seed, (n, d, offset) in enumerate([(500, 8, 0.0), (2000, 16, 3.0), (300, 5, 1.0), (1000, 32, 2.0)]):
+        mean = r.standard_normal(d)
+        w = 0.3 * r.standard_normal((n, d)) @ random_rotation(d, seed) + offset * mean / np.linalg.norm(mean)
+        ref = machina_mercer_iw(w)
+        assert 0 < ref < 1
+        assert M.partition_isotropy_mm(w) == pytest.approx(ref, rel=1e-9)
+        assert M.partition_isotropy_mm(w, chunk_rows=17) == pytest.approx(ref, rel=1e-9)
+        assert M.partition_isotropy_mm(w, centre=True) == pytest.approx(machina_mercer_iw(w, True), rel=1e-9)
+        both = M.partition_isotropies(w)
+        assert both["partition_isotropy_mm"] == pytest.approx(ref, rel=1e-9)
+        assert both["partition_isotropy"] == pytest.approx(naive_partition_isotropy(w), rel=1e-9)
+
+
+def test_partition_isotropy_one_sign_against_every_sign_choice():
+    # the one-sign value is the ratio for one of the 2^d sign choices of the eigenvectors, the one eigh makes;
+    # the sign-free value is at most every one of them
+    d = 6
+    r = rng(41)
+    # unequal variances and an offset with components on several eigenvectors: Z(c) != Z(-c) for more than one
+    w = r.standard_normal((400, d)) * np.linspace(0.3, 1.5, d) + np.linspace(0.5, 1.0, d)
+    _, v = np.linalg.eigh(w.T @ w)
+    per_choice = {}
+    for signs in itertools.product((1.0, -1.0), repeat=d):
+        z = np.exp(w @ (v * np.array(signs))).sum(axis=0)
+        per_choice[signs] = z.min() / z.max()
+    assert M.partition_isotropy_mm(w) == pytest.approx(per_choice[(1.0,) * d], rel=1e-9)
+    assert M.partition_isotropy(w) <= min(per_choice.values()) * (1 + 1e-9)
+    assert max(per_choice.values()) > 1.5 * min(per_choice.values())  # the sign choice matters here
+
+
+def test_partition_isotropy_conventions_on_a_drifted_gaussian():
+    # a common mean of norm 3: Z(+m) / Z(-m) ~ exp(2 * 3): one sign sees half of it, both signs all
+    g = 0.5 * rng(42).standard_normal((20_000, 16))
+    m = np.zeros(16)
+    m[0] = 3.0
+    both = M.partition_isotropies(g + m)
+    assert both["partition_isotropy_mm"] == pytest.approx(machina_mercer_iw(g + m), rel=1e-9)
+    assert both["partition_isotropy"] == pytest.approx(naive_partition_isotropy(g + m), rel=1e-9)
+    assert both["partition_isotropy"] < both["partition_isotropy_mm"]
+    # log Z(c) ~ log n + <m, c> + 0.5^2 / 2: exp(+-3) along +-m, exp(0) across it, whichever sign eigh returns
+    assert both["partition_isotropy_mm"] == pytest.approx(np.exp(-3.0), rel=0.3)
+    assert both["partition_isotropy"] == pytest.approx(np.exp(-6.0), rel=0.3)
+
+
 # --------------------------------------------------------------------------- correlations
-def test_layer_correlations_against_scipy_and_known_answers():
-    a = rng(26).standard_normal(12)
-    b = 0.5 * a + rng(27).standard_normal(12)
+def brute_permutation_p(x, y, statistic):
+    """Two-sided permutation p by enumerating every ordering of y, one scipy call each."""
+    observed = statistic(x, y)
+    null = np.array([statistic(x, np.asarray(y)[list(order)]) for order in itertools.permutations(range(len(y)))])
+    tol = 1e-12 * max(1.0, abs(observed))
+    return observed, min(1.0, 2 * min((null <= observed + tol).mean(), (null >= observed - tol).mean()))
+
+
+def spearman(x, y):
+    return stats.spearmanr(x, y).statistic
+
+
+def pearson(x, y):
+    return stats.pearsonr(x, y).statistic
+
+
+def spearman_along(x, y, axis=-1):
+    return stats.pearsonr(stats.rankdata(x, axis=axis), stats.rankdata(y, axis=axis), axis=axis).statistic
+
+
+def pearson_along(x, y, axis=-1):
+    return stats.pearsonr(x, y, axis=axis).statistic
+
+
+def against(x, statistic):
+    """statistic(x, y) as a vectorised function of y alone, for scipy's one-sample 'pairings' test."""
+    return lambda y, axis=-1: statistic(x, y, axis)
+
+
+@pytest.mark.parametrize("n", [3, 4, 5])
+def test_layer_correlations_exact_p_against_brute_force_enumeration(n):
+    for seed in range(3):
+        a = rng(50 + seed).standard_normal(n)
+        b = 0.7 * a + rng(60 + seed).standard_normal(n)
+        b[0] = b[1] if seed == 2 else b[0]  # a tie in the ranks
+        out = M.layer_correlations(a, b)
+        for name, statistic in (("spearman", spearman), ("pearson", pearson)):
+            r, p = brute_permutation_p(a, b, statistic)
+            assert out[f"{name}_r"] == pytest.approx(r, abs=1e-12)
+            assert out[f"{name}_p"] == pytest.approx(p, rel=1e-12)
+            assert out[f"{name}_p"] >= 2 / math.factorial(n) - 1e-15
+        assert out["p_exact"] == 1.0 and out["n_permutations"] == math.factorial(n)
+
+
+@pytest.mark.parametrize("n", [5, 7, 8])
+def test_layer_correlations_exact_p_against_scipy_permutation_test(n):
+    a = rng(70 + n).standard_normal(n)
+    b = np.exp(a) + 0.5 * rng(80 + n).standard_normal(n)
     out = M.layer_correlations(a, b)
-    assert set(out) == {"spearman_r", "spearman_p", "pearson_r", "pearson_p"}
-    sr, pr = stats.spearmanr(a, b), stats.pearsonr(a, b)
-    assert out["spearman_r"] == pytest.approx(sr.statistic) and out["spearman_p"] == pytest.approx(sr.pvalue)
-    assert out["pearson_r"] == pytest.approx(pr.statistic) and out["pearson_p"] == pytest.approx(pr.pvalue)
-    # monotone but non-linear: Spearman exactly 1, Pearson below 1; reversed: -1
-    x = np.arange(1.0, 9.0)
-    mono = M.layer_correlations(x, np.exp(x))
-    assert mono["spearman_r"] == pytest.approx(1.0) and mono["spearman_p"] < 1e-3
-    assert 0.5 < mono["pearson_r"] < 0.99
-    assert M.layer_correlations(x, -(x**3))["spearman_r"] == pytest.approx(-1.0)
-    assert M.layer_correlations(x, 2 * x + 1)["pearson_r"] == pytest.approx(1.0)
+    for name, statistic in (("spearman", spearman_along), ("pearson", pearson_along)):
+        ref = stats.permutation_test(  # one sample: its order is permuted against a fixed
+            (b,), against(a, statistic), permutation_type="pairings", n_resamples=np.inf
+        )
+        assert out[f"{name}_r"] == pytest.approx(ref.statistic, abs=1e-12)
+        assert out[f"{name}_p"] == pytest.approx(ref.pvalue, rel=1e-12)
+
+
+def test_layer_correlations_p_floor_where_the_t_approximation_fails():
+    # 5 perfectly monotone layers: only the identity and the reversal reach |rho| = 1, p = 2/5!
+    x = np.arange(1.0, 6.0)
+    out = M.layer_correlations(x, np.exp(x))
+    assert out["spearman_r"] == pytest.approx(1.0)
+    assert out["spearman_p"] == pytest.approx(2 / 120, rel=1e-12)
+    assert stats.spearmanr(x, np.exp(x)).pvalue < 1e-20  # what the t approximation claims
+    linear = M.layer_correlations(x, 2 * x + 1)
+    assert linear["pearson_r"] == pytest.approx(1.0) and linear["pearson_p"] == pytest.approx(2 / 120, rel=1e-12)
+    # reversed: -1, the same p
+    rev = M.layer_correlations(x, -(x**3))
+    assert rev["spearman_r"] == pytest.approx(-1.0) and rev["spearman_p"] == pytest.approx(2 / 120, rel=1e-12)
+
+
+def test_layer_correlations_monte_carlo_beyond_eight_layers():
+    n = 12
+    a = rng(90).standard_normal(n)
+    b = 0.5 * a + rng(91).standard_normal(n)
+    out = M.layer_correlations(a, b)
+    assert out["p_exact"] == 0.0 and out["n_permutations"] == M.MONTE_CARLO_PERMUTATIONS + 1
+    assert M.layer_correlations(a, b) == out  # seeded: the same p every run
+    for name, statistic in (("spearman", spearman_along), ("pearson", pearson_along)):
+        ref = stats.permutation_test(
+            (b,), against(a, statistic), permutation_type="pairings", n_resamples=100_000, rng=1
+        )
+        assert out[f"{name}_r"] == pytest.approx(ref.statistic, abs=1e-12)
+        assert 0.01 < ref.pvalue < 0.99
+        assert out[f"{name}_p"] == pytest.approx(ref.pvalue, abs=0.01)  # two Monte Carlo estimates, se < 0.0016
+    # 12 perfectly monotone layers: no random ordering reaches |rho| = 1, the floor 2/(N + 1)
+    x = np.arange(12.0)
+    assert M.layer_correlations(x, x**2)["spearman_p"] == pytest.approx(2 / (M.MONTE_CARLO_PERMUTATIONS + 1))
 
 
 def test_layer_correlations_degenerate_inputs_give_nan_silently():

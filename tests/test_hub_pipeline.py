@@ -365,7 +365,7 @@ def test_byte_identical_revisions_are_flagged_with_a_warning(sweep_run):
     }
     # step0 serves step143000's bytes: step0 is flagged, never analysed as a training step
     assert status == {0: ("duplicate", 143000), 1000: ("ok", None), 143000: ("ok", None)}
-    log = (workdir / "logs" / "aggregate" / "pythia" / "pythia-70m.log").read_text()
+    log = (workdir / "logs" / "sweep" / "pythia" / "pythia-70m.log").read_text()
     assert "step 0 has byte-identical weights to step 143000" in log
     for family, model in (
         ("multiberts", "seed_0"),

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import numpy as np
 import polars as pl
 import pytest
 import transformers
 from IsoScore import IsoScore
 from scipy import stats
+from test_geometry import machina_mercer_iw, naive_partition_isotropy
 
 from anisweep.metrics import checkpoint_metrics
 from anisweep.tables import write_atomic
@@ -77,11 +81,17 @@ def test_drift_anisotropy_correlations_match_scipy(measured):
         unit = x / np.linalg.norm(x, axis=1, keepdims=True)
         drift.append(np.linalg.norm(x.mean(0)))
         avg.append(((unit.sum(0) ** 2).sum() - len(x)) / (len(x) * (len(x) - 1)))
-    spearman, pearson = stats.spearmanr(drift, avg), stats.pearsonr(drift, avg)
-    assert value(metrics, "drift_avg_cos_spearman_r", "resid") == pytest.approx(spearman.statistic, abs=1e-9)
-    assert value(metrics, "drift_avg_cos_spearman_p", "resid") == pytest.approx(spearman.pvalue, abs=1e-9)
-    assert value(metrics, "drift_avg_cos_pearson_r", "resid") == pytest.approx(pearson.statistic, abs=1e-5)
-    assert value(metrics, "drift_avg_cos_pearson_p", "resid") == pytest.approx(pearson.pvalue, abs=1e-4)
+    n = len(layers)
+    assert n <= 8  # every ordering of the layers enumerated
+    orders = [list(order) for order in itertools.permutations(range(n))]
+    for name, statistic in (("spearman", stats.spearmanr), ("pearson", stats.pearsonr)):
+        r = statistic(drift, avg).statistic
+        null = np.array([statistic(drift, np.asarray(avg)[order]).statistic for order in orders])
+        p = min(1.0, 2 * min((null <= r + 1e-9).mean(), (null >= r - 1e-9).mean()))
+        assert value(metrics, f"drift_avg_cos_{name}_r", "resid") == pytest.approx(r, abs=1e-5)
+        assert value(metrics, f"drift_avg_cos_{name}_p", "resid") == pytest.approx(p, abs=1e-12)
+    assert value(metrics, "drift_avg_cos_p_exact", "resid") == 1.0
+    assert value(metrics, "drift_avg_cos_n_permutations", "resid") == math.factorial(n)
 
 
 def test_attention_and_qk_rows_carry_the_extracted_values(measured):
@@ -95,6 +105,26 @@ def test_attention_and_qk_rows_carry_the_extracted_values(measured):
         assert value(metrics, "qk_cos", f"qk_{row['rope']}", row["layer"], row["head"]) == pytest.approx(
             row["qk_cos"], abs=TOL
         )
+
+
+def test_qk_mean_dot_and_concatenated_cosine_from_the_stored_means(measured):
+    tables, metrics = measured
+    qk = tables["qk"]
+    for row in qk.iter_rows(named=True):
+        q, k = np.asarray(row["q_mean"], np.float64), np.asarray(row["k_mean"], np.float64)
+        site = f"qk_{row['rope']}"
+        dot = sum(qi * ki for qi, ki in zip(q.tolist(), k.tolist()))
+        assert value(metrics, "qk_mean_dot", site, row["layer"], row["head"]) == pytest.approx(dot, rel=1e-9)
+        assert value(metrics, "qk_mean_score", site, row["layer"], row["head"]) == pytest.approx(
+            dot / np.sqrt(len(q)), rel=1e-9
+        )
+    for (layer, rope), group in qk.group_by("layer", "rope"):
+        group = group.sort("head")
+        q = np.concatenate([np.asarray(v, np.float64) for v in group["q_mean"]])
+        k = np.concatenate([np.asarray(v, np.float64) for v in group["k_mean"]])
+        assert len(q) == group.height * len(group["q_mean"][0])
+        expected = 1 - 0.5 * np.sum((q / np.linalg.norm(q) - k / np.linalg.norm(k)) ** 2)  # cos from the chord
+        assert value(metrics, "qk_cos_concat", f"qk_{rope}", layer) == pytest.approx(expected, abs=1e-9)
 
 
 def test_final_layernorm_parameters_and_bias_share(measured):
@@ -115,6 +145,27 @@ def test_embedding_isotropy_is_carried_over(measured):
     tables, metrics = measured
     for row in tables["embeddings"].iter_rows(named=True):
         assert value(metrics, row["metric"], row["matrix"]) == row["value"]
+    assert set(tables["embeddings"]["metric"]) == {
+        "partition_isotropy",
+        "partition_isotropy_centred",
+        "partition_isotropy_mm",
+        "partition_isotropy_mm_centred",
+    }
+
+
+def test_embedding_isotropy_both_conventions_against_the_weights(tmp_path):
+    path = saved(tmp_path, transformers.GPTNeoXForCausalLM, neox_config(), "m")
+    tables, _ = run_extract(path, padded_batch(n=2, t=6))
+    model = transformers.GPTNeoXForCausalLM.from_pretrained(path)
+    weights = {"embed_in": model.get_input_embeddings().weight, "embed_out": model.get_output_embeddings().weight}
+    for name, weight in weights.items():
+        w = weight.detach().double().numpy()
+        for centre, suffix in ((False, ""), (True, "_centred")):
+            rows = tables["embeddings"].filter(pl.col("matrix") == name)
+            got = dict(zip(rows["metric"], rows["value"]))
+            assert got[f"partition_isotropy_mm{suffix}"] == pytest.approx(machina_mercer_iw(w, centre), rel=1e-6)
+            assert got[f"partition_isotropy{suffix}"] == pytest.approx(naive_partition_isotropy(w, centre), rel=1e-6)
+            assert got[f"partition_isotropy{suffix}"] <= got[f"partition_isotropy_mm{suffix}"]
 
 
 def test_identity_and_schema(measured):

@@ -36,7 +36,8 @@ def fake_checkpoint(root, step, sha, tokens_per_step=100, model="m", family="fam
                 rows.append({"layer": layer, "site": site, "metric": metric, "value": 0.2 + step / 2000})
         for head in range(2):
             for site in ("qk_pre", "qk_post"):
-                rows.append({"layer": layer, "head": head, "site": site, "metric": "qk_cos", "value": 0.5 - head})
+                for metric in ("qk_cos", "qk_mean_score", "qk_mean_dot"):
+                    rows.append({"layer": layer, "head": head, "site": site, "metric": metric, "value": 0.5 - head})
             rows.append({"layer": layer, "head": head, "site": "attention", "metric": "entropy_mean", "value": 1.0})
         for metric in (
             "entropy_mean",
@@ -48,15 +49,19 @@ def fake_checkpoint(root, step, sha, tokens_per_step=100, model="m", family="fam
             "score_std",
         ):
             rows.append({"layer": layer, "site": "attention", "metric": metric, "value": 0.5 + layer / 10})
-        rows.append({"layer": layer, "site": "qk_post", "metric": "qk_cos_abs_mean", "value": 0.3})
+        for site in ("qk_pre", "qk_post"):
+            rows.append({"layer": layer, "site": site, "metric": "qk_cos_abs_mean", "value": 0.3})
+            rows.append({"layer": layer, "site": site, "metric": "qk_cos_concat", "value": 0.2 * layer})
     for metric in ("gain_mean", "gain_std", "bias_norm", "bias_drift_share"):
         rows.append({"layer": 2, "site": "final_ln", "metric": metric, "value": 1.0})
     for site in ("embed_in", "embed_out"):
         rows += [
             {"site": site, "metric": "partition_isotropy", "value": 0.5},
             {"site": site, "metric": "partition_isotropy_centred", "value": 0.9},
+            {"site": site, "metric": "partition_isotropy_mm", "value": 0.7},
+            {"site": site, "metric": "partition_isotropy_mm_centred", "value": 0.95},
         ]
-    for name in ("spearman_r", "pearson_r"):
+    for name in ("spearman_r", "pearson_r", "spearman_p", "pearson_p"):
         rows.append({"site": "resid", "metric": f"drift_avg_cos_{name}", "value": 0.8})
     folder = root / family / model / f"step{step}"
     write_atomic(metric_rows(ident, rows), folder / "metrics.parquet")
@@ -134,3 +139,63 @@ def test_families_figure_compares_one_site_per_panel(tmp_path):
     assert {site for _, site, _ in PANELS} <= set(sweeps["site"].unique()) | {"qk_pre"}
     plot_families(sweeps, tmp_path / "compare_families.png")
     assert (tmp_path / "compare_families.png").stat().st_size > 10_000
+
+
+def test_family_figure_compares_the_same_named_site_and_rotary_variant(tmp_path, monkeypatch):
+    import anisweep.plots as plots
+
+    neox = aggregate([fake_checkpoint(tmp_path, s, f"a{s}", model="neox") for s in (0, 10, 100)])
+    bert = aggregate([fake_checkpoint(tmp_path, s, f"b{s}", model="bert") for s in (0, 10, 100)])
+    bert = bert.filter(pl.col("site") != "qk_post")  # no rotary
+    sweeps = pl.concat([neox, bert])
+    # distinct values per site and model, so a panel showing the wrong one is caught
+    code = {"final_ln_in": 1.0, "final_ln_out": 2.0, "resid": 3.0, "qk_pre": 4.0, "qk_post": 5.0}
+    site_code = pl.DataFrame({"site": list(code), "code": list(code.values())})
+    sweeps = (
+        sweeps.join(site_code, on="site", how="left")
+        .with_columns(
+            (pl.col("code").fill_null(0.0) + pl.when(pl.col("model") == "bert").then(0.5).otherwise(0.0)).alias("value")
+        )
+        .drop("code")
+    )
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    plot_family(sweeps, tmp_path / "compare.png")
+    panels = {ax.get_ylabel(): ax for ax in figures[0].axes if ax.get_visible() and ax.get_ylabel()}
+    for metric in ("avg cos", "IsoScore"):
+        for site in ("final_ln_in", "final_ln_out"):
+            ax = next(a for label, a in panels.items() if label.startswith(f"{metric} at {site}"))
+            lines = {line.get_label(): set(line.get_ydata()) for line in ax.get_lines()}
+            assert lines == {"neox": {code[site]}, "bert": {code[site] + 0.5}}
+    ax = next(a for label, a in panels.items() if label.startswith("|qk cos|"))
+    lines = {line.get_label(): (set(line.get_ydata()), line.get_linestyle()) for line in ax.get_lines()}
+    assert lines == {
+        "neox qk_pre": ({4.0}, "-"),
+        "neox qk_post": ({5.0}, "--"),
+        "bert qk_pre": ({4.5}, "-"),
+    }
+
+
+def test_drift_figure_shows_p_against_005_and_qk_figures_show_each_metric(tmp_path, monkeypatch):
+    import anisweep.plots as plots
+
+    sweep = aggregate([fake_checkpoint(tmp_path, s, str(s)) for s in (0, 10, 100)])
+    p_of = {"drift_avg_cos_spearman_p": 0.3, "drift_avg_cos_pearson_p": 0.01}
+    sweep = sweep.with_columns(pl.col("metric").replace_strict(p_of, default=None, return_dtype=pl.Float64).alias("p"))
+    sweep = sweep.with_columns(pl.coalesce("p", "value").alias("value")).drop("p")
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    plots.drift_vs_anisotropy(sweep, tmp_path / "d.png")
+    ax = next(a for a in figures[0].axes if a.get_ylabel() == "two-sided permutation p")
+    assert ax.get_yscale() == "log"
+    lines = {line.get_label(): set(line.get_ydata()) for line in ax.get_lines()}
+    assert lines == {"spearman": {0.3}, "pearson": {0.01}, "p = 0.05": {0.05}}
+    plots.qk_mean_dot(sweep, tmp_path / "q.png")
+    labels = [a.get_ylabel() for a in figures[1].axes if a.get_ylabel()]
+    assert labels == ["<mean q, mean k>", "<mean q, mean k> / sqrt(d_head)"] * 2  # pre-rotary rows, then post
+    plots.qk_cos_concat(sweep, tmp_path / "c.png")
+    concat = [a for a in figures[2].axes if a.get_ylabel()]
+    assert [a.get_title() for a in concat] == ["pre-rotary", "post-rotary"]
+    assert {
+        line.get_label(): tuple(line.get_ydata()) for line in concat[0].get_lines() if "layer" in line.get_label()
+    } == {f"layer {layer}": (0.2 * layer,) * 3 for layer in range(3)}

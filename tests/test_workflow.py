@@ -9,6 +9,8 @@ import polars as pl
 import pytest
 import yaml
 
+from anisweep.plots import MODEL_FIGURES
+
 from conftest import snakemake_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +93,10 @@ def test_every_contract_file_is_written(tiny_run):
         assert (sweep["status"] == "ok").all()
         for figure in (tiny_run / "results" / "toy" / model / "figures").iterdir():
             assert figure.stat().st_size > 10_000, figure
-        assert len(list((tiny_run / "results" / "toy" / model / "figures").glob("*.png"))) == 9
+        figures = {p.name for p in (tiny_run / "results" / "toy" / model / "figures").glob("*.png")}
+        assert figures == set(MODEL_FIGURES)
+        new_metrics = {"qk_mean_dot", "qk_cos_concat", "partition_isotropy_mm", "drift_avg_cos_p_exact"}
+        assert new_metrics <= set(sweep["metric"])
     assert (tiny_run / "results" / "toy" / "figures" / "compare.png").exists()
 
 

@@ -10,6 +10,8 @@ anisweep plot       --sweep FILE --out-dir DIR      the figures of one model
 anisweep plot-family --out FILE SWEEPS...           one figure across the models of a family
 anisweep plot-families --out FILE SWEEPS...         one figure across families, like with like
 anisweep checkpoints --configfile FILE              list the checkpoints a config names
+anisweep untrained  --settings JSON --out-dir DIR   the untrained block with an injected bias (Godey Sec. 4)
+anisweep plot-untrained --tables-dir DIR --out-dir DIR   its figures
 """
 
 from __future__ import annotations
@@ -155,6 +157,28 @@ def cmd_plot_families(args) -> None:
     plot_families(pl.concat([pl.read_parquet(p) for p in args.sweeps], how="diagonal_relaxed"), Path(args.out))
 
 
+def cmd_untrained(args) -> None:
+    import torch
+
+    from .tables import UNTRAINED_TABLES, write_atomic
+    from .untrained import UntrainedSettings, run
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    settings = UntrainedSettings.from_dict(args.settings)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tables = run(settings)
+    for name in UNTRAINED_TABLES:
+        write_atomic(tables[name], out_dir / f"{name}.parquet")
+
+
+def cmd_plot_untrained(args) -> None:
+    from .untrained_plots import plot_untrained
+
+    plot_untrained(Path(args.tables_dir), Path(args.out_dir))
+
+
 def cmd_checkpoints(args) -> None:
     import yaml
 
@@ -239,6 +263,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("sweeps", nargs="+")
     p.set_defaults(run=cmd_plot_families)
+
+    p = sub.add_parser("untrained", help="the untrained block with an injected common bias (Godey et al. Sec. 4)")
+    p.add_argument(
+        "--settings", type=_json, default={}, help="JSON of the config's untrained section (keys left out: defaults)"
+    )
+    p.add_argument("--out-dir", required=True, help="writes untrained.parquet, histogram.parquet, summary.parquet")
+    p.add_argument("--threads", type=int)
+    p.set_defaults(run=cmd_untrained)
+
+    p = sub.add_parser("plot-untrained", help="figures of the untrained-block experiment")
+    p.add_argument("--tables-dir", required=True)
+    p.add_argument("--out-dir", required=True)
+    p.set_defaults(run=cmd_plot_untrained)
 
     p = sub.add_parser("checkpoints", help="list the checkpoints a config names, as JSON lines")
     p.add_argument("--configfile", nargs="+", required=True)

@@ -92,8 +92,9 @@ def run(loaded: LoadedModel, batch: dict, settings: ExtractSettings, progress: b
             for start in tqdm(starts, desc="extract", unit="batch", disable=not progress, leave=False):
                 ids = input_ids[start : start + settings.batch_size].to(device)
                 valid = mask[start : start + settings.batch_size].to(device)
-                recorder.begin_batch(valid, start)
+                recorder.begin_batch(valid, start, host_valid=mask[start : start + settings.batch_size])
                 loaded.base(input_ids=ids, attention_mask=valid.long())
+            recorder.finish()
     finally:
         workers.close()
     return recorder

@@ -158,16 +158,17 @@ def embeddings_table(adapter: Adapter, model: nn.Module) -> pl.DataFrame:
     for name, weight in matrices.items():
         w = weight.detach().float().cpu().numpy()
         for centre in (False, True):
-            rows.append(
+            rows += [
                 {
                     "matrix": name,
                     "tied": tied,
                     "n_rows": w.shape[0],
                     "d": w.shape[1],
-                    "metric": "partition_isotropy_centred" if centre else "partition_isotropy",
-                    "value": geometry.partition_isotropy(w, centre=centre),
+                    "metric": f"{metric}_centred" if centre else metric,
+                    "value": value,
                 }
-            )
+                for metric, value in geometry.partition_isotropies(w, centre=centre).items()
+            ]
     return pl.DataFrame(rows)
 
 

@@ -12,9 +12,11 @@ The metrics and where they come from:
   to Self-Attention in Transformers").
 - ``isoscore``: IsoScore (Rudman et al. 2022, "IsoScore: Measuring the Uniformity of Embedding Space
   Utilization"), from the eigenvalues of the covariance; ``top_eig_share``: the largest eigenvalue's share.
-- ``partition_isotropy``: I(W) of Mu & Viswanath 2018 ("All-but-the-Top"), of the embedding matrices.
+- ``partition_isotropy``: I(W) of Mu & Viswanath 2018 ("All-but-the-Top"), of the embedding matrices,
+  sign-free and (``partition_isotropy_mm``) with Machina & Mercer's one-sign eigenvectors.
 - ``qk_alignment``: cosine of a head's mean query and mean key, and their contribution to every attention
-  logit (Godey et al. 2024).
+  logit (Godey et al. 2024); ``qk_mean_dot``: their unscaled dot product; ``qk_cos_concat``: the cosine of
+  the means concatenated over a layer's heads.
 - ``layer_correlations``: drift norm vs avg_cos across layers (Machina & Mercer 2024, "Anisotropy is Not
   Inherent to Transformers"); ``layernorm_param_stats``, ``bias_drift_share``: the LayerNorm's gain and bias.
 
@@ -29,6 +31,7 @@ except where the answer would be silently wrong: IsoScore with fewer points than
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -44,10 +47,15 @@ __all__ = [
     "cov_eigvals",
     "isoscore",
     "top_eig_share",
+    "partition_isotropies",
     "partition_isotropy",
+    "partition_isotropy_mm",
+    "permutation_p",
     "layer_correlations",
     "norm_spread_from_sums",
     "qk_alignment",
+    "qk_mean_dot",
+    "qk_cos_concat",
     "layernorm_param_stats",
     "bias_drift_share",
 ]
@@ -229,29 +237,52 @@ def top_eig_share(x, chunk_rows: int | None = None) -> float:
     return float(lam[0] / tr) if tr > 0 else float("nan")
 
 
-def partition_isotropy(w, centre: bool = False, chunk_rows: int | None = None) -> float:
-    """Partition isotropy I(W) of Mu & Viswanath (2018) of the rows w_i of W, in [0, 1].
+def partition_isotropies(w, centre: bool = False, chunk_rows: int | None = None) -> dict[str, float]:
+    """Partition isotropy I(W) of Mu & Viswanath (2018) of the rows w_i of W, two ways, in [0, 1].
 
     ``Z(c) = sum_i exp(<w_i, c>)`` over the eigenvectors c of W^T W; ``I(W) = min_c Z / max_c Z``.
-    An eigenvector's sign is arbitrary (LAPACK's choice), so both c and -c are used: this makes the
-    result well defined. Evaluated as exp(min log Z - max log Z) with a streamed logsumexp: naive
-    exp overflows for rows of norm >~ 710 (a tiny I can underflow to 0.0). ``centre=True`` subtracts the row mean first.
+    An eigenvector's sign is arbitrary, so the set of c is a convention:
+
+    - ``partition_isotropy``: both c and -c for every eigenvector. Sign-free, hence well defined.
+    - ``partition_isotropy_mm``: each eigenvector with the one sign ``np.linalg.eigh`` returns (LAPACK
+      ``dsyevd``), as Machina & Mercer 2024 compute it (``compute_IW`` in anemily-machina/isotropy_transformers,
+      with ``torch.linalg.eigh``). It depends on the sign the LAPACK build picks; it is >= the sign-free
+      value, and on drifted matrices much larger (the sign-free one is roughly its square).
+
+    Both come from one eigendecomposition, evaluated as exp(min log Z - max log Z) with a streamed
+    logsumexp: naive exp overflows for rows of norm >~ 710 (a tiny I can underflow to 0.0).
+    ``centre=True`` subtracts the row mean first. NaN for an empty W.
     """
     w = _as_cloud(w)
     if w.shape[0] == 0:
-        return float("nan")
+        return {"partition_isotropy": float("nan"), "partition_isotropy_mm": float("nan")}
+    d = w.shape[1]
     shift = _mean(w, chunk_rows) if centre else None
-    gram = np.zeros((w.shape[1], w.shape[1]))
+    gram = np.zeros((d, d))
     for c in _chunks(w, chunk_rows, shift, _GEMM_ELEMS):
         gram += c.T @ c
     _, vecs = np.linalg.eigh(gram)
-    log_z = np.full(2 * w.shape[1], -np.inf)  # log Z(c) for every +c, then every -c
+    log_z = np.full(2 * d, -np.inf)  # log Z(c) for every c as eigh returns it, then for every -c
     for c in _chunks(w, chunk_rows, shift, _GEMM_ELEMS):
         p = c @ vecs
-        log_z[: w.shape[1]] = np.logaddexp(log_z[: w.shape[1]], _logsumexp_rows(p))
+        log_z[:d] = np.logaddexp(log_z[:d], _logsumexp_rows(p))
         np.negative(p, out=p)
-        log_z[w.shape[1] :] = np.logaddexp(log_z[w.shape[1] :], _logsumexp_rows(p))
-    return float(np.exp(log_z.min() - log_z.max()))
+        log_z[d:] = np.logaddexp(log_z[d:], _logsumexp_rows(p))
+    as_returned = log_z[:d]
+    return {
+        "partition_isotropy": float(np.exp(log_z.min() - log_z.max())),
+        "partition_isotropy_mm": float(np.exp(as_returned.min() - as_returned.max())),
+    }
+
+
+def partition_isotropy(w, centre: bool = False, chunk_rows: int | None = None) -> float:
+    """Sign-free I(W) (both c and -c): ``partition_isotropies(...)["partition_isotropy"]``."""
+    return partition_isotropies(w, centre, chunk_rows)["partition_isotropy"]
+
+
+def partition_isotropy_mm(w, centre: bool = False, chunk_rows: int | None = None) -> float:
+    """I(W) over the eigenvectors as ``np.linalg.eigh`` returns them, Machina & Mercer's convention."""
+    return partition_isotropies(w, centre, chunk_rows)["partition_isotropy_mm"]
 
 
 def _logsumexp_rows(p: np.ndarray) -> np.ndarray:
@@ -263,10 +294,54 @@ def _logsumexp_rows(p: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- across layers
-def layer_correlations(drift_norm: Sequence[float], avg_cos: Sequence[float]) -> dict[str, float]:
-    """Spearman and Pearson correlation (with two-sided p-values) of drift_norm vs avg_cos over layers.
+EXACT_PERMUTATION_MAX_N = 8  # 8! = 40,320 orderings: enumerated; beyond, a seeded Monte Carlo
+MONTE_CARLO_PERMUTATIONS = 100_000
+PERMUTATION_SEED = 0
+_P_TOLERANCE = 1e-12  # relative: permuted statistics equal to the observed one up to rounding count as equal
 
-    Pairs with a non-finite value are dropped; all four values are NaN (no warning) when fewer than
+
+def permutation_p(x: np.ndarray, y: np.ndarray) -> tuple[float, float, bool, int]:
+    """(r, two-sided p, exact, number of orderings) of the Pearson correlation of x and y under permutation.
+
+    The null distribution is r(x, y[perm]) over every ordering of y when n <= EXACT_PERMUTATION_MAX_N
+    (exact: ``p = 2 min(#{r_perm <= r}, #{r_perm >= r}) / n!``, capped at 1, the identity included, so
+    p >= 2/n!), else over MONTE_CARLO_PERMUTATIONS random orderings from a generator seeded with
+    PERMUTATION_SEED (``p = 2 min(#{...} + 1) / (N + 1)``, the observed ordering counted once, as in
+    ``scipy.stats.permutation_test``). Spearman is this on the (average-tie) ranks.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    zx = (x - x.mean()) / np.linalg.norm(x - x.mean())
+    zy = (y - y.mean()) / np.linalg.norm(y - y.mean())
+    n = x.size
+    r = float(np.clip(zx @ zy, -1.0, 1.0))
+    gamma = _P_TOLERANCE * max(1.0, abs(r))
+    exact = n <= EXACT_PERMUTATION_MAX_N
+    if exact:
+        orders = np.array(list(itertools.permutations(range(n))), dtype=np.intp)
+        null = zy[orders] @ zx
+        less, greater, total = (null <= r + gamma).sum(), (null >= r - gamma).sum(), len(orders)
+    else:
+        gen = np.random.default_rng(PERMUTATION_SEED)
+        less = greater = 0
+        for start in range(0, MONTE_CARLO_PERMUTATIONS, 10_000):
+            batch = min(10_000, MONTE_CARLO_PERMUTATIONS - start)
+            null = gen.permuted(np.tile(zy, (batch, 1)), axis=1) @ zx
+            less += int((null <= r + gamma).sum())
+            greater += int((null >= r - gamma).sum())
+        less, greater, total = less + 1, greater + 1, MONTE_CARLO_PERMUTATIONS + 1
+    return r, float(min(1.0, 2.0 * min(less, greater) / total)), exact, total
+
+
+def layer_correlations(drift_norm: Sequence[float], avg_cos: Sequence[float]) -> dict[str, float]:
+    """Spearman and Pearson correlation of drift_norm vs avg_cos over layers, with permutation p-values.
+
+    p-values are two-sided permutation p-values (``permutation_p``): exact over every ordering up to
+    EXACT_PERMUTATION_MAX_N layers, seeded Monte Carlo beyond. The t approximation scipy's spearmanr and
+    pearsonr use is invalid for a handful of layers (5 perfectly monotone points: t gives p ~ 1e-24, the
+    exact p is 2/5! = 0.017). ``p_exact`` is 1.0 when enumerated, 0.0 when Monte Carlo;
+    ``n_permutations`` the number of orderings the p-values rest on (n! when exact).
+    Pairs with a non-finite value are dropped; every value is NaN (no warning) when fewer than
     3 pairs remain or either input is constant.
     """
     a = np.asarray(drift_norm, dtype=np.float64).ravel()
@@ -275,18 +350,13 @@ def layer_correlations(drift_norm: Sequence[float], avg_cos: Sequence[float]) ->
         raise ValueError(f"drift_norm and avg_cos differ in length: {a.size} vs {b.size}")
     ok = np.isfinite(a) & np.isfinite(b)
     a, b = a[ok], b[ok]
-    nan = float("nan")
-    out = {"spearman_r": nan, "spearman_p": nan, "pearson_r": nan, "pearson_p": nan}
+    keys = ("spearman_r", "spearman_p", "pearson_r", "pearson_p", "p_exact", "n_permutations")
+    out = dict.fromkeys(keys, float("nan"))
     if a.size < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return out
-    sr = stats.spearmanr(a, b)
-    pr = stats.pearsonr(a, b)
-    out.update(
-        spearman_r=float(sr.statistic),
-        spearman_p=float(sr.pvalue),
-        pearson_r=float(pr.statistic),
-        pearson_p=float(pr.pvalue),
-    )
+    out["spearman_r"], out["spearman_p"], exact, total = permutation_p(stats.rankdata(a), stats.rankdata(b))
+    out["pearson_r"], out["pearson_p"], _, _ = permutation_p(a, b)
+    out.update(p_exact=float(exact), n_permutations=float(total))
     return out
 
 
@@ -305,6 +375,26 @@ def qk_alignment(q_mean: np.ndarray, k_mean: np.ndarray) -> tuple[float, float]:
     dot = float(q @ k)
     nn = float(np.linalg.norm(q) * np.linalg.norm(k))
     return (dot / nn if nn > 0 else float("nan")), dot / float(np.sqrt(q.size))
+
+
+def qk_mean_dot(q_mean: np.ndarray, k_mean: np.ndarray) -> float:
+    """``<q_mean, k_mean>``, unscaled (Godey et al. Fig. 14): qk_mean_score without the 1/sqrt(d_head)."""
+    q = np.asarray(q_mean, dtype=np.float64).ravel()
+    k = np.asarray(k_mean, dtype=np.float64).ravel()
+    if q.shape != k.shape:
+        raise ValueError(f"q_mean and k_mean differ in length: {q.size} vs {k.size}")
+    return float(q @ k)
+
+
+def qk_cos_concat(q_means: Sequence[np.ndarray], k_means: Sequence[np.ndarray]) -> float:
+    """Cosine of a layer's mean queries and mean keys concatenated over its heads (Godey et al. Fig. 23).
+
+    ``cos([q_mean_0, ..., q_mean_H-1], [k_mean_0, ..., k_mean_H-1])`` = sum_h <q_h, k_h> over
+    sqrt(sum_h ||q_h||^2 sum_h ||k_h||^2): heads with large means weigh more than in the mean of qk_cos.
+    """
+    q = np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in q_means])
+    k = np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in k_means])
+    return qk_alignment(q, k)[0]
 
 
 def layernorm_param_stats(gain: np.ndarray, bias: np.ndarray | None) -> dict[str, float]:

@@ -23,17 +23,21 @@ def _identity(df: pl.DataFrame) -> dict:
 def qk_rows(qk: pl.DataFrame) -> list[dict]:
     """Alignment recomputed from the stored means, so a change to metrics.py needs no model run."""
     rows = []
+    means: dict[tuple[int, str], list[tuple[int, np.ndarray, np.ndarray]]] = {}
     for r in qk.iter_rows(named=True):
-        cos, score = geometry.qk_alignment(np.asarray(r["q_mean"], np.float64), np.asarray(r["k_mean"], np.float64))
+        q, k = np.asarray(r["q_mean"], np.float64), np.asarray(r["k_mean"], np.float64)
+        site = f"qk_{r['rope']}"
+        means.setdefault((r["layer"], site), []).append((r["head"], q, k))
+        cos, score = geometry.qk_alignment(q, k)
         values = {
             "qk_cos": cos,
             "qk_mean_score": score,
+            "qk_mean_dot": geometry.qk_mean_dot(q, k),
             "q_norm_mean": r["q_norm_mean"],
             "k_norm_mean": r["k_norm_mean"],
         }
         rows += [
-            {"layer": r["layer"], "head": r["head"], "site": f"qk_{r['rope']}", "metric": m, "value": v}
-            for m, v in values.items()
+            {"layer": r["layer"], "head": r["head"], "site": site, "metric": m, "value": v} for m, v in values.items()
         ]
     per_layer: dict[tuple[int, str], list[float]] = {}
     for row in rows:
@@ -43,6 +47,10 @@ def qk_rows(qk: pl.DataFrame) -> list[dict]:
         {"layer": layer, "site": site, "metric": "qk_cos_abs_mean", "value": float(np.mean(v))}
         for (layer, site), v in sorted(per_layer.items())
     ]
+    for (layer, site), heads in sorted(means.items()):
+        heads.sort(key=lambda h: h[0])
+        concat = geometry.qk_cos_concat([q for _, q, _ in heads], [k for _, _, k in heads])
+        rows.append({"layer": layer, "site": site, "metric": "qk_cos_concat", "value": concat})
     return rows
 
 

@@ -107,34 +107,84 @@ def _grid(n: int, ncols: int, size=(3.4, 2.8)):
     return fig, axes.flat
 
 
-def qk_alignment(sweep: pl.DataFrame, path: Path) -> None:
-    """A panel per layer (and per rope variant), a line per head: signed cos(q_mean, k_mean) vs step."""
-    rows = sweep.filter((pl.col("metric") == "qk_cos") & pl.col("head").is_not_null())
-    sites = sorted(rows["site"].unique().to_list())
-    layers = sorted(rows["layer"].unique().to_list())
+def _per_head_panels(sweep: pl.DataFrame, path: Path, rows_spec: list[tuple[str, str, str]], title: str) -> None:
+    """A row of panels per (metric, site, y label) in `rows_spec`, a panel per layer, a line per head."""
+    rows_spec = [(m, site, label) for m, site, label in rows_spec if _select(sweep, m, site, per_head=True).height]
+    rotary = "qk_post" in _qk_sites(sweep)
+    if not rows_spec:
+        _not_measured(sweep, path, title)
+        return
+    layers = sorted(
+        sweep.filter(pl.col("head").is_not_null() & pl.col("site").str.starts_with("qk_"))["layer"].unique()
+    )
     plt = _pyplot()
     fig, axes = plt.subplots(
-        len(sites),
+        len(rows_spec),
         len(layers),
-        figsize=(3.0 * len(layers), 2.6 * len(sites)),
+        figsize=(3.0 * len(layers), 2.6 * len(rows_spec)),
         squeeze=False,
-        sharey=True,
+        sharey="row",
         constrained_layout=True,
     )
-    for i, site in enumerate(sites):
+    for i, (metric, site, label) in enumerate(rows_spec):
+        rows = _select(sweep, metric, site, per_head=True)
         for j, layer in enumerate(layers):
             ax = axes[i, j]
-            _lines_by(
-                ax, rows.filter((pl.col("site") == site) & (pl.col("layer") == layer)), "head", "head {}", "tab10"
-            )
+            _lines_by(ax, rows.filter(pl.col("layer") == layer), "head", "head {}", "tab10")
             ax.axhline(0, color="grey", lw=0.5)
             ax.set_title(
-                f"layer {layer}, {site.removeprefix('qk_')}-rotary" if len(sites) > 1 else f"layer {layer}", fontsize=9
+                f"layer {layer}, {site.removeprefix('qk_')}-rotary" if rotary else f"layer {layer}", fontsize=9
             )
-            _step_axis(ax, sweep, label=i == len(sites) - 1)
-        axes[i, 0].set_ylabel("cos(mean q, mean k)")
+            _step_axis(ax, sweep, label=i == len(rows_spec) - 1)
+        axes[i, 0].set_ylabel(label)
     axes[0, -1].legend(fontsize=6, ncol=2)
-    fig.suptitle(f"{_title(sweep)}: query-key mean alignment per head")
+    fig.suptitle(f"{_title(sweep)}: {title}")
+    _save(fig, path)
+
+
+def _not_measured(sweep: pl.DataFrame, path: Path, what: str) -> None:
+    """A figure saying so, for metrics a sweep lacks (metrics computed before they were added): rerun metrics."""
+    fig, axes = _grid(1, 1)
+    axes[0].text(0.5, 0.5, f"{what}:\nnot in this sweep's metrics", ha="center", va="center")
+    axes[0].set_axis_off()
+    fig.suptitle(_title(sweep))
+    _save(fig, path)
+
+
+def _qk_sites(sweep: pl.DataFrame) -> list[str]:
+    return sorted(sweep.filter(pl.col("site").str.starts_with("qk_"))["site"].unique().to_list(), reverse=True)
+
+
+def qk_alignment(sweep: pl.DataFrame, path: Path) -> None:
+    """A panel per layer (and per rope variant), a line per head: signed cos(q_mean, k_mean) vs step."""
+    spec = [("qk_cos", site, "cos(mean q, mean k)") for site in _qk_sites(sweep)]
+    _per_head_panels(sweep, path, spec, "query-key mean alignment per head")
+
+
+def qk_mean_dot(sweep: pl.DataFrame, path: Path) -> None:
+    """Per head: the unscaled <mean q, mean k> (Godey Fig. 14) and the same over sqrt(d_head)."""
+    spec = []
+    for site in _qk_sites(sweep):
+        spec += [("qk_mean_dot", site, "<mean q, mean k>"), ("qk_mean_score", site, "<mean q, mean k> / sqrt(d_head)")]
+    _per_head_panels(sweep, path, spec, "scalar product of the mean query and mean key per head")
+
+
+def qk_cos_concat(sweep: pl.DataFrame, path: Path) -> None:
+    """Per layer: cos of the mean queries and keys concatenated over heads (Godey Fig. 23), pre/post rotary."""
+    sites = [site for site in _qk_sites(sweep) if _select(sweep, "qk_cos_concat", site).height]
+    if not sites:
+        _not_measured(sweep, path, "qk_cos_concat")
+        return
+    fig, axes = _grid(len(sites), len(sites), size=(4.2, 3.2))
+    for ax, site in zip(axes, sites):
+        _lines_by(ax, _select(sweep, "qk_cos_concat", site), "layer", "layer {}")
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set_ylim(-1.05, 1.05)
+        ax.set_title(f"{site.removeprefix('qk_')}-rotary" if len(sites) > 1 else "", fontsize=9)
+        ax.set_ylabel("cos(concat mean q, concat mean k)")
+        _step_axis(ax, sweep)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{_title(sweep)}: mean query vs mean key, heads concatenated, per layer")
     _save(fig, path)
 
 
@@ -228,16 +278,15 @@ def layernorm_params(sweep: pl.DataFrame, path: Path) -> None:
         _step_axis(ax, sweep)
     ax = axes[len(panels)]
     for site in ("embed_in", "embed_out"):
-        for metric, style in (("partition_isotropy", "-"), ("partition_isotropy_centred", "--")):
+        for metric, style, label in (
+            ("partition_isotropy", "-", ""),
+            ("partition_isotropy_centred", "--", " centred"),
+            ("partition_isotropy_mm", ":", " one-sign (M&M)"),
+            ("partition_isotropy_mm_centred", "-.", " centred one-sign (M&M)"),
+        ):
             rows = _select(sweep, metric, site)
             if rows.height:
-                ax.plot(
-                    rows["step"],
-                    rows["value"],
-                    style,
-                    marker=".",
-                    label=f"{site}{' centred' if 'centred' in metric else ''}",
-                )
+                ax.plot(rows["step"], rows["value"], style, marker=".", label=site + label)
     ax.set_yscale("log")
     ax.set_ylabel("I(W)")
     ax.legend(fontsize=7)
@@ -247,16 +296,25 @@ def layernorm_params(sweep: pl.DataFrame, path: Path) -> None:
 
 
 def drift_vs_anisotropy(sweep: pl.DataFrame, path: Path) -> None:
-    fig, axes = _grid(2, 2, size=(4.2, 3.2))
+    fig, axes = _grid(3, 3, size=(4.2, 3.2))
     ax = axes[0]
-    for name in ("spearman_r", "pearson_r"):
-        rows = _select(sweep, f"drift_avg_cos_{name}", "resid")
-        ax.plot(rows["step"], rows["value"], marker=".", label=name.replace("_r", ""))
+    for name in ("spearman", "pearson"):
+        rows = _select(sweep, f"drift_avg_cos_{name}_r", "resid")
+        ax.plot(rows["step"], rows["value"], marker=".", label=name)
     ax.set_ylabel("correlation over layers")
     ax.set_ylim(-1.05, 1.05)
     ax.legend(fontsize=7)
     _step_axis(ax, sweep)
     ax = axes[1]
+    for name in ("spearman", "pearson"):
+        rows = _select(sweep, f"drift_avg_cos_{name}_p", "resid")
+        ax.plot(rows["step"], rows["value"], marker=".", label=name)
+    ax.axhline(0.05, color="red", lw=0.8, ls="--", label="p = 0.05")
+    ax.set_yscale("log")
+    ax.set_ylabel("two-sided permutation p")
+    ax.legend(fontsize=7)
+    _step_axis(ax, sweep)
+    ax = axes[2]
     drift = _select(sweep, "drift_norm", "resid").select("step", "layer", pl.col("value").alias("drift"))
     cos = _select(sweep, "avg_cos", "resid").select("step", "layer", pl.col("value").alias("avg_cos"))
     joined = drift.join(cos, on=["step", "layer"])
@@ -292,6 +350,8 @@ def norms(sweep: pl.DataFrame, path: Path) -> None:
 
 PLOTTERS = {
     "qk_alignment.png": qk_alignment,
+    "qk_mean_dot.png": qk_mean_dot,
+    "qk_cos_concat.png": qk_cos_concat,
     "attention_entropy.png": attention_entropy,
     "attention_softmax.png": attention_softmax,
     "isotropy.png": isotropy,
@@ -313,49 +373,60 @@ def plot_model(sweep: pl.DataFrame, out_dir: Path) -> list[Path]:
     return paths
 
 
+FAMILY_SITES = {"final_ln_in": "before the final LayerNorm", "final_ln_out": "after the final LayerNorm"}
+
+
 def plot_family(sweeps: pl.DataFrame, path: Path) -> None:
-    """Models of one family side by side against tokens seen (steps when a model has no token count)."""
+    """Models of one family side by side against tokens seen (steps when a model has no token count).
+
+    Every panel shows one named site, the same for every model: the last residual layer is before the final
+    LayerNorm in GPT-NeoX and after it in BERT, so the panels use final_ln_in / final_ln_out instead.
+    Query-key alignment is pre-rotary (solid) for every model, post-rotary (dashed) where it exists.
+    """
     sweeps = analysed(sweeps)
-    last_layer = sweeps.filter(pl.col("site") == "resid").group_by("model").agg(pl.col("layer").max().alias("last"))
+
+    def at_site(metric: str, site: str):
+        return lambda s: s.filter((pl.col("metric") == metric) & (pl.col("site") == site) & pl.col("head").is_null())
+
+    def mean_over_layers(metric: str, site: str):
+        return lambda s: at_site(metric, site)(s).group_by("model", "step", "tokens_seen").agg(pl.col("value").mean())
+
     panels = [
+        (f"{label} at {site}\n({where})", [(at_site(metric, site), "-", "")])
+        for metric, label in (("avg_cos", "avg cos"), ("isoscore", "IsoScore"))
+        for site, where in FAMILY_SITES.items()
+    ]
+    panels += [
         (
-            "avg cos, last layer",
-            lambda s: s.join(last_layer, on="model").filter(
-                (pl.col("metric") == "avg_cos") & (pl.col("site") == "resid") & (pl.col("layer") == pl.col("last"))
-            ),
+            "normalised attention entropy\n(mean over heads and layers)",
+            [(mean_over_layers("entropy_norm_mean", "attention"), "-", "")],
         ),
         (
-            "IsoScore after final LN",
-            lambda s: s.filter((pl.col("metric") == "isoscore") & (pl.col("site") == "final_ln_out")),
-        ),
-        (
-            "normalised entropy, mean over layers",
-            lambda s: (
-                s.filter((pl.col("metric") == "entropy_norm_mean") & pl.col("head").is_null())
-                .group_by("model", "step", "tokens_seen")
-                .agg(pl.col("value").mean())
-            ),
-        ),
-        (
-            "|qk cos|, mean over heads and layers",
-            lambda s: (
-                s.filter(pl.col("metric") == "qk_cos_abs_mean")
-                .group_by("model", "step", "tokens_seen")
-                .agg(pl.col("value").mean())
-            ),
+            "|qk cos|, mean over heads and layers\n(qk_pre: pre-rotary, qk_post: post-rotary)",
+            [
+                (mean_over_layers("qk_cos_abs_mean", "qk_pre"), "-", " qk_pre"),
+                (mean_over_layers("qk_cos_abs_mean", "qk_post"), "--", " qk_post"),
+            ],
         ),
     ]
+    plt = _pyplot()
+    models = sorted(sweeps["model"].unique().to_list())
+    colours = dict(zip(models, plt.get_cmap("tab10")(np.arange(len(models)) % 10)))
     fig, axes = _grid(len(panels), 2, size=(4.2, 3.2))
-    for ax, (label, pick) in zip(axes, panels):
-        for model in sorted(sweeps["model"].unique().to_list()):
-            rows = pick(sweeps.filter(pl.col("model") == model)).sort("step")
-            x = rows["tokens_seen"] if rows["tokens_seen"].null_count() == 0 else rows["step"]
-            ax.plot(x, rows["value"], marker=".", label=model)
+    for ax, (label, lines) in zip(axes, panels):
+        for model in models:
+            for pick, style, suffix in lines:
+                rows = pick(sweeps.filter(pl.col("model") == model)).sort("step")
+                if rows.height == 0:
+                    continue
+                x = rows["tokens_seen"] if rows["tokens_seen"].null_count() == 0 else rows["step"]
+                ax.plot(x, rows["value"], style, marker=".", color=colours[model], label=model + suffix)
         ax.set_xscale(
             "symlog", linthresh=max(1.0, float(sweeps.filter(pl.col("tokens_seen") > 0)["tokens_seen"].min() or 1))
         )
         ax.set_xlabel("tokens seen")
-        ax.set_ylabel(label)
+        ax.set_ylabel(label, fontsize=8)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"{sweeps['family'][0]}: models compared over training")
+    axes[len(panels) - 1].legend(fontsize=6)
+    fig.suptitle(f"{sweeps['family'][0]}: models compared over training, each panel at one named site")
     _save(fig, path)

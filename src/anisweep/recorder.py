@@ -120,10 +120,12 @@ class Recorder:
         self._batch_sample = None
         self._recent: list[tuple[weakref.ref, dict]] = []
 
-    def begin_batch(self, valid: torch.Tensor, first_seq: int) -> None:
-        """Set the masks and the sampled positions of the mini-batch about to run."""
+    def begin_batch(self, valid: torch.Tensor, first_seq: int, host_valid: torch.Tensor | None = None) -> None:
+        """Set the masks and the sampled positions of the mini-batch about to run. `host_valid`, valid's copy on
+        the CPU when the caller has it: the batch's counts come from it, and no layer waits for the device."""
+        host_valid = valid.cpu() if host_valid is None else host_valid
         self.valid = valid
-        self.all_valid = bool(valid.all())
+        self.all_valid = bool(host_valid.all())
         self._recent = []
         t = valid.shape[1]
         hidden = ~valid[:, None, :].expand(-1, t, -1)
@@ -137,7 +139,6 @@ class Recorder:
             self.blocks.append((rows, [VisibleKeys.build(h[rows, :n_keys]) for h in hidden]))
         n_visible = [torch.cat([keys[i].n_visible for _, keys in self.blocks]) for i in range(len(hidden))]
         self.n_visible = torch.stack(n_visible).expand(valid.shape[0], -1)
-        host_valid = valid.cpu()  # the batch's counts, copied once before its forward: no layer waits for them
         self.n_valid, self.row_counts = int(host_valid.sum()), AttentionStats.counts(host_valid, self.n_visible.cpu())
         in_batch = ((self.sample.seq >= first_seq) & (self.sample.seq < first_seq + valid.shape[0])).nonzero()
         sample_rows = slice(int(in_batch[0]), int(in_batch[-1]) + 1) if len(in_batch) else slice(0, 0)
@@ -174,7 +175,8 @@ class Recorder:
         key = (layer, site)
         self.vectors[key] = VectorStats(self.geometry.d_model, self.device)
         if site in SAMPLED_SITES:
-            self.samples[key] = torch.empty(len(self.sample.seq), self.geometry.d_model)
+            pinned = self.device.type == "cuda"  # so that copies into it need not wait: see finish()
+            self.samples[key] = torch.empty(len(self.sample.seq), self.geometry.d_model, pin_memory=pinned)
 
     def record_vectors(self, layer: int, site: str, x: torch.Tensor) -> None:
         key = (layer, site)
@@ -185,7 +187,12 @@ class Recorder:
             if flat.dtype == target.dtype and flat.device == target.device:
                 torch.index_select(flat, 0, index, out=target)
             else:
-                target.copy_(flat[index])
+                target.copy_(flat[index], non_blocking=True)
+
+    def finish(self) -> None:
+        """Wait for the device's last copies into the sample, once per checkpoint, before anything reads it."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _vector_parts(self, x: torch.Tensor) -> dict:
         """VectorStats sums of x. Several sites often hold one tensor (a block's output is the next

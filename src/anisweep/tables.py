@@ -15,6 +15,9 @@ IDENTITY = ("family", "model", "seed", "step", "tokens_seen")
 #: `extract.tables()`'s keys, in this order).
 EXTRACT_TABLES = ("qk", "attention", "hidden", "hidden_stats", "layernorm", "embeddings")
 
+#: The tables of the untrained-block experiment (anisweep.untrained), `results/untrained/{name}.parquet`.
+UNTRAINED_TABLES = ("untrained", "histogram", "summary")
+
 #: attention.parquet's statistics, one value per (layer, head): what extract writes and metrics reads.
 ATTENTION_STATISTICS = (
     "entropy_mean",

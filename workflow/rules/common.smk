@@ -12,6 +12,8 @@ from anisweep import sources
 from anisweep.adapters import UnsupportedArchitecture, adapter_for
 from anisweep.partial import Sweep, remove_stranded_weights, write_partial_sweeps
 from anisweep.plots import MODEL_FIGURES
+from anisweep.tables import UNTRAINED_TABLES
+from anisweep.untrained_plots import UNTRAINED_FIGURES
 from anisweep.sources import ConfigError
 
 # Every rule calls the package's CLI with the interpreter that runs Snakemake, so an unactivated
@@ -82,6 +84,8 @@ ANALYSIS_CODE = {
     "sweep": package_files("sweep", "tables"),
     "plots": package_files("plots", "sweep"),
     "plot_families": package_files("plot_families", "plots", "sweep"),
+    "untrained": package_files("untrained", "recorder", "streaming", "attention_torch", "geometry"),
+    "untrained_plots": package_files("untrained_plots", "plots"),
 }
 
 
@@ -177,6 +181,8 @@ def all_outputs():
         outputs.append(f"results/{family}/figures/compare.png")
     if len(families) > 1:
         outputs.append("results/figures/compare_families.png")
+    if config["untrained"]["enabled"]:
+        outputs += [f"results/untrained/figures/{name}" for name in UNTRAINED_FIGURES]
     return outputs
 
 
