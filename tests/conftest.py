@@ -19,7 +19,7 @@ from pathlib import Path
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch
-from transformers import BertConfig, GPTNeoXConfig
+from transformers import BertConfig, GPT2Config, GPTNeoXConfig, LlamaConfig, Olmo2Config, OlmoConfig
 
 from anisweep import extract, extract_tables
 
@@ -53,6 +53,62 @@ def neox_config(**kw):
     )
 
 
+def llama_config(**kw):
+    """Grouped-query attention: 4 query heads share 2 key/value heads."""
+    return LlamaConfig(
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        **kw,
+    )
+
+
+def olmo_config(**kw):
+    """clip_qkv small enough that the clamp before the rotation changes some q and k entries."""
+    return OlmoConfig(
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        clip_qkv=kw.pop("clip_qkv", 0.5),
+        pad_token_id=0,
+        **kw,
+    )
+
+
+def olmo2_config(**kw):
+    return Olmo2Config(
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        pad_token_id=0,
+        **kw,
+    )
+
+
+def gpt2_config(**kw):
+    """The Mistral runs' attention scaling: 1/sqrt(d_head) and 1/(layer + 1)."""
+    return GPT2Config(
+        vocab_size=60,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=32,
+        scale_attn_by_inverse_layer_idx=True,
+        **kw,
+    )
+
+
 def padded_batch(n=5, t=12, seed=0):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, 60, (n, t), generator=g)
@@ -71,6 +127,8 @@ def saved(tmp_path, cls, config, name):
             if isinstance(module, torch.nn.LayerNorm):
                 module.weight.uniform_(0.5, 1.5)
                 module.bias.normal_(0, 0.1)
+            elif type(module).__name__.endswith("RMSNorm"):
+                module.weight.uniform_(0.5, 1.5)
     model.save_pretrained(tmp_path / name)
     return tmp_path / name
 

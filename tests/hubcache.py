@@ -34,6 +34,7 @@ __all__ = [
     "offline_hub",
     "repo_cache_dir",
     "save_tiny_bert",
+    "save_tiny_decoder",
     "save_tiny_pythia",
     "tiny_bert_tokenizer",
     "tiny_neox_tokenizer",
@@ -286,4 +287,39 @@ def save_tiny_bert(folder: Path, seed: int = 0, *, safetensors: bool = False) ->
         cfg.save_pretrained(folder)
         torch.save(model.state_dict(), folder / "pytorch_model.bin")
     (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "model_max_length": 64}))
+    return folder
+
+
+#: Tiny configs of the other Hub suites' architectures, as their real checkpoints are laid out: OLMo 1 ties its
+#: embeddings and has clip_qkv on some checkpoints; TinyLlama has grouped-query attention; the Mistral GPT-2 runs
+#: scale attention by 1/(layer + 1).
+TINY_DECODERS = {
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(tie_word_embeddings=True, clip_qkv=8.0)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(num_key_value_heads=4, tie_word_embeddings=False)),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=2, tie_word_embeddings=False)),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(scale_attn_by_inverse_layer_idx=True, reorder_and_upcast_attn=True)),
+}
+
+
+def save_tiny_decoder(folder: Path, kind: str, seed: int = 0) -> Path:
+    """A random 2-layer decoder of `kind` (a key of TINY_DECODERS: hidden 32, 4 heads) + the byte-level BPE
+    tokenizer, saved as safetensors."""
+    import torch
+    import transformers
+
+    config_name, model_name, extra = TINY_DECODERS[kind]
+    folder = Path(folder)
+    tok = tiny_neox_tokenizer()
+    if kind == "gpt2":
+        sizes = dict(n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    else:
+        sizes = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+        sizes.update(max_position_embeddings=64)
+    cfg = getattr(transformers, config_name)(
+        vocab_size=len(tok), bos_token_id=0, eos_token_id=0, pad_token_id=1, **sizes, **extra
+    )
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(cfg).eval()
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
     return folder

@@ -11,7 +11,7 @@ from anisweep import config, toy
 from anisweep.adapters import ADAPTERS
 from anisweep.adapters.base import TRANSFORMERLENS_HOOKS, transformerlens_table
 
-from conftest import bert_config, neox_config
+from conftest import bert_config, gpt2_config, llama_config, neox_config, olmo2_config, olmo_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,15 @@ def test_the_adapters_readme_shows_the_hook_table():
 
 
 @pytest.mark.parametrize(
-    ("cls", "config"), [(transformers.BertModel, bert_config), (transformers.GPTNeoXModel, neox_config)]
+    ("cls", "config"),
+    [
+        (transformers.BertModel, bert_config),
+        (transformers.GPTNeoXModel, neox_config),
+        (transformers.GPT2Model, gpt2_config),
+        (transformers.LlamaModel, llama_config),
+        (transformers.OlmoModel, olmo_config),
+        (transformers.Olmo2Model, olmo2_config),
+    ],
 )
 def test_every_site_the_adapters_record_has_a_hook_name(cls, config):
     model = cls(config())
@@ -55,3 +63,5 @@ def test_every_site_the_adapters_record_has_a_hook_name(cls, config):
     named = " / ".join(site for _, site in TRANSFORMERLENS_HOOKS)
     for site in adapter.layernorm_sites(base):
         assert f"{site.site}_in" in named and f"{site.site}_out" in named
+    for rope in adapter.geometry(model.config).ropes:
+        assert f"rope = {rope}" in named

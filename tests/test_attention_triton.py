@@ -14,7 +14,16 @@ import transformers
 
 pytest.importorskip("triton")  # in the test extra on Linux
 
-from test_extract import bert_config, check_all, neox_config, padded_batch, reference, run_extract, saved
+from test_extract import (
+    bert_config,
+    check_all,
+    llama_config,
+    neox_config,
+    padded_batch,
+    reference,
+    run_extract,
+    saved,
+)
 
 from anisweep import attention_triton, recorder
 from anisweep.streaming import ROW_FIELDS, VisibleKeys, masked_exp_, row_statistics
@@ -181,15 +190,21 @@ def test_missing_triton_warns_once_and_falls_back(monkeypatch):
         recorder._triton_or_warn.cache_clear()
 
 
-@pytest.mark.parametrize("kind", ["bert", "gpt_neox"])
+@pytest.mark.parametrize("kind", ["bert", "gpt_neox", "llama"])
 def test_extract_through_the_kernel(tmp_path, kind):
-    """A whole extract with attention: triton (BERT with padding; GPT-NeoX causal with partial rotary)
-    gives the torch path's tables and the eager reference's statistics."""
-    cls, config = (transformers.BertModel, bert_config) if kind == "bert" else (transformers.GPTNeoXModel, neox_config)
+    """A whole extract with attention: triton (BERT with padding; GPT-NeoX causal with partial rotary; Llama with
+    grouped-query attention, whose key heads the recorder repeats before the kernel) gives the torch path's
+    tables and the eager reference's statistics."""
+    cls, config = {
+        "bert": (transformers.BertModel, bert_config),
+        "gpt_neox": (transformers.GPTNeoXModel, neox_config),
+        "llama": (transformers.LlamaModel, llama_config),
+    }[kind]
     path = saved(tmp_path, cls, config(), kind)
     batch = padded_batch(n=4)
-    kernel, _ = run_extract(path, batch, batch_size=4, attention="triton")
-    torch_path, _ = run_extract(path, batch, batch_size=4, attention="torch")
+    bins = {"low": -2.0, "high": 2.0, "n": 16}
+    kernel, _ = run_extract(path, batch, batch_size=4, attention="triton", score_bins=bins)
+    torch_path, _ = run_extract(path, batch, batch_size=4, attention="torch", score_bins=bins)
     for name in ("qk", "attention", "qk_sample", "score_hist"):
         for column in kernel[name].columns:
             got, expected = kernel[name][column].to_list(), torch_path[name][column].to_list()

@@ -4,6 +4,7 @@ ever written as `ok`. Each case as a user meets it: the CLI the rules call, or s
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -370,3 +371,21 @@ def test_a_full_disk_in_extract_frees_the_downloaded_weights_never_a_local_run(
     )
     assert code == 1 and "is full or over quota" in line
     assert folder.exists() is not hub
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"seq_len": 80}, "extract.seq_len = 80 is longer than the 64 positions the model has (n_positions)"),
+        ({"sample_tokens": 16}, "keeps fewer hidden-state samples than d_model = 32"),
+    ],
+)
+def test_gpt2_positions_and_width_are_read_from_its_own_config_keys(settings, expected):
+    """GPT-2's config names its positions n_positions and its width n_embd."""
+    from types import SimpleNamespace
+
+    from anisweep.preflight import PreflightError, check_model_config
+
+    hf_config = {"model_type": "gpt2", "n_positions": 64, "n_embd": 32}
+    with pytest.raises(PreflightError, match=re.escape(expected)):
+        check_model_config(hf_config, SimpleNamespace(**{**EXTRACT, **settings}), "gpt2/m/step0")

@@ -11,7 +11,17 @@ import transformers
 from anisweep import attention_torch, extract, extract_tables
 from anisweep.adapters import UnsupportedArchitecture
 
-from conftest import bert_config, neox_config, padded_batch, run_extract, saved
+from conftest import (
+    bert_config,
+    gpt2_config,
+    llama_config,
+    neox_config,
+    olmo2_config,
+    olmo_config,
+    padded_batch,
+    run_extract,
+    saved,
+)
 
 TOL = 1e-5
 
@@ -32,6 +42,50 @@ def apply_rotary(x, rot_dims, base):
     return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
 
 
+def heads(x, n):
+    b, t, _ = x.shape
+    return x.view(b, t, n, -1).transpose(1, 2)
+
+
+def final_norm(model, kind):
+    return {
+        "bert": lambda: model.encoder.layer[-1].output.LayerNorm,
+        "gpt_neox": lambda: model.final_layer_norm,
+        "gpt2": lambda: model.ln_f,
+    }.get(kind, lambda: model.norm)()
+
+
+def decoder_qk(model, kind, layer, h, config):
+    """{rope: (q, k)} of one block recomputed from its input h and the weights, as (B, heads, T, d_head)."""
+    n_q = config.num_attention_heads
+    n_kv = getattr(config, "num_key_value_heads", None) or n_q
+    d = config.hidden_size // n_q
+    if kind == "gpt_neox":
+        block = model.layers[layer]
+        b, t, _ = h.shape
+        qkv = block.attention.query_key_value(block.input_layernorm(h)).view(b, t, n_q, 3 * d).transpose(1, 2)
+        out = {"pre": (qkv[..., :d], qkv[..., d : 2 * d])}
+    elif kind == "gpt2":
+        block = model.h[layer]
+        q, k, _ = block.attn.c_attn(block.ln_1(h)).split(config.hidden_size, dim=2)  # [Q | K | V] thirds
+        return {"pre": (heads(q, n_q), heads(k, n_q))}
+    else:
+        attn = model.layers[layer].self_attn
+        x = h if kind == "olmo2" else model.layers[layer].input_layernorm(h)
+        q, k = attn.q_proj(x), attn.k_proj(x)
+        if kind == "olmo" and config.clip_qkv is not None:
+            q, k = q.clamp(-config.clip_qkv, config.clip_qkv), k.clamp(-config.clip_qkv, config.clip_qkv)
+        out = {}
+        if kind == "olmo2":
+            out["pre_norm"] = (heads(q, n_q), heads(k, n_kv))
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        out["pre"] = (heads(q, n_q), heads(k, n_kv))
+    rot = int(d * config.rope_parameters.get("partial_rotary_factor", 1.0))
+    theta = config.rope_parameters["rope_theta"]
+    out["post"] = tuple(apply_rotary(x, rot, theta) for x in out["pre"])
+    return out
+
+
 @torch.no_grad()
 def reference(path, batch, kind):
     """Eager model with output_attentions / output_hidden_states, and q, k recomputed from the weights."""
@@ -39,12 +93,12 @@ def reference(path, batch, kind):
     config = model.config
     n_heads, d = config.num_attention_heads, config.hidden_size // config.num_attention_heads
     captured = {}
-    final_ln = model.encoder.layer[-1].output.LayerNorm if kind == "bert" else model.final_layer_norm
-    handle = final_ln.register_forward_hook(lambda m, a, o: captured.update(ln_in=a[0], ln_out=o))
+    handle = final_norm(model, kind).register_forward_hook(lambda m, a, o: captured.update(ln_in=a[0], ln_out=o))
     out = model(**batch, output_attentions=True, output_hidden_states=True)
     handle.remove()
     b, t = batch["input_ids"].shape
     qs, ks = {}, {}
+    scaling = [d**-0.5] * config.num_hidden_layers
     for layer in range(config.num_hidden_layers):
         h = out.hidden_states[layer]
         if kind == "bert":
@@ -52,20 +106,23 @@ def reference(path, batch, kind):
             q = att.query(h).view(b, t, n_heads, d).transpose(1, 2)
             k = att.key(h).view(b, t, n_heads, d).transpose(1, 2)
             qs[(layer, "pre")], ks[(layer, "pre")] = q, k
-        else:
-            block = model.layers[layer]
-            qkv = block.attention.query_key_value(block.input_layernorm(h)).view(b, t, n_heads, 3 * d).transpose(1, 2)
-            q, k = qkv[..., :d], qkv[..., d : 2 * d]
-            qs[(layer, "pre")], ks[(layer, "pre")] = q, k
-            rot = int(d * config.rope_parameters["partial_rotary_factor"])
-            theta = config.rope_parameters["rope_theta"]
-            qs[(layer, "post")] = apply_rotary(q, rot, theta)
-            ks[(layer, "post")] = apply_rotary(k, rot, theta)
+            continue
+        for rope, (q, k) in decoder_qk(model, kind, layer, h, config).items():
+            qs[(layer, rope)], ks[(layer, rope)] = q, k
+        if kind == "gpt2" and config.scale_attn_by_inverse_layer_idx:
+            scaling[layer] /= layer + 1
     resid = list(out.hidden_states)
-    if kind == "gpt_neox":
-        resid[-1] = captured["ln_in"]  # transformers' last entry is after final_layer_norm
+    if kind != "bert":
+        resid[-1] = captured["ln_in"]  # transformers' last entry is after the final norm
     return dict(
-        attentions=out.attentions, q=qs, k=ks, resid=resid, ln_in=captured["ln_in"], ln_out=captured["ln_out"], d=d
+        attentions=out.attentions,
+        q=qs,
+        k=ks,
+        resid=resid,
+        ln_in=captured["ln_in"],
+        ln_out=captured["ln_out"],
+        d=d,
+        scaling=scaling,
     )
 
 
@@ -78,11 +135,13 @@ def check_all(tables, ref, batch, causal):
     qk = tables["qk"]
     for (layer, rope), q in ref["q"].items():
         k = ref["k"][(layer, rope)]
+        group = q.shape[1] // k.shape[1]  # grouped-query attention: query head h attends with key head h // group
         for head in range(q.shape[1]):
             row = qk.filter((pl.col("layer") == layer) & (pl.col("head") == head) & (pl.col("rope") == rope)).row(
                 0, named=True
             )
-            qv, kv = q[:, head][valid].double(), k[:, head][valid].double()
+            assert row["kv_head"] == head // group
+            qv, kv = q[:, head][valid].double(), k[:, head // group][valid].double()
             np.testing.assert_allclose(row["q_mean"], qv.mean(0).numpy(), atol=TOL)
             np.testing.assert_allclose(row["k_mean"], kv.mean(0).numpy(), atol=TOL)
             np.testing.assert_allclose(row["q_norm_mean"], qv.norm(dim=-1).mean().item(), rtol=TOL)
@@ -90,13 +149,15 @@ def check_all(tables, ref, batch, causal):
             assert row["qk_cos"] == pytest.approx(cos, abs=TOL)
             assert row["qk_mean_score"] == pytest.approx((qv.mean(0) @ kv.mean(0)).item() / ref["d"] ** 0.5, abs=TOL)
             assert row["n_tokens"] == int(valid.sum())
-    assert set(qk["rope"].unique()) == ({"pre", "post"} if causal else {"pre"})
+    assert set(qk["rope"].unique()) == {rope for _, rope in ref["q"]}
+    assert qk.height == len(ref["q"]) * ref["q"][(0, "pre")].shape[1]
 
-    scores_rope = "post" if causal else "pre"
+    scores_rope = "post" if (0, "post") in ref["q"] else "pre"
     attention = tables["attention"]
     for layer, probs in enumerate(ref["attentions"]):
         q, k = ref["q"][(layer, scores_rope)], ref["k"][(layer, scores_rope)]
-        scores = (q @ k.transpose(-1, -2)) / ref["d"] ** 0.5
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        scores = (q @ k.transpose(-1, -2)) * ref["scaling"][layer]
         for head in range(probs.shape[1]):
             rows = {n: [] for n in ("entropy", "entropy_norm", "p_max", "p_median", "p_min")}
             pair_scores = []
@@ -162,6 +223,67 @@ def test_gpt_neox_matches_eager_reference(tmp_path, cls):
     check_all(tables, reference(path, batch, "gpt_neox"), batch, causal=True)
 
 
+DECODERS = {
+    "gpt2": (transformers.GPT2LMHeadModel, transformers.GPT2Model, gpt2_config),
+    "llama": (transformers.LlamaForCausalLM, transformers.LlamaModel, llama_config),
+    "olmo": (transformers.OlmoForCausalLM, transformers.OlmoModel, olmo_config),
+    "olmo2": (transformers.Olmo2ForCausalLM, transformers.Olmo2Model, olmo2_config),
+}
+
+
+@pytest.mark.parametrize("head", ["lm", "base"])
+@pytest.mark.parametrize("kind", sorted(DECODERS))
+def test_decoders_match_eager_reference(tmp_path, kind, head):
+    """GPT-2 (Conv1D [Q|K|V], 1/(layer+1) scaling), Llama (RMSNorm, grouped-query attention), OLMo (weightless
+    LayerNorm, clip_qkv) and OLMo 2 (q/k norms, post-sublayer norms) against eager attention and the weights."""
+    lm, base, config = DECODERS[kind]
+    path = saved(tmp_path, lm if head == "lm" else base, config(), kind)
+    batch = padded_batch()
+    tables, _ = run_extract(path, batch)
+    check_all(tables, reference(path, batch, kind), batch, causal=True)
+
+
+def test_grouped_query_attention_rows_share_their_key_head(tmp_path):
+    path = saved(tmp_path, transformers.LlamaModel, llama_config(), "llama")
+    tables, loaded = run_extract(path, padded_batch())
+    assert loaded.geometry.kv_heads == 2 and loaded.geometry.group == 2
+    qk = tables["qk"].filter(pl.col("rope") == "post").sort("layer", "head")
+    assert qk["kv_head"].to_list() == [0, 0, 1, 1] * 2
+    k = np.stack(qk["k_mean"].to_list()).reshape(2, 2, 2, -1)  # layer, key head, query head in group, d_head
+    np.testing.assert_array_equal(k[:, :, 0], k[:, :, 1])
+    assert np.abs(k[:, 0, 0] - k[:, 1, 0]).max() > 1e-4  # the two key heads differ
+
+
+def test_olmo_clip_is_applied_before_the_pre_rotary_means(tmp_path):
+    """clip_qkv clamps q_proj's output in place after a forward hook has read it: the pre-rotary means must be
+    the clamped ones (the reference clamps too), and differ from the unclamped ones."""
+    path = saved(tmp_path, transformers.OlmoModel, olmo_config(clip_qkv=0.05), "olmo")
+    clipped, _ = run_extract(path, padded_batch())
+    unclipped_path = saved(tmp_path, transformers.OlmoModel, olmo_config(clip_qkv=None), "olmo_noclip")
+    unclipped, _ = run_extract(unclipped_path, padded_batch())
+    pre = lambda t: np.stack(t["qk"].filter(pl.col("rope") == "pre").sort("layer", "head")["q_mean"].to_list())  # noqa: E731
+    assert np.abs(pre(clipped)).max() <= 0.05 + 1e-6
+    assert np.abs(pre(unclipped)).max() > 0.05
+
+
+@pytest.mark.parametrize("kind", ["olmo", "olmo2", "llama"])
+def test_norm_parameters_are_recorded_as_they_exist(tmp_path, kind):
+    """LayerNorm without parameters (OLMo): gain, bias and eps null; RMSNorm: gain and eps, no bias."""
+    lm, _, config = DECODERS[kind]
+    path = saved(tmp_path, lm, config(), kind)
+    tables, loaded = run_extract(path, padded_batch())
+    ln = tables["layernorm"].sort("layer", "site")
+    sites = {"olmo": {"ln_attn", "ln_mlp"}, "llama": {"ln_attn", "ln_mlp"}, "olmo2": {"ln_attn_post", "ln_mlp_post"}}
+    assert set(ln["site"]) == sites[kind] | {"final_ln"}
+    assert ln["bias"].is_null().all()
+    if kind == "olmo":
+        assert ln["gain"].is_null().all() and ln["eps"].is_null().all()
+    else:
+        final = ln.filter(pl.col("site") == "final_ln").row(0, named=True)
+        np.testing.assert_allclose(final["gain"], loaded.base.norm.weight.detach().numpy())
+        assert final["eps"] == loaded.model.config.rms_norm_eps
+
+
 def test_pre_and_post_rotary_means_differ_only_on_rotary_dims(tmp_path):
     path = saved(tmp_path, transformers.GPTNeoXModel, neox_config(), "neox")
     tables, parts = run_extract(path, padded_batch())
@@ -192,7 +314,7 @@ def test_identity_columns_and_embeddings(tmp_path):
     tables, _ = run_extract(path, padded_batch())
     for name, df in tables.items():
         assert df.columns[:5] == ["family", "model", "seed", "step", "tokens_seen"], name
-        assert df["step"].unique().to_list() == [3], name
+        assert df["step"].unique().to_list() == ([] if df.is_empty() else [3]), name  # score_hist: off by default
     emb = tables["embeddings"]
     assert set(emb["matrix"]) == {"embed_in", "embed_out"}
     assert not emb["tied"].any()
@@ -202,10 +324,12 @@ def test_identity_columns_and_embeddings(tmp_path):
 
 
 def test_unknown_architecture_names_supported_ones(tmp_path):
-    config = transformers.GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=20)
-    transformers.GPT2Model(config).save_pretrained(tmp_path / "gpt2")
-    with pytest.raises(UnsupportedArchitecture, match="BertForMaskedLM.*GPTNeoXForCausalLM"):
-        extract.load_model(tmp_path / "gpt2")
+    config = transformers.OPTConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, ffn_dim=32, vocab_size=20
+    )
+    transformers.OPTModel(config).save_pretrained(tmp_path / "opt")
+    with pytest.raises(UnsupportedArchitecture, match="BertForMaskedLM.*GPT2LMHeadModel.*LlamaForCausalLM.*Olmo2"):
+        extract.load_model(tmp_path / "opt")
 
 
 def full_batch(n=5, t=12, seed=0):
@@ -216,7 +340,7 @@ def full_batch(n=5, t=12, seed=0):
     }
 
 
-@pytest.mark.parametrize("kind", ["bert", "gpt_neox"])
+@pytest.mark.parametrize("kind", ["bert", "gpt_neox", "llama", "olmo2"])
 @pytest.mark.parametrize("padded", [True, False])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_chunks_row_blocks_and_workers_match_eager_reference(tmp_path, monkeypatch, kind, padded, threads):
@@ -229,9 +353,12 @@ def test_chunks_row_blocks_and_workers_match_eager_reference(tmp_path, monkeypat
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        cls, config = (
-            (transformers.BertModel, bert_config()) if kind == "bert" else (transformers.GPTNeoXModel, neox_config())
-        )
+        cls, config = {
+            "bert": (transformers.BertModel, bert_config),
+            "gpt_neox": (transformers.GPTNeoXModel, neox_config),
+            **{name: (base, make) for name, (_, base, make) in DECODERS.items()},
+        }[kind]
+        config = config()
         path = saved(tmp_path, cls, config, kind)
         batch = padded_batch() if padded else full_batch()
         tables, _ = run_extract(path, batch, batch_size=3)

@@ -387,3 +387,29 @@ def test_duplicate_weights_across_revisions_are_flagged(hub, tmp_path):
     # the same weights in another model are not a duplicate; manifests without a hash are ignored
     other = dict(manifests[1], model="pythia-70m-deduped", step=5000)
     assert len(find_duplicates([manifests[0], manifests[1], other, {"family": "x", "model": "y", "step": 1}])) == 0
+
+
+# ---------------------------------------------------------------------------------------------- branch lookup
+
+
+def test_olmo_branch_is_looked_up_by_step(monkeypatch, tmp_path, models):
+    """OLMo branches carry a rounded token count: the catalogue's `step1000-tokens*B` finds `step1000-tokens4B`
+    (and not `step10000-tokens41B`), the manifest records the real branch; a missing step names the nearest."""
+    hf_home = offline_hub(monkeypatch, tmp_path / "hf")
+    commits = build_hub_cache(
+        hf_home,
+        "allenai/OLMo-1B-hf",
+        {"step1000-tokens4B": models["pythia"], "step10000-tokens41B": models["pythia_b"], "main": models["pythia_b"]},
+    )
+    manifest = fetch(ckpt("olmo", "OLMo-1B-hf", 1000), tmp_path / "d", keep_weights=True)
+    assert manifest["revision"] == "step1000-tokens4B"
+    assert manifest["commit"] == commits["step1000-tokens4B"]
+    with pytest.raises(RevisionNotFound, match=r"no branch matching 'step2000-tokens\*B'.*nearest: step1000-tokens4B"):
+        fetch(ckpt("olmo", "OLMo-1B-hf", 2000), tmp_path / "e", keep_weights=True)
+
+
+def test_match_branch_rejects_two_matches():
+    with pytest.raises(FetchError, match="several branches match"):
+        fetch_mod.match_branch("org/m", "step5-tokens*B", ["step5-tokens1B", "step5-tokens2B"], offline=False)
+    names = ["stage1-step0-tokens0B", "stage1-step10-tokens0B", "main"]
+    assert fetch_mod.match_branch("org/m", "stage1-step0-tokens*B", names, offline=True) == "stage1-step0-tokens0B"

@@ -32,7 +32,7 @@ from anisweep.sweep import aggregate, find_duplicates
 from anisweep.tables import METRIC_SCHEMA, write_atomic
 
 from conftest import snakemake_command
-from hubcache import build_hub_cache, offline_hub, repo_cache_dir, save_tiny_bert, save_tiny_pythia
+from hubcache import build_hub_cache, offline_hub, repo_cache_dir, save_tiny_bert, save_tiny_decoder, save_tiny_pythia
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -144,6 +144,26 @@ def world(tmp_path_factory):
             remote_only={"flax_model.msgpack": b"flax"},
         )
 
+    # The other suites under their real ids and revisions: OLMo and OLMo 2 branches carry rounded token counts
+    # that fetch looks up by step; the Mistral GPT-2 runs have checkpoint-N branches; TinyLlama one repo per step.
+    decoders = {kind: save_tiny_decoder(m / kind, kind) for kind in ("olmo", "olmo2", "llama", "gpt2")}
+    commits["olmo"] = build_hub_cache(
+        hf_home,
+        "allenai/OLMo-1B-hf",
+        {"step1000-tokens4B": decoders["olmo"], "step10000-tokens41B": decoders["olmo"], "main": decoders["olmo"]},
+    )
+    commits["olmo2"] = build_hub_cache(
+        hf_home, "allenai/OLMo-2-0425-1B", {"stage1-step23100-tokens49B": decoders["olmo2"]}
+    )
+    commits["gpt2"] = build_hub_cache(
+        hf_home,
+        "stanford-crfm/alias-gpt2-small-x21",
+        {"checkpoint-400000": decoders["gpt2"]},
+    )
+    commits["tinyllama"] = build_hub_cache(
+        hf_home, "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", {"main": decoders["llama"]}
+    )
+
     runs = root / "runs"
     trainer = runs / "trainer"  # transformers.Trainer output_dir: checkpoint-{step}/, tokenizer saved once at the top
     for step, source in ((500, pythia_a), (1000, pythia_b)):
@@ -197,6 +217,10 @@ def write_config(world, path: Path, models: list[dict], **sections) -> Path:
 HUB_MODELS = [
     {"family": "pythia", "name": "pythia-70m", "steps": [0, 1000, 143000]},
     {"family": "multiberts", "name": "seed_0", "steps": {"start": 20000, "stop": 40000, "every": 20000}},
+    {"family": "olmo", "name": "OLMo-1B-hf", "steps": [1000]},
+    {"family": "olmo2", "name": "OLMo-2-0425-1B", "steps": [23100]},
+    {"family": "gpt2", "name": "alias-gpt2-small-x21", "steps": [400000]},
+    {"family": "tinyllama", "name": "TinyLlama-1.1B", "steps": "final"},
 ]
 
 
@@ -226,7 +250,8 @@ def sweep_run(world):
     configfile = write_config(world, world["root"] / "config.yaml", HUB_MODELS + local_models(world))
     cache_before = tree_state(world["hf_home"])
     runs_before = tree_state(world["root"] / "runs")
-    done = snakemake(world, workdir, configfile, *sweep_targets(HUB_MODELS + local_models(world)))
+    # a guard against a hung run, not a speed test: twelve checkpoints on cores that other jobs may share
+    done = snakemake(world, workdir, configfile, *sweep_targets(HUB_MODELS + local_models(world)), timeout=1800)
     assert done.returncode == 0, done.stderr[-6000:]
     return {"workdir": workdir, "done": done, "cache_before": cache_before, "runs_before": runs_before}
 
@@ -244,6 +269,10 @@ EXPECTED = [
     ("pythia", "pythia-70m", 143000, 143000 * PYTHIA_TOKENS),
     ("multiberts", "seed_0", 20000, 20000 * MULTIBERTS_TOKENS),
     ("multiberts", "seed_0", 40000, 40000 * MULTIBERTS_TOKENS),
+    ("olmo", "OLMo-1B-hf", 1000, 1000 * 4_194_304),
+    ("olmo2", "OLMo-2-0425-1B", 23100, 23100 * 2_097_152),
+    ("gpt2", "alias-gpt2-small-x21", 400000, 400000 * 524_288),
+    ("tinyllama", "TinyLlama-1.1B", 1431000, 1431000 * 2_097_152),
     ("local", "trainer-run", 500, 500 * 256),
     ("local", "trainer-run", 1000, 1000 * 256),
     ("local", "step-run", 10, 10 * 64),
@@ -263,8 +292,8 @@ def test_tables_are_labelled_with_step_and_tokens_seen(sweep_run, family, model,
         assert df["step"].unique().to_list() == [step], name
         assert df["tokens_seen"].unique().to_list() == [tokens], name
     qk = pl.read_parquet(folder / "qk.parquet")
-    rotary = family == "pythia" or model == "trainer-run"
-    assert set(qk["rope"]) == ({"pre", "post"} if rotary else {"pre"})
+    rotary = family in ("pythia", "olmo", "olmo2", "tinyllama") or model == "trainer-run"
+    assert set(qk["rope"]) == ({"pre", "post"} if rotary else {"pre"}) | ({"pre_norm"} if family == "olmo2" else set())
     assert qk["qk_cos"].is_finite().all()
 
 
@@ -302,6 +331,31 @@ def test_multiberts_pretraining_checkpoint_loads_with_its_heads(sweep_run):
 
 
 @pytest.mark.slow  # Snakemake runs on the offline hub
+def test_other_suites_record_their_branches_and_architectures(sweep_run, world):
+    """The branch fetch looked up is in extract.json; TinyLlama's grouped-query attention maps 4 query heads
+    onto 2 key heads; OLMo's norms have no parameters, OLMo 2's sit after the sublayers."""
+    olmo = json.loads((results(sweep_run, "olmo", "OLMo-1B-hf", 1000) / "extract.json").read_text())["checkpoint"]
+    assert (olmo["revision"], olmo["commit"]) == ("step1000-tokens4B", world["commits"]["olmo"]["step1000-tokens4B"])
+    gpt2 = json.loads((results(sweep_run, "gpt2", "alias-gpt2-small-x21", 400000) / "extract.json").read_text())
+    assert gpt2["checkpoint"]["revision"] == "checkpoint-400000" and gpt2["checkpoint"]["seed"] == 21
+    qk = pl.read_parquet(results(sweep_run, "tinyllama", "TinyLlama-1.1B", 1431000) / "qk.parquet")
+    assert qk.filter((pl.col("layer") == 0) & (pl.col("rope") == "post")).sort("head")["kv_head"].to_list() == [
+        0,
+        0,
+        1,
+        1,
+    ]
+    ln = pl.read_parquet(results(sweep_run, "olmo", "OLMo-1B-hf", 1000) / "layernorm.parquet")
+    assert ln["gain"].is_null().all() and ln["bias"].is_null().all()
+    ln2 = pl.read_parquet(results(sweep_run, "olmo2", "OLMo-2-0425-1B", 23100) / "layernorm.parquet")
+    assert set(ln2["site"]) == {"ln_attn_post", "ln_mlp_post", "final_ln"} and ln2["bias"].is_null().all()
+    for family, model in (("olmo", "OLMo-1B-hf"), ("olmo2", "OLMo-2-0425-1B"), ("tinyllama", "TinyLlama-1.1B")):
+        sweep = pl.read_parquet(sweep_run["workdir"] / "results" / family / model / "sweep.parquet")
+        final = sweep.filter((pl.col("site") == "final_ln_out") & (pl.col("metric") == "avg_cos"))
+        assert final.height > 0 and final["value"].is_finite().all(), (family, model)
+
+
+@pytest.mark.slow  # Snakemake runs on the offline hub
 def test_byte_identical_revisions_are_flagged_with_a_warning(sweep_run):
     workdir = sweep_run["workdir"]
     sweep = pl.read_parquet(workdir / "results" / "pythia" / "pythia-70m" / "sweep.parquet")
@@ -313,7 +367,12 @@ def test_byte_identical_revisions_are_flagged_with_a_warning(sweep_run):
     assert status == {0: ("duplicate", 143000), 1000: ("ok", None), 143000: ("ok", None)}
     log = (workdir / "logs" / "sweep" / "pythia" / "pythia-70m.log").read_text()
     assert "step 0 has byte-identical weights to step 143000" in log
-    for family, model in (("multiberts", "seed_0"), ("local", "trainer-run"), ("local", "step-run")):
+    for family, model in (
+        ("multiberts", "seed_0"),
+        ("olmo", "OLMo-1B-hf"),
+        ("local", "trainer-run"),
+        ("local", "step-run"),
+    ):
         other = pl.read_parquet(workdir / "results" / family / model / "sweep.parquet")
         assert (other["status"] == "ok").all(), (family, model)
 
@@ -439,9 +498,9 @@ def test_a_shard_served_under_another_step_is_flagged(monkeypatch, tmp_path):
 # ---------------------------------------------------------------------------------------------- paper configs
 
 
-@pytest.mark.parametrize(("name", "n_checkpoints"), [("multiberts", 29), ("pythia", 8 * 21)])
+@pytest.mark.parametrize(("name", "n_checkpoints"), [("multiberts", 29), ("pythia", 8 * 21), ("norms", 9 + 9 + 7)])
 def test_paper_configs_validate_without_the_network(name, n_checkpoints):
-    """config/{multiberts,pythia}.yaml pass the schema and resolve from the catalogue alone (no Hub call)."""
+    """config/{multiberts,pythia,norms}.yaml pass the schema and resolve from the catalogue alone (no Hub call)."""
     from anisweep.config import checkpoints, load
 
     config = load(ROOT / "config" / f"{name}.yaml")

@@ -10,7 +10,7 @@ import torch
 import transformers
 from test_extract import reference
 
-from anisweep import extract, score_hist
+from anisweep import config, extract, score_hist
 
 from conftest import bert_config, neox_config, padded_batch, run_extract, saved
 
@@ -100,7 +100,15 @@ def test_score_bins_must_be_increasing():
 def test_settings_carry_the_schema_defaults():
     settings = extract.ExtractSettings()
     assert settings.qk_sample_tokens == 256
-    assert settings.score_bins == {"low": -20.0, "high": 20.0, "n": 80}
+    assert settings.score_bins is None  # off unless asked for: it scores every layer a second time
+    run = config.complete({"models": [{"family": "toy", "name": "t", "steps": [0]}], "extract": {"score_bins": {}}})
+    assert run["extract"]["score_bins"] == {"low": -20.0, "high": 20.0, "n": 80}
+
+
+def test_no_score_bins_no_histogram(tmp_path):
+    path = saved(tmp_path, transformers.GPTNeoXModel, neox_config(), "neox")
+    tables, _ = run_extract(path, padded_batch())
+    assert tables["score_hist"].height == 0 and "count" in tables["score_hist"].columns
 
 
 @pytest.mark.parametrize("max_scores", [100, 4 * 12 * 12 * 2, 2**22])

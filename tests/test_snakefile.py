@@ -84,7 +84,7 @@ def test_every_rule_logs_the_same_way_and_repeats_its_cause(tmp_path):
         assert log, line
         assert f"tail -n 1 {log[1]}" in line and "exit $rc; }" in line, line
         assert log[1].startswith("logs/"), line
-        if command not in ("fetch", "extract", "metrics"):  # these name the checkpoint in the line themselves
+        if command not in ("fetch", "extract", "metrics", "gradients"):  # these name the checkpoint in the line themselves
             assert re.search(r"echo '?[a-z_]+[^\"]*'?\": \$\(tail -n 1 ", line), line
     assert any("echo 'sweep toy/toy-bert'\": $(tail -n 1 logs/sweep/toy/toy-bert.log)\"" in line for line in lines)
 
@@ -159,3 +159,29 @@ def test_the_rules_conda_env_has_the_packages_dependencies():
     assert f"pytorch{wanted.pop('torch')}" in conda and "python=3.11" in conda
     wanted.pop("snakemake")
     assert listed == wanted
+
+
+def test_several_families_get_the_cross_family_figure(tmp_path):
+    """With models of two families, rule all asks for results/figures/compare_families.png, drawn by
+    plot-families from every model's sweep; with one family (the toys) it does not."""
+    config = {
+        **TINY,
+        "models": [
+            {"family": "olmo", "name": "OLMo-1B-hf", "steps": [1000]},
+            {"family": "gpt2", "name": "alias-gpt2-small-x21", "steps": [0]},
+        ],
+        "gradients": {"enabled": False},  # the tiny config's gradient steps are the toys'
+    }
+    configfile = tmp_path / "families.yaml"
+    configfile.write_text(yaml.safe_dump(config))
+    done = snakemake(tmp_path, "--configfile", str(configfile), "-n", "--printshellcmds")
+    (args,) = shell_commands(done, "plot-families")
+    assert args[args.index("--out") + 1] == "results/figures/compare_families.png"
+    assert sorted(args[args.index("--out") + 2 :]) == [
+        "results/gpt2/alias-gpt2-small-x21/sweep.parquet",
+        "results/olmo/OLMo-1B-hf/sweep.parquet",
+    ]
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))  # two toys: one family
+    single = snakemake(tmp_path, "--configfile", str(tmp_path / "tiny.yaml"), "-n", "--printshellcmds")
+    assert single.returncode == 0, single.stderr[-3000:]
+    assert " plot-families " not in single.stdout + single.stderr

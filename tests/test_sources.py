@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
+from anisweep import grids
 from anisweep.sources import (
     MULTIBERTS_STEPS,
     PYTHIA_STEPS,
@@ -281,3 +283,97 @@ def test_resolve_all_and_tokens_per_step(tmp_path):
     assert tokens_per_step("local") is None
     with pytest.raises(ConfigError, match="nearest: multiberts"):
         tokens_per_step("multibert")
+
+
+# ---------------------------------------------------------------------------------------------- other Hub suites
+
+
+def test_other_suite_grids_are_the_published_lists():
+    """Counts and ends of each published list (docs/hub.md names the sources), and tokens per step."""
+    assert len(grids.OLMO_1B_STEPS) == 351 and grids.OLMO_1B_STEPS[:3] == (1000, 2000, 3000)
+    assert grids.OLMO_1B_STEPS[-2:] == (738000, 738020)
+    assert len(grids.OLMO2_0425_1B_STEPS) == 195 and grids.OLMO2_0425_1B_STEPS[:4] == (0, 300, 10000, 20000)
+    assert grids.OLMO2_0425_1B_STEPS[-1] == 1907359
+    assert len(grids.MISTRAL_STEPS) == 609 and grids.MISTRAL_STEPS[-1] == 400000
+    assert {10, 150, 2100, 21000} <= set(grids.MISTRAL_STEPS) and 160 not in grids.MISTRAL_STEPS
+    for grid in (grids.OLMO_1B_STEPS, grids.OLMO2_0425_1B_STEPS, grids.MISTRAL_STEPS):
+        assert list(grid) == sorted(set(grid))
+    assert [tokens_per_step(f) for f in ("olmo", "olmo2", "gpt2", "tinyllama")] == [
+        4_194_304,
+        2_097_152,
+        524_288,
+        2_097_152,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("entry", "key", "repo", "revision", "tokens", "seed"),
+    [
+        (
+            {"family": "olmo", "name": "OLMo-1B-hf", "steps": [738020]},
+            "olmo/OLMo-1B-hf/step738020",
+            "allenai/OLMo-1B-hf",
+            "step738020-tokens*B",
+            738020 * 4_194_304,
+            6198,
+        ),
+        (
+            {"family": "olmo2", "name": "OLMo-2-0425-1B", "steps": [23100]},
+            "olmo2/OLMo-2-0425-1B/step23100",
+            "allenai/OLMo-2-0425-1B",
+            "stage1-step23100-tokens*B",
+            23100 * 2_097_152,
+            6198,
+        ),
+        (
+            {"family": "gpt2", "name": "durin-gpt2-medium-x343", "steps": [150]},
+            "gpt2/durin-gpt2-medium-x343/step150",
+            "stanford-crfm/durin-gpt2-medium-x343",
+            "checkpoint-150",
+            150 * 524_288,
+            343,
+        ),
+        (
+            {"family": "tinyllama", "name": "TinyLlama-1.1B", "steps": "final"},
+            "tinyllama/TinyLlama-1.1B/step1431000",
+            "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T",
+            "main",
+            1_431_000 * 2_097_152,
+            None,
+        ),
+    ],
+)
+def test_other_suites_resolve_to_repo_and_revision(entry, key, repo, revision, tokens, seed):
+    (ckpt,) = resolve(entry)
+    assert (ckpt.key, ckpt.repo_id, ckpt.revision, ckpt.tokens_seen, ckpt.seed) == (key, repo, revision, tokens, seed)
+
+
+def test_tinyllama_repositories_are_the_readme_ones():
+    ckpts = resolve({"family": "tinyllama", "name": "TinyLlama-1.1B", "steps": "all"})
+    assert [c.step for c in ckpts] == [50_000, 240_000, 480_000, 715_000, 955_000, 1_195_000, 1_431_000]
+    assert ckpts[0].repo_id == "PY007/TinyLlama-1.1B-step-50K-105b"
+    assert all(c.revision == "main" for c in ckpts)
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        (
+            {"family": "olmo", "name": "OLMo-1B-hf", "steps": [6000]},
+            "step 6000 is not in the olmo grid; nearest: 5000, 10000",
+        ),
+        (
+            {"family": "olmo", "name": "OLMo-1B", "steps": [1000]},
+            "OLMo-1B is not one of the OLMo models; nearest: OLMo-1B-hf",
+        ),
+        ({"family": "olmo2", "name": "OLMo-2-0425-1B", "steps": [25000]}, "nearest: 23100, 30000"),
+        ({"family": "gpt2", "name": "alias-gpt2-small-x22", "steps": [0]}, "nearest: alias-gpt2-small-x21"),
+        ({"family": "gpt2", "name": "alias-gpt2-small-x21", "steps": [160]}, "nearest: 150, 200"),
+        ({"family": "tinyllama", "name": "TinyLlama-1.1B", "steps": [500_000]}, "nearest: 480000, 715000"),
+        ({"family": "olmo3", "name": "x", "steps": [0]}, "family 'olmo3' is unknown; nearest: olmo"),
+        ({"family": "olmo", "name": "OLMo-1B-hf", "steps": [1000], "tokens_per_step": 5}, "fixed at 4194304"),
+    ],
+)
+def test_other_suites_reject_unknown_names_and_steps(entry, expected):
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        resolve(entry)

@@ -8,6 +8,7 @@ import matplotlib
 import polars as pl
 import pytest
 
+from anisweep.plot_families import PANELS, panel_rows, plot_families
 from anisweep.plots import MODEL_FIGURES, _log_spaced, plot_family, plot_model
 from anisweep.sweep import aggregate, analysed
 from anisweep.tables import metric_rows, write_atomic
@@ -15,9 +16,9 @@ from anisweep.tables import metric_rows, write_atomic
 matplotlib.use("Agg")
 
 
-def fake_checkpoint(root, step, sha, tokens_per_step=100, model="m"):
+def fake_checkpoint(root, step, sha, tokens_per_step=100, model="m", family="fam"):
     """A metrics.parquet and extract.json as extract/metrics write them, with made-up values."""
-    ident = {"family": "fam", "model": model, "seed": 0, "step": step, "tokens_seen": step * tokens_per_step}
+    ident = {"family": family, "model": model, "seed": 0, "step": step, "tokens_seen": step * tokens_per_step}
     rows = []
     for layer in range(3):
         for metric in (
@@ -62,7 +63,7 @@ def fake_checkpoint(root, step, sha, tokens_per_step=100, model="m"):
         ]
     for name in ("spearman_r", "pearson_r", "spearman_p", "pearson_p"):
         rows.append({"site": "resid", "metric": f"drift_avg_cos_{name}", "value": 0.8})
-    folder = root / model / f"step{step}"
+    folder = root / family / model / f"step{step}"
     write_atomic(metric_rows(ident, rows), folder / "metrics.parquet")
     (folder / "extract.json").write_text(json.dumps({"checkpoint": {"step": step, "weights_sha256": sha}}))
     return folder / "metrics.parquet"
@@ -119,6 +120,25 @@ def test_family_figure_handles_models_without_token_counts(tmp_path):
     second = second.with_columns(pl.lit(None, pl.Int64).alias("tokens_seen"))
     plot_family(pl.concat([first, second]), tmp_path / "compare.png")
     assert (tmp_path / "compare.png").stat().st_size > 10_000
+
+
+def test_families_figure_compares_one_site_per_panel(tmp_path):
+    """Each panel's rows come from the one site it names (final_ln_in differs from final_ln_out in the fake
+    values below), per-layer values are averaged over layers, duplicates are left out."""
+    pythia = aggregate([fake_checkpoint(tmp_path, s, f"p{s}", family="pythia", model="p") for s in (0, 10, 100)])
+    olmo = aggregate([fake_checkpoint(tmp_path, s, f"o{s}", family="olmo", model="o") for s in (0, 10, 100)])
+    sweeps = pl.concat([pythia, olmo]).with_columns(
+        pl.when(pl.col("site") == "final_ln_in").then(pl.col("value") + 10).otherwise(pl.col("value")).alias("value")
+    )
+    before = panel_rows(sweeps, "final_ln_in", "avg_cos")
+    after = panel_rows(sweeps, "final_ln_out", "avg_cos")
+    assert before.height == after.height == 6
+    assert (before["value"] - after["value"]).to_list() == pytest.approx([10.0] * 6)
+    entropy = panel_rows(sweeps, "attention", "entropy_norm_mean").filter(pl.col("step") == 10)
+    assert entropy["value"].to_list() == pytest.approx([0.6, 0.6])  # mean of 0.5, 0.6, 0.7 over the three layers
+    assert {site for _, site, _ in PANELS} <= set(sweeps["site"].unique()) | {"qk_pre"}
+    plot_families(sweeps, tmp_path / "compare_families.png")
+    assert (tmp_path / "compare_families.png").stat().st_size > 10_000
 
 
 def test_family_figure_compares_the_same_named_site_and_rotary_variant(tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ anisweep plot-gradients --sweep FILE --out-dir DIR  the gradient figures of one 
 anisweep sweep      --out FILE METRICS...           one tidy table per model's sweep
 anisweep plot       --sweep FILE --out-dir DIR      the figures of one model
 anisweep plot-family --out FILE SWEEPS...           one figure across the models of a family
+anisweep plot-families --out FILE SWEEPS...         one figure across families, like with like
 anisweep checkpoints --configfile FILE              list the checkpoints a config names
 anisweep untrained  --settings JSON --out-dir DIR   the untrained block with an injected bias (Godey Sec. 4)
 anisweep plot-untrained --tables-dir DIR --out-dir DIR   its figures
@@ -187,6 +188,14 @@ def cmd_plot_family(args) -> None:
     plot_family(pl.concat([pl.read_parquet(p) for p in args.sweeps], how="diagonal_relaxed"), Path(args.out))
 
 
+def cmd_plot_families(args) -> None:
+    import polars as pl
+
+    from .plot_families import plot_families
+
+    plot_families(pl.concat([pl.read_parquet(p) for p in args.sweeps], how="diagonal_relaxed"), Path(args.out))
+
+
 def cmd_untrained(args) -> None:
     import torch
 
@@ -326,6 +335,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("sweeps", nargs="+")
     p.set_defaults(run=cmd_plot_family)
+
+    p = sub.add_parser("plot-families", help="one figure comparing families, the same site in every panel")
+    p.add_argument("--out", required=True)
+    p.add_argument("sweeps", nargs="+")
+    p.set_defaults(run=cmd_plot_families)
 
     p = sub.add_parser("untrained", help="the untrained block with an injected common bias (Godey et al. Sec. 4)")
     p.add_argument(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -46,7 +46,7 @@ class ExtractSettings:
     seed: int = _DEFAULTS["seed"]
     attention: str = _DEFAULTS["attention"]  # auto: the Triton kernel on CUDA, torch ops elsewhere
     qk_sample_tokens: int = _DEFAULTS["qk_sample_tokens"]
-    score_bins: dict = field(default_factory=lambda: dict(_DEFAULTS["score_bins"]))
+    score_bins: dict | None = _DEFAULTS["score_bins"]  # None: no score histogram (it costs a second QK^T)
     threads: int | None = None  # resources.extract_threads
 
     def torch_device(self) -> torch.device:
@@ -98,9 +98,10 @@ def run(loaded: LoadedModel, batch: dict, settings: ExtractSettings, progress: b
         g.n_heads,
         g.d_head,
         [(i, r) for i in range(g.n_layers) for r in ropes],
+        device,
     )
     bins = settings.score_bins
-    score_hist = ScoreHistogram(g.n_layers, bins["low"], bins["high"], bins["n"], device)
+    score_hist = None if bins is None else ScoreHistogram(g.n_layers, bins["low"], bins["high"], bins["n"], device)
     recorder = Recorder(
         g,
         sample,

@@ -11,6 +11,7 @@ from torch import nn
 
 from . import geometry
 from .adapters import Adapter
+from .adapters.base import norm_parameters
 from .recorder import Recorder
 from .tables import ATTENTION_STATISTICS, EXTRACT_TABLES, with_identity
 
@@ -23,6 +24,10 @@ def _f32_lists(array: np.ndarray) -> pl.Series:
 
 
 def qk_table(recorder: Recorder) -> pl.DataFrame:
+    """One row per query head: its mean q, and the mean k of the key head it attends with (`kv_head`; the
+    same index unless the model has grouped-query attention, where k_mean and k_norm_mean repeat over the
+    query heads that share a key head)."""
+    group = recorder.geometry.group
     rows = []
     for (layer, rope), q_stats in sorted(recorder.q.items()):
         k_stats = recorder.k[(layer, rope)]
@@ -30,17 +35,19 @@ def qk_table(recorder: Recorder) -> pl.DataFrame:
         q_mean = (q_stats.sum_x / n).cpu().numpy()
         k_mean = (k_stats.sum_x / n).cpu().numpy()
         for head in range(q_mean.shape[0]):
-            cos, score = geometry.qk_alignment(q_mean[head], k_mean[head])
+            kv_head = head // group
+            cos, score = geometry.qk_alignment(q_mean[head], k_mean[kv_head])
             rows.append(
                 {
                     "layer": layer,
                     "head": head,
+                    "kv_head": kv_head,
                     "rope": rope,
                     "n_tokens": q_stats.n,
                     "q_mean": q_mean[head],
-                    "k_mean": k_mean[head],
+                    "k_mean": k_mean[kv_head],
                     "q_norm_mean": float(q_stats.sum_norm[head]) / n,
-                    "k_norm_mean": float(k_stats.sum_norm[head]) / n,
+                    "k_norm_mean": float(k_stats.sum_norm[kv_head]) / n,
                     "qk_cos": cos,
                     "qk_mean_score": score,
                 }
@@ -50,7 +57,17 @@ def qk_table(recorder: Recorder) -> pl.DataFrame:
         _f32_lists(np.stack([r["q_mean"] for r in rows])).alias("q_mean"),
         _f32_lists(np.stack([r["k_mean"] for r in rows])).alias("k_mean"),
     ).select(
-        "layer", "head", "rope", "n_tokens", "q_mean", "k_mean", "q_norm_mean", "k_norm_mean", "qk_cos", "qk_mean_score"
+        "layer",
+        "head",
+        "kv_head",
+        "rope",
+        "n_tokens",
+        "q_mean",
+        "k_mean",
+        "q_norm_mean",
+        "k_norm_mean",
+        "qk_cos",
+        "qk_mean_score",
     )
 
 
@@ -144,7 +161,11 @@ def qk_sample_table(recorder: Recorder) -> pl.DataFrame:
 
 
 def score_hist_table(recorder: Recorder) -> pl.DataFrame:
-    """Counts of pre-softmax scores per layer and bin; the first and last bins are the under- and overflow."""
+    """Counts of pre-softmax scores per layer and bin; the first and last bins are the under- and overflow. No
+    rows when extract.score_bins is null."""
+    if recorder.score_hist is None:
+        schema = {"layer": pl.Int64, "bin": pl.Int64, "bin_lo": pl.Float64, "bin_hi": pl.Float64, "count": pl.Int64}
+        return pl.DataFrame(schema=schema)
     edges = recorder.score_hist.edges.numpy()
     lo = np.concatenate([[-np.inf], edges])
     hi = np.concatenate([edges, [np.inf]])
@@ -164,19 +185,13 @@ def score_hist_table(recorder: Recorder) -> pl.DataFrame:
 
 
 def layernorm_table(adapter: Adapter, base: nn.Module) -> pl.DataFrame:
+    """Each norm's parameters; gain and bias are null where the norm has none (RMSNorm: no bias; OLMo's
+    LayerNorm: neither), eps null where the module does not store it."""
     rows = []
     for site in adapter.layernorm_sites(base):
-        ln = site.module
-        bias = None if getattr(ln, "bias", None) is None else ln.bias.detach().float().cpu().numpy().tolist()
-        rows.append(
-            {
-                "layer": site.layer,
-                "site": site.site,
-                "eps": float(ln.eps),
-                "gain": ln.weight.detach().float().cpu().numpy().tolist(),
-                "bias": bias,
-            }
-        )
+        eps, gain, bias = norm_parameters(site.module)
+        as_list = lambda p: None if p is None else p.detach().float().cpu().numpy().tolist()  # noqa: E731
+        rows.append({"layer": site.layer, "site": site.site, "eps": eps, "gain": as_list(gain), "bias": as_list(bias)})
     return pl.DataFrame(
         rows,
         schema={

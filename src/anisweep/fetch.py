@@ -35,6 +35,7 @@ second, the per-file hashes catch it.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import logging
 import os
@@ -377,6 +378,12 @@ def _fetch_hub(
     offline = hf_constants.is_offline_mode()
     api = _hub_api()
     retry = dict(repo_id=repo_id, revision=revision, retries=retries, backoff=backoff)
+    if "*" in revision:
+        names = _with_retries(
+            lambda: _branches(api, repo_id, cache_dir, offline=offline), what="listing branches", **retry
+        )
+        revision = match_branch(repo_id, revision, names, offline=offline)
+        retry["revision"] = revision
 
     resolved = _with_retries(
         lambda: api.resolve_revision(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=offline),
@@ -443,7 +450,41 @@ def _fetch_hub(
         _link_files(folder, dest / WEIGHTS_DIR, wanted)
         folder = dest / WEIGHTS_DIR
     return dict(
-        commit=commit, path=folder, weight_files=weights, tokenizer_path=folder if _has_tokenizer(folder) else None
+        commit=commit,
+        revision=revision,
+        path=folder,
+        weight_files=weights,
+        tokenizer_path=folder if _has_tokenizer(folder) else None,
+    )
+
+
+def _branches(api: Any, repo_id: str, cache_dir: Path | None, *, offline: bool) -> list[str]:
+    """The repo's branch names; offline, the revisions the cache holds (its ``refs/``)."""
+    if not offline:
+        return sorted(b.name for b in api.list_repo_refs(repo_id).branches)
+    refs = _cache_root(cache_dir) / ("models--" + repo_id.replace("/", "--")) / "refs"
+    return sorted(p.relative_to(refs).as_posix() for p in refs.rglob("*") if p.is_file()) if refs.is_dir() else []
+
+
+def match_branch(repo_id: str, pattern: str, names: Iterable[str], *, offline: bool) -> str:
+    """The one branch among ``names`` that matches ``pattern`` (``*`` = digits). Suites whose branch names hold a
+    rounded token count (OLMo: ``step1000-tokens4B``) are catalogued by step; the exact name is looked up here."""
+    names = list(names)
+    regex = re.compile(re.escape(pattern).replace(r"\*", r"\d+"))
+    found = [name for name in names if regex.fullmatch(name)]
+    if len(found) == 1:
+        return found[0]
+    where = "in the local cache (HF_HUB_OFFLINE is set)" if offline else "on the Hub"
+    if not found:
+        near = difflib.get_close_matches(pattern.replace("*", ""), names, n=3, cutoff=0.0)
+        raise RevisionNotFound(
+            f"{repo_id} has no branch matching {pattern!r} {where}"
+            + (f"; nearest: {', '.join(near)}" if near else "; it has no branches there"),
+            repo_id=repo_id,
+            revision=pattern,
+        )
+    raise FetchError(
+        f"{repo_id}: several branches match {pattern!r}: {', '.join(found)}", repo_id=repo_id, revision=pattern
     )
 
 
@@ -509,7 +550,7 @@ def fetch(
         "tokens_seen": ckpt.tokens_seen,
         "seed": ckpt.seed,
         "repo_id": ckpt.repo_id,
-        "revision": ckpt.revision,
+        "revision": got.get("revision", ckpt.revision),
         "commit": got["commit"],
         "path": str(folder),
         "tokenizer_path": None if got["tokenizer_path"] is None else str(got["tokenizer_path"]),

@@ -145,6 +145,8 @@ def correlation_rows(stat_rows: list[dict]) -> list[dict]:
 def layernorm_rows(layernorm: pl.DataFrame, stats: pl.DataFrame) -> list[dict]:
     rows = []
     for r in layernorm.iter_rows(named=True):
+        if r["gain"] is None:  # a norm without parameters (OLMo): nothing to describe
+            continue
         bias = None if r["bias"] is None else np.asarray(r["bias"], dtype=np.float64)
         values = geometry.layernorm_param_stats(np.asarray(r["gain"]), bias)
         if r["site"] == "final_ln" and bias is not None:

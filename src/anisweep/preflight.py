@@ -21,13 +21,14 @@ class PreflightError(ValueError):
 
 def check_model_config(hf_config: dict[str, Any], settings: Any, where: str) -> None:
     """`settings` is an ExtractSettings (seq_len, n_sequences, sample_tokens); `where` names the checkpoint."""
-    positions = hf_config.get("max_position_embeddings")
+    key = next((k for k in ("max_position_embeddings", "n_positions") if hf_config.get(k)), None)  # GPT-2: n_positions
+    positions = hf_config.get(key) if key else None
     if positions and settings.seq_len > positions:
         raise PreflightError(
             f"{where}: extract.seq_len = {settings.seq_len} is longer than the {positions} positions the model has "
-            f"(max_position_embeddings); set extract.seq_len to at most {positions}"
+            f"({key}); set extract.seq_len to at most {positions}"
         )
-    d_model = hf_config.get("hidden_size")
+    d_model = hf_config.get("hidden_size") or hf_config.get("n_embd")
     sampled = min(settings.sample_tokens, settings.n_sequences * settings.seq_len)
     if d_model and sampled < d_model:
         cause = (

@@ -13,7 +13,16 @@ import torch
 class QKSample:
     """Preallocated (n tokens, heads, d_head) float32 buffers on the CPU, one per (layer, rope, q|k)."""
 
-    def __init__(self, sample, n_tokens: int, seed: int, n_heads: int, d_head: int, keys: list[tuple[int, str]]):
+    def __init__(
+        self,
+        sample,
+        n_tokens: int,
+        seed: int,
+        n_heads: int,
+        d_head: int,
+        keys: list[tuple[int, str]],
+        device: torch.device | str = "cpu",
+    ):
         n = len(sample.seq)
         keep = torch.arange(n)
         if n_tokens < n:
@@ -21,7 +30,10 @@ class QKSample:
             keep = torch.randperm(n, generator=generator)[:n_tokens].sort().values
         self.seq, self.position, self.token_id = sample.seq[keep], sample.position[keep], sample.token_id[keep]
         self.vectors = {
-            (layer, rope, which): torch.empty(len(keep), n_heads, d_head)
+            # pinned on a GPU, so that the copies into it need not wait (Recorder.finish waits once)
+            (layer, rope, which): torch.empty(
+                len(keep), n_heads, d_head, pin_memory=torch.device(device).type == "cuda"
+            )
             for layer, rope in keys
             for which in ("q", "k")
         }
@@ -41,9 +53,16 @@ class QKSample:
         )
 
     def record(self, layer: int, rope: str, q: torch.Tensor, k: torch.Tensor) -> None:
-        """q, k: (B, H, T, d_head) of the current mini-batch."""
+        """q, k: (B, H, T, d_head) of the current mini-batch; either may be None (a site that holds only the
+        other). Keys with fewer heads than the buffer (grouped-query attention) are stored under each query head
+        that uses them; ropes the sample does not keep (`pre_norm`) are left out."""
         if self._rows.stop == self._rows.start:
             return
         seqs, positions = self._index
         for which, x in (("q", q), ("k", k)):
-            self.vectors[(layer, rope, which)][self._rows] = x[seqs, :, positions, :].float().cpu()
+            target = self.vectors.get((layer, rope, which))
+            if x is None or target is None:
+                continue
+            if x.shape[1] != target.shape[1]:
+                x = x.repeat_interleave(target.shape[1] // x.shape[1], dim=1)
+            target[self._rows].copy_(x[seqs, :, positions, :], non_blocking=True)

@@ -115,13 +115,9 @@ class Recorder:
 
     def __post_init__(self):
         g, dev = self.geometry, self.device
-        ropes = ("pre", "post") if g.rotary_dims else ("pre",)
-        self.q = {
-            (layer, rope): HeadVectorStats(g.n_heads, g.d_head, dev) for layer in range(g.n_layers) for rope in ropes
-        }
-        self.k = {
-            (layer, rope): HeadVectorStats(g.n_heads, g.d_head, dev) for layer in range(g.n_layers) for rope in ropes
-        }
+        sites = [(layer, rope) for layer in range(g.n_layers) for rope in g.ropes]
+        self.q = {site: HeadVectorStats(g.n_heads, g.d_head, dev) for site in sites}
+        self.k = {site: HeadVectorStats(g.kv_heads, g.d_head, dev) for site in sites}  # per key head (GQA)
         self.attention = {layer: AttentionStats(g.n_heads, dev) for layer in range(g.n_layers)}
         self.vectors: dict[tuple[int, str], VectorStats] = {}
         self.samples: dict[tuple[int, str], torch.Tensor] = {}  # (n sampled tokens, d) float32 on the CPU
@@ -160,6 +156,9 @@ class Recorder:
         rope = "post" if self.geometry.rotary_dims else "pre"
         self.q[(layer, rope)].update(query, self.valid, self.all_valid, self.n_valid)
         self.k[(layer, rope)].update(key, self.valid, self.all_valid, self.n_valid)
+        if key.shape[1] != query.shape[1]:  # grouped-query attention: query head h uses key head h // group
+            key = key.repeat_interleave(self.geometry.group, dim=1)
+            value = value.repeat_interleave(self.geometry.group, dim=1)
         if self.qk_sample is not None:
             self.qk_sample.record(layer, rope, query, key)
         if self.score_hist is not None:
@@ -174,11 +173,13 @@ class Recorder:
         self.attention[layer].update(row_stats, self.valid, self.n_visible, self.row_counts)
         return output.transpose(1, 2).contiguous()
 
-    def record_pre_rotary(self, layer, q, k) -> None:
-        self.q[(layer, "pre")].update(q, self.valid, self.all_valid, self.n_valid)
-        self.k[(layer, "pre")].update(k, self.valid, self.all_valid, self.n_valid)
+    def record_pre_rotary(self, layer, q, k, rope: str = "pre") -> None:
+        """q and/or k (None: not held by this site) before the rotation, or before their norm (`pre_norm`)."""
+        for stats, x in ((self.q, q), (self.k, k)):
+            if x is not None:
+                stats[(layer, rope)].update(x, self.valid, self.all_valid, self.n_valid)
         if self.qk_sample is not None:
-            self.qk_sample.record(layer, "pre", q, k)
+            self.qk_sample.record(layer, rope, q, k)
 
     def reserve(self, layer: int, site: str) -> None:
         """Allocate a hooked site's accumulators and sample buffer once, before any forward pass: every
@@ -239,8 +240,8 @@ class Hooks:
             self._add(site.module, on_layernorm)
         for site in adapter.pre_rotary_qk(base, geometry):
 
-            def on_qkv(module, args, output, layer=site.layer, split=site.split):
-                recorder.record_pre_rotary(layer, *split(output))
+            def on_qkv(module, args, output, layer=site.layer, split=site.split, rope=site.rope):
+                recorder.record_pre_rotary(layer, *split(output), rope=rope)
 
             self._add(site.module, on_qkv)
 

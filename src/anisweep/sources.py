@@ -4,6 +4,10 @@ One small catalogue class per family (the shape of the PyPI ``lm-checkpoints`` p
 
 * :class:`Pythia` -- ``EleutherAI/pythia-{size}[-deduped|-seed{n}]``, revision ``step{N}``.
 * :class:`MultiBERTs` -- ``google/multiberts-seed_{s}-step_{k}k`` (seeds 0-4) and ``google/multiberts-seed_{s}``.
+* :class:`OLMo` -- ``allenai/OLMo-1B-hf``, branch ``step{N}-tokens{T}B`` (looked up by N at fetch).
+* :class:`OLMo2` -- ``allenai/OLMo-2-0425-1B``, branch ``stage1-step{N}-tokens{T}B`` (looked up by N at fetch).
+* :class:`MistralGPT2` -- ``stanford-crfm/{run}-gpt2-{small,medium}-x{seed}``, branch ``checkpoint-{N}``.
+* :class:`TinyLlama` -- seven ``TinyLlama-1.1B-intermediate-step-*`` repositories, revision ``main``.
 * :class:`LocalRun` -- a user's own training run: ``step{N}/`` or Trainer-style ``checkpoint-{N}/`` subfolders.
 * :class:`Toy` -- the toy models the pipeline trains itself, under ``toy_root/{name}/step{N}/``.
 
@@ -41,11 +45,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from . import grids
+
 __all__ = [
     "ConfigError",
     "Checkpoint",
     "Pythia",
     "MultiBERTs",
+    "OLMo",
+    "OLMo2",
+    "MistralGPT2",
+    "TinyLlama",
     "LocalRun",
     "Toy",
     "FAMILIES",
@@ -71,7 +81,7 @@ class ConfigError(ValueError):
 class Checkpoint:
     """One checkpoint: the unit of work of the pipeline (``{family}/{model}/step{step}``)."""
 
-    family: str  # "pythia" | "multiberts" | "local" | "toy"
+    family: str  # a key of FAMILIES: "pythia", "multiberts", "olmo", "olmo2", "gpt2", "tinyllama", "local", "toy"
     model: str  # "pythia-70m", "pythia-160m-seed3", "pythia-70m-deduped", "seed_0", "my-run", "toy-bert"
     step: int  # integer optimizer step
     tokens_seen: int | None  # step * tokens per step; None when unknown (local run without tokens_per_step)
@@ -384,6 +394,193 @@ class MultiBERTs:
         return 110.0  # BERT-base
 
 
+# ---------------------------------------------------------------------------------------------- other Hub suites
+
+
+class _HubSuite:
+    """A Hub suite with a fixed list of models sharing one published step grid; a subclass names its models
+    (with their parameter counts), grid, tokens per step, and the repo and revision of a step."""
+
+    family = ""
+    title = ""
+    models: Mapping[str, float] = {}  # name -> million parameters
+    steps: tuple[int, ...] = ()
+    tokens_per_step: int = 0
+    entry_keys = ("family", "name", "steps")
+    checks_before_fetch = True
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return list(cls.models)
+
+    @classmethod
+    def parse(cls, name: str) -> None:
+        if name not in cls.models:
+            raise ConfigError(
+                f"{name} is not one of the {cls.title} models; nearest: {_fmt(_nearest_names(name, cls.names()))}"
+                f" (models: {_fmt(cls.names())})"
+            )
+
+    @classmethod
+    def seed_of(cls, name: str) -> int | None:
+        return None
+
+    @classmethod
+    def repo_id(cls, name: str, step: int) -> str:
+        raise NotImplementedError
+
+    @classmethod
+    def revision(cls, name: str, step: int) -> str:
+        return "main"
+
+    @classmethod
+    def checkpoint(cls, name: str, step: int) -> Checkpoint:
+        cls.parse(name)
+        if step not in cls.steps:
+            raise ConfigError(
+                f"step {step} is not in the {cls.family} grid; nearest: {_fmt(_nearest_steps(step, cls.steps))}"
+            )
+        return Checkpoint(
+            family=cls.family,
+            model=name,
+            step=step,
+            tokens_seen=step * cls.tokens_per_step,
+            seed=cls.seed_of(name),
+            repo_id=cls.repo_id(name, step),
+            revision=cls.revision(name, step),
+        )
+
+    @classmethod
+    def resolve(cls, name: str, steps: Any) -> list[Checkpoint]:
+        cls.parse(name)
+        return [cls.checkpoint(name, s) for s in select_steps(steps, cls.steps, f"the {cls.family} grid")]
+
+    @classmethod
+    def resolve_entry(cls, entry: Mapping[str, Any], **_: Any) -> list[Checkpoint]:
+        return cls.resolve(entry["name"], entry.get("steps"))
+
+    @classmethod
+    def trusted_step(cls, steps: Sequence[int]) -> int:
+        return cls.steps[-1]
+
+    @classmethod
+    def params_millions(cls, ckpt: Checkpoint) -> float:
+        return cls.models[ckpt.model]
+
+
+class OLMo(_HubSuite):
+    """AI2 OLMo 1 (``OlmoForCausalLM``): ``allenai/OLMo-1B-hf``, one branch per checkpoint named
+    ``step{N}-tokens{T}B``. T is a rounded token count that no formula of N reproduces exactly, so the
+    revision is the pattern ``step{N}-tokens*B`` and fetch looks the branch up (anisweep.fetch.match_branch).
+    The grid is the 351 checkpoints of the run's published list (``grids.OLMO_1B_STEPS``), 1000 to 738020;
+    2048 sequences x 2048 tokens per step. ``seed`` is the run's, 6198."""
+
+    family = "olmo"
+    title = "OLMo"
+    models = {"OLMo-1B-hf": 1176.764416}
+    steps = grids.OLMO_1B_STEPS
+    tokens_per_step = 2048 * 2048  # 4,194,304
+
+    @classmethod
+    def seed_of(cls, name: str) -> int | None:
+        return 6198
+
+    @classmethod
+    def repo_id(cls, name: str, step: int) -> str:
+        return f"allenai/{name}"
+
+    @classmethod
+    def revision(cls, name: str, step: int) -> str:
+        return f"step{step}-tokens*B"
+
+
+class OLMo2(_HubSuite):
+    """AI2 OLMo 2 (``Olmo2ForCausalLM``): ``allenai/OLMo-2-0425-1B``, its stage-1 pretraining checkpoints as
+    branches ``stage1-step{N}-tokens{T}B`` (T rounded: fetch looks the branch up, as for OLMo). The grid is the
+    run's published stage-1 list (``grids.OLMO2_0425_1B_STEPS``: 0, 300, 10000, ..., 1907359); 512 sequences
+    x 4096 tokens per step. Stage 2 (the annealing that gives ``main``) is not catalogued."""
+
+    family = "olmo2"
+    title = "OLMo 2"
+    models = {"OLMo-2-0425-1B": 1484.916736}
+    steps = grids.OLMO2_0425_1B_STEPS
+    tokens_per_step = 512 * 4096  # 2,097,152
+
+    @classmethod
+    def seed_of(cls, name: str) -> int | None:
+        return 6198
+
+    @classmethod
+    def repo_id(cls, name: str, step: int) -> str:
+        return f"allenai/{name}"
+
+    @classmethod
+    def revision(cls, name: str, step: int) -> str:
+        return f"stage1-step{step}-tokens*B"
+
+
+class MistralGPT2(_HubSuite):
+    """Stanford CRFM's Mistral GPT-2 runs (``GPT2LMHeadModel``): five GPT-2 small and five GPT-2 medium seeds,
+    ``stanford-crfm/{name}``, branch ``checkpoint-{N}``, the same 609 steps each (``grids.MISTRAL_STEPS``);
+    512 sequences x 1024 tokens per step. ``seed`` is the run's (the ``x{seed}`` of its name)."""
+
+    family = "gpt2"
+    title = "Mistral GPT-2"
+    models = {
+        **{
+            f"{run}-gpt2-small-x{seed}": 124.439808
+            for run, seed in zip(
+                ("alias", "battlestar", "caprica", "darkmatter", "expanse"), (21, 49, 81, 343, 777), strict=True
+            )
+        },
+        **{
+            f"{run}-gpt2-medium-x{seed}": 354.823168
+            for run, seed in zip(
+                ("arwen", "beren", "celebrimbor", "durin", "eowyn"), (21, 49, 81, 343, 777), strict=True
+            )
+        },
+    }
+    steps = grids.MISTRAL_STEPS
+    tokens_per_step = 512 * 1024  # 524,288
+
+    @classmethod
+    def seed_of(cls, name: str) -> int | None:
+        return int(name.rsplit("-x", 1)[1])
+
+    @classmethod
+    def repo_id(cls, name: str, step: int) -> str:
+        return f"stanford-crfm/{name}"
+
+    @classmethod
+    def revision(cls, name: str, step: int) -> str:
+        return f"checkpoint-{step}"
+
+
+class TinyLlama(_HubSuite):
+    """TinyLlama 1.1B (``LlamaForCausalLM``, grouped-query attention: 32 query heads, 4 key/value heads): seven
+    intermediate checkpoints, one repository each (revision ``main``), under the ids the project README links.
+    Step = the ``{k}k`` of the repository name x 1000; 1024 sequences x 2048 tokens per step."""
+
+    family = "tinyllama"
+    title = "TinyLlama"
+    models = {"TinyLlama-1.1B": 1100.048384}
+    repos = {
+        50_000: "PY007/TinyLlama-1.1B-step-50K-105b",
+        240_000: "PY007/TinyLlama-1.1B-intermediate-step-240k-503b",
+        480_000: "PY007/TinyLlama-1.1B-intermediate-step-480k-1T",
+        715_000: "PY007/TinyLlama-1.1B-intermediate-step-715k-1.5T",
+        955_000: "TinyLlama/TinyLlama-1.1B-intermediate-step-955k-token-2T",
+        1_195_000: "TinyLlama/TinyLlama-1.1B-intermediate-step-1195k-token-2.5T",
+        1_431_000: "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T",
+    }
+    steps = tuple(repos)
+    tokens_per_step = 1024 * 2048  # 2,097,152
+
+    @classmethod
+    def repo_id(cls, name: str, step: int) -> str:
+        return cls.repos[step]
+
+
 # ---------------------------------------------------------------------------------------------- local runs
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -588,7 +785,9 @@ def _toy_grid(spec: Any, name: str) -> list[int]:
 
 # The registry: every family class carries its own facts (entry keys, resolution, the trusted final step,
 # its size for resource requests). A new checkpoint suite is one class here and one line in FAMILIES.
-FAMILIES: dict[str, type] = {cls.family: cls for cls in (Pythia, MultiBERTs, LocalRun, Toy)}
+FAMILIES: dict[str, type] = {
+    cls.family: cls for cls in (Pythia, MultiBERTs, OLMo, OLMo2, MistralGPT2, TinyLlama, LocalRun, Toy)
+}
 _ALL_KEYS = sorted({k for cls in FAMILIES.values() for k in cls.entry_keys})
 
 

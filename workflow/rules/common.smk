@@ -84,6 +84,7 @@ ANALYSIS_CODE = {
     "metrics": package_files("metrics", "geometry", "tables", "spectra"),
     "sweep": package_files("sweep", "tables"),
     "plots": package_files("plots", "sweep"),
+    "plot_families": package_files("plot_families", "plots", "sweep"),
     "untrained": package_files("untrained", "recorder", "streaming", "attention_torch", "geometry"),
     "untrained_plots": package_files("untrained_plots", "plots"),
 }
@@ -173,10 +174,11 @@ def figures(family, model):
 
 
 def distribution_outputs(family, model):
-    """The q/k SVD table and figures and the score histogram figure of one model (workflow/rules/distributions.smk)."""
+    """The q/k SVD table and figures of one model, and its score histogram figure where extract counts the scores
+    (`extract.score_bins`; workflow/rules/distributions.smk)."""
     from anisweep.qk_svd import FIGURES as QK_SVD_FIGURES
 
-    names = [*QK_SVD_FIGURES, "score_hist.png"]
+    names = [*QK_SVD_FIGURES, *(["score_hist.png"] if config["extract"]["score_bins"] else [])]
     return [f"results/{family}/{model}/qk_svd.parquet", *(f"results/{family}/{model}/figures/{n}" for n in names)]
 
 
@@ -185,8 +187,11 @@ def all_outputs():
     for family, model in MODELS:
         outputs += [f"results/{family}/{model}/sweep.parquet", *figures(family, model)]
         outputs += distribution_outputs(family, model)
-    for family in sorted({family for family, _ in MODELS}):
+    families = sorted({family for family, _ in MODELS})
+    for family in families:
         outputs.append(f"results/{family}/figures/compare.png")
+    if len(families) > 1:
+        outputs.append("results/figures/compare_families.png")
     if config["untrained"]["enabled"]:
         outputs += [f"results/untrained/figures/{name}" for name in UNTRAINED_FIGURES]
     return outputs

@@ -2,6 +2,7 @@
 localrules:
     plot_model,
     plot_family,
+    plot_families,
 
 
 rule plot_model:
@@ -50,3 +51,24 @@ rule plot_family:
         on_failure=on_failure("plot_family"),
     shell:
         "{params.cli} plot-family --out {output} {input.sweeps} 2> {log} {params.on_failure}"
+
+
+rule plot_families:
+    input:
+        sweeps=[f"results/{f}/{m}/sweep.parquet" for f, m in MODELS],
+        code=ANALYSIS_CODE["plot_families"],
+    output:
+        report(
+            "results/figures/compare_families.png",
+            caption="../report/compare_families.rst",
+            category="families",
+        ),
+    log:
+        "logs/plots/compare_families.log",
+    conda:
+        CONDA_ENV
+    params:
+        cli=ANISWEEP,
+        on_failure=on_failure("plot_families"),
+    shell:
+        "{params.cli} plot-families --out {output} {input.sweeps} 2> {log} {params.on_failure}"

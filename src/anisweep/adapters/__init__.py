@@ -4,9 +4,20 @@ from __future__ import annotations
 
 from .base import Adapter, Geometry, LayerNormSite, PreRotaryQK, ResidSite
 from .bert import BertAdapter
+from .gpt2 import GPT2Adapter
 from .gpt_neox import GPTNeoXAdapter
+from .llama import LlamaAdapter
+from .olmo import OlmoAdapter
+from .olmo2 import Olmo2Adapter
 
-ADAPTERS: tuple[Adapter, ...] = (BertAdapter(), GPTNeoXAdapter())
+ADAPTERS: tuple[Adapter, ...] = (
+    BertAdapter(),
+    GPTNeoXAdapter(),
+    GPT2Adapter(),
+    LlamaAdapter(),
+    OlmoAdapter(),
+    Olmo2Adapter(),
+)
 
 
 class UnsupportedArchitecture(ValueError):

@@ -51,7 +51,23 @@ TRANSFORMERLENS_HOOKS: dict[tuple[str, str], tuple[str, str]] = {
         "blocks.{l-1}.hook_resid_post / ln_final.hook_normalized",
         "blocks.{l-1}.hook_resid_post / blocks.{l-1}.hook_normalized_resid_post (the last block's ln2)",
     ),
-    ("qk", "rope = pre"): ("blocks.{l}.attn.hook_q / hook_k", "blocks.{l}.attn.hook_q / hook_k"),
+    ("hidden_stats", "ln_attn_post_in / ln_attn_post_out (OLMo 2)"): (
+        "blocks.{l-1}.hook_attn_out / blocks.{l-1}.ln1.hook_normalized",
+        "(no such norm)",
+    ),
+    ("hidden_stats", "ln_mlp_post_in / ln_mlp_post_out (OLMo 2)"): (
+        "blocks.{l-1}.hook_mlp_out / blocks.{l-1}.ln2.hook_normalized",
+        "(no such norm)",
+    ),
+    ("qk", "rope = pre_norm (OLMo 2)"): (
+        "blocks.{l}.attn.hook_q / hook_k (TransformerLens applies q_norm / k_norm after them)",
+        "(no q/k norm)",
+    ),
+    ("qk", "rope = pre"): (
+        "blocks.{l}.attn.hook_q / hook_k (OLMo 2: after q_norm / k_norm, no hook); with grouped-query"
+        " attention hook_k has the key heads, our kv_head",
+        "blocks.{l}.attn.hook_q / hook_k",
+    ),
     ("qk", "rope = post"): ("blocks.{l}.attn.hook_rot_q / hook_rot_k", "(no rotary embeddings)"),
     ("attention", "scores: score_mean, score_std"): (
         "blocks.{l}.attn.hook_attn_scores",
@@ -67,7 +83,8 @@ TRANSFORMERLENS_HOOKS: dict[tuple[str, str], tuple[str, str]] = {
 def transformerlens_table() -> str:
     """`TRANSFORMERLENS_HOOKS` as the markdown table of `adapters/README.md` (which a test keeps equal)."""
     lines = [
-        "| tables | site | GPT-NeoX, Pythia (`HookedTransformer`) | BERT (`HookedEncoder`) |",
+        "| tables | site | decoders: GPT-NeoX, GPT-2, Llama, OLMo, OLMo 2 (`HookedTransformer`)"
+        " | BERT (`HookedEncoder`) |",
         "|---|---|---|---|",
     ]
     for (tables, site), (decoder, encoder) in TRANSFORMERLENS_HOOKS.items():
@@ -83,6 +100,23 @@ class Geometry:
     d_head: int
     rotary_dims: int  # 0 for models without rotary embeddings
     causal: bool
+    n_kv_heads: int = 0  # grouped-query attention: key/value heads; 0 = one per query head
+    pre_norm_qk: bool = False  # q and k pass a norm of their own before the rotation (OLMo 2)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def group(self) -> int:
+        """Query heads per key head: query head h attends with key head h // group."""
+        return self.n_heads // self.kv_heads
+
+    @property
+    def ropes(self) -> tuple[str, ...]:
+        """The `rope` values of qk.parquet: where q and k are read. `pre_norm` is before a q/k norm, `pre`
+        what the rotation turns (or what attention sees, without rotary), `post` what attention sees."""
+        return ("pre_norm",) * self.pre_norm_qk + (("pre", "post") if self.rotary_dims else ("pre",))
 
 
 @dataclass(frozen=True)
@@ -104,11 +138,29 @@ class LayerNormSite:
 
 @dataclass(frozen=True)
 class PreRotaryQK:
-    """A module whose output holds pre-rotary q and k; `split` maps it to (q, k) as (B, H, T, d_head)."""
+    """A module whose output holds pre-rotary q and/or k; `split` maps it to (q, k) as (B, heads, T, d_head),
+    None for the one it does not hold (separate q and k projections are two sites). `rope` names the
+    qk.parquet rows it feeds (`pre`, or `pre_norm` for q/k before their own norm)."""
 
     layer: int
     module: nn.Module
-    split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    split: Callable[[torch.Tensor], tuple[torch.Tensor | None, torch.Tensor | None]]
+    rope: str = "pre"
+
+
+def heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """(B, T, n_heads * d_head) -> (B, n_heads, T, d_head)."""
+    b, t, _ = x.shape
+    return x.view(b, t, n_heads, -1).transpose(1, 2)
+
+
+def norm_parameters(module: nn.Module) -> tuple[float | None, torch.Tensor | None, torch.Tensor | None]:
+    """(eps, gain, bias) of a LayerNorm-like module, each None where it has none: RMSNorm has a gain only
+    (its eps is `variance_epsilon` in transformers), OLMo's LayerNorm neither (eps fixed at 1e-5 in its
+    forward, not stored)."""
+    eps = getattr(module, "eps", getattr(module, "variance_epsilon", None))
+    gain, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+    return (None if eps is None else float(eps)), gain, bias
 
 
 class Adapter:
