@@ -25,27 +25,27 @@ from anisweep import extract, extract_tables
 
 from slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture test_slurm.py uses
 
+# The dimensions every tiny test model shares (GPT-2 names them its own way).
+TINY_DIMS = {
+    "vocab_size": 60,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+    "max_position_embeddings": 32,
+}
+
 
 def bert_config(**kw):
     return BertConfig(
-        vocab_size=60,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=32,
+        **TINY_DIMS,
         **kw,
     )
 
 
 def neox_config(**kw):
     return GPTNeoXConfig(
-        vocab_size=60,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=32,
+        **TINY_DIMS,
         rotary_pct=0.25,
         use_parallel_residual=True,
         tie_word_embeddings=False,
@@ -56,13 +56,8 @@ def neox_config(**kw):
 def llama_config(**kw):
     """Grouped-query attention: 4 query heads share 2 key/value heads."""
     return LlamaConfig(
-        vocab_size=60,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
+        **TINY_DIMS,
         num_key_value_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=32,
         **kw,
     )
 
@@ -70,12 +65,7 @@ def llama_config(**kw):
 def olmo_config(**kw):
     """clip_qkv small enough that the clamp before the rotation changes some q and k entries."""
     return OlmoConfig(
-        vocab_size=60,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=32,
+        **TINY_DIMS,
         clip_qkv=kw.pop("clip_qkv", 0.5),
         pad_token_id=0,
         **kw,
@@ -84,13 +74,8 @@ def olmo_config(**kw):
 
 def olmo2_config(**kw):
     return Olmo2Config(
-        vocab_size=60,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
+        **TINY_DIMS,
         num_key_value_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=32,
         pad_token_id=0,
         **kw,
     )

@@ -468,12 +468,30 @@ class _HubSuite:
         return cls.models[ckpt.model]
 
 
-class OLMo(_HubSuite):
-    """AI2 OLMo 1 (``OlmoForCausalLM``): ``allenai/OLMo-1B-hf``, one branch per checkpoint named
-    ``step{N}-tokens{T}B``. T is a rounded token count that no formula of N reproduces exactly, so the
-    revision is the pattern ``step{N}-tokens*B`` and fetch looks the branch up (anisweep.fetch.match_branch).
-    The grid is the 351 checkpoints of the run's published list (``grids.OLMO_1B_STEPS``), 1000 to 738020;
-    2048 sequences x 2048 tokens per step. ``seed`` is the run's, 6198."""
+class _AllenAISuite(_HubSuite):
+    """AI2's OLMo runs: ``allenai/{name}``, one branch per checkpoint named ``{branch_prefix}step{N}-tokens{T}B``.
+    T is a rounded token count that no formula of N reproduces exactly, so the revision is a pattern and fetch
+    looks the branch up (anisweep.fetch.match_branch). ``seed`` is the runs', 6198."""
+
+    branch_prefix = ""
+
+    @classmethod
+    def seed_of(cls, name: str) -> int | None:
+        return 6198
+
+    @classmethod
+    def repo_id(cls, name: str, step: int) -> str:
+        return f"allenai/{name}"
+
+    @classmethod
+    def revision(cls, name: str, step: int) -> str:
+        return f"{cls.branch_prefix}step{step}-tokens*B"
+
+
+class OLMo(_AllenAISuite):
+    """AI2 OLMo 1 (``OlmoForCausalLM``): ``allenai/OLMo-1B-hf``, branches ``step{N}-tokens{T}B``. The grid is the
+    351 checkpoints of the run's published list (``grids.OLMO_1B_STEPS``), 1000 to 738020; 2048 sequences x
+    2048 tokens per step."""
 
     family = "olmo"
     title = "OLMo"
@@ -481,42 +499,19 @@ class OLMo(_HubSuite):
     steps = grids.OLMO_1B_STEPS
     tokens_per_step = 2048 * 2048  # 4,194,304
 
-    @classmethod
-    def seed_of(cls, name: str) -> int | None:
-        return 6198
 
-    @classmethod
-    def repo_id(cls, name: str, step: int) -> str:
-        return f"allenai/{name}"
-
-    @classmethod
-    def revision(cls, name: str, step: int) -> str:
-        return f"step{step}-tokens*B"
-
-
-class OLMo2(_HubSuite):
+class OLMo2(_AllenAISuite):
     """AI2 OLMo 2 (``Olmo2ForCausalLM``): ``allenai/OLMo-2-0425-1B``, its stage-1 pretraining checkpoints as
-    branches ``stage1-step{N}-tokens{T}B`` (T rounded: fetch looks the branch up, as for OLMo). The grid is the
-    run's published stage-1 list (``grids.OLMO2_0425_1B_STEPS``: 0, 300, 10000, ..., 1907359); 512 sequences
-    x 4096 tokens per step. Stage 2 (the annealing that gives ``main``) is not catalogued."""
+    branches ``stage1-step{N}-tokens{T}B``. The grid is the run's published stage-1 list
+    (``grids.OLMO2_0425_1B_STEPS``: 0, 300, 10000, ..., 1907359); 512 sequences x 4096 tokens per step. Stage 2
+    (the annealing that gives ``main``) is not catalogued."""
 
     family = "olmo2"
     title = "OLMo 2"
     models = {"OLMo-2-0425-1B": 1484.916736}
     steps = grids.OLMO2_0425_1B_STEPS
     tokens_per_step = 512 * 4096  # 2,097,152
-
-    @classmethod
-    def seed_of(cls, name: str) -> int | None:
-        return 6198
-
-    @classmethod
-    def repo_id(cls, name: str, step: int) -> str:
-        return f"allenai/{name}"
-
-    @classmethod
-    def revision(cls, name: str, step: int) -> str:
-        return f"stage1-step{step}-tokens*B"
+    branch_prefix = "stage1-"
 
 
 class MistralGPT2(_HubSuite):
