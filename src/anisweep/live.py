@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .atomic import write_text
 from .extract import ExtractSettings, LoadedModel, run
 from .extract_tables import tables
 from .gradients import GradientSettings, analyse_model
@@ -73,7 +74,7 @@ def analyse_live(
             table = analyse_model(model, adapter, batch, tokenizer, gradients, settings.batch_size, progress=False)
             write_atomic(with_identity(table, ident), out_dir / "gradients.parquet")
     info = {"checkpoint": {**ident, "live": True}, "n_valid_tokens": int(batch["attention_mask"].sum())}
-    (out_dir / "extract.json").write_text(json.dumps(info, indent=2, default=str))
+    write_text(json.dumps(info, indent=2, default=str), out_dir / "extract.json")
     return out_dir
 
 
