@@ -174,6 +174,9 @@ def test_family_figure_compares_the_same_named_site_and_rotary_variant(tmp_path,
         "neox qk_post": ({5.0}, "--"),
         "bert qk_pre": ({4.5}, "-"),
     }
+    ax = next(a for label, a in panels.items() if label.startswith("cos of the means concatenated"))
+    lines = {line.get_label(): (set(line.get_ydata()), line.get_linestyle()) for line in ax.get_lines()}
+    assert lines == {"neox qk_pre": ({4.0}, "-"), "neox qk_post": ({5.0}, "--"), "bert qk_pre": ({4.5}, "-")}
 
 
 def test_drift_figure_shows_p_against_005_and_qk_figures_show_each_metric(tmp_path, monkeypatch):

@@ -423,6 +423,13 @@ def plot_family(sweeps: pl.DataFrame, path: Path) -> None:
                 (mean_over_layers("qk_cos_abs_mean", "qk_post"), "--", " qk_post"),
             ],
         ),
+        (
+            "cos of the means concatenated over heads\n(mean over layers; across seeds: Godey Fig. 23)",
+            [
+                (mean_over_layers("qk_cos_concat", "qk_pre"), "-", " qk_pre"),
+                (mean_over_layers("qk_cos_concat", "qk_post"), "--", " qk_post"),
+            ],
+        ),
     ]
     plt = _pyplot()
     models = sorted(sweeps["model"].unique().to_list())
