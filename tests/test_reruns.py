@@ -38,6 +38,7 @@ pytestmark = pytest.mark.slow  # the whole DAG, then reruns of it
 
 def write_config(path: Path, models: list[dict]) -> Path:
     config = {**TINY, "models": models, "toy": {name: {**spec, "steps": GRID} for name, spec in TINY["toy"].items()}}
+    config["gradients"] = {"enabled": False}  # reruns of the sweep itself; tests/test_gradients.py has the rest
     path.write_text(yaml.safe_dump(config))
     return path
 
@@ -144,7 +145,8 @@ def test_one_checkpoint_alone_then_the_sweep_tables(run):
     # of small inputs, and this deterministic toy rerun wrote the same bytes), never another checkpoint.
     assert not {"train_toy", "fetch", "extract", "metrics"} & set(planned(workdir, configfile))
     at_once = planned(workdir, configfile, "--forcerun", f"{NEOX}/step8/extract.json")  # both in one command
-    assert at_once == {"fetch": 1, "extract": 1, "metrics": 1, "sweep": 1, "plot_model": 1, "plot_family": 1}
+    per_model = {"sweep": 1, "plot_model": 1, "plot_family": 1, "qk_svd": 1, "plot_score_hist": 1}
+    assert at_once == {"fetch": 1, "extract": 1, "metrics": 1, **per_model}
 
 
 def test_growing_the_sweep_schedules_only_the_new_checkpoints(run):
@@ -374,12 +376,12 @@ def test_local_folder_without_checkpoints_stops_before_any_work(tmp_path):
 
 def test_unknown_architecture_of_a_local_run_stops_before_any_work(tmp_path):
     """A local run's config.json is on disk: an architecture no adapter knows stops the DAG, naming them."""
-    step = tmp_path / "gpt2-run" / "step0"
+    step = tmp_path / "mamba-run" / "step0"
     step.mkdir(parents=True)
-    (step / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
-    done = snakemake(tmp_path, local_config(tmp_path, tmp_path / "gpt2-run"), timeout=120)
+    (step / "config.json").write_text(json.dumps({"model_type": "mamba", "architectures": ["MambaForCausalLM"]}))
+    done = snakemake(tmp_path, local_config(tmp_path, tmp_path / "mamba-run"), timeout=120)
     assert done.returncode != 0
-    assert "local/my-run/step0" in done.stderr and "GPT2LMHeadModel" in done.stderr
+    assert "local/my-run/step0" in done.stderr and "MambaForCausalLM" in done.stderr
     assert "supported: BertForMaskedLM" in done.stderr and "GPTNeoXForCausalLM" in done.stderr, done.stderr[-3000:]
     assert not (tmp_path / "results").exists() and not (tmp_path / "weights").exists()
 

@@ -213,8 +213,10 @@ def test_sweep_goes_through_slurm(cluster_run, slurm_cluster):
     kinds = Counter(Path(log).relative_to(logdir).parts[0] for _, log in submitted)
     n_checkpoints = len(list((workdir / "results").glob("*/*/step*/metrics.parquet")))
     assert n_checkpoints == len(CHECKPOINTS)
-    # extract + metrics in groups of up to PER_GROUP checkpoints; nothing else is submitted.
-    assert kinds == {"group_sweep_extract_metrics": -(-n_checkpoints // PER_GROUP)}, kinds
+    # extract + metrics in groups of up to PER_GROUP checkpoints, a job per gradient analysis; nothing else.
+    n_gradients = len(list((workdir / "results").glob("*/*/step*/gradients.parquet")))
+    assert n_gradients > 0
+    assert kinds == {"group_sweep_extract_metrics": -(-n_checkpoints // PER_GROUP), "rule_gradients": n_gradients}
     for rule in ("train_toy", "fetch", "sweep", "plot_model", "plot_family"):
         assert f"localrule {rule}:" in out, rule
 

@@ -25,6 +25,7 @@ The subspaces are fitted per checkpoint on that checkpoint's activations.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -488,7 +489,8 @@ def analyse(result: GradientPass, settings: GradientSettings, d_model: int, prog
         rows += [{**where, **row} for row in isotropy_rows(result.sums[key], act, grad, strata, d_model)]
     rows.append({"layer": None, "site": "lm", "stratum": "all", "measure": "loss", "value": result.loss})
     rows.append({"layer": None, "site": "lm", "stratum": "all", "measure": "n_targets", "value": result.n_targets})
-    rows.append({"layer": None, "site": "lm", "stratum": "all", "measure": "pass_seconds", "value": result.seconds})
+    # the pass's time goes to the log, not the table: a rerun writes the same bytes, so nothing downstream reruns
+    print(f"gradients: backward pass {result.seconds:.2f} s", file=sys.stderr)
     rows += [
         {"layer": None, "site": "lm", "stratum": "all", "measure": m, "value": v} for m, v in result.strata_info.items()
     ]
