@@ -40,4 +40,3 @@ rule all:
     default_target: True
     input:
         all_outputs(),
-        gradient_outputs(),

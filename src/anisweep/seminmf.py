@@ -76,12 +76,9 @@ def _error(x: np.ndarray, g: np.ndarray, f: np.ndarray, norm_x: float) -> float:
     return float(residual / norm_x)
 
 
-def semi_nmf(x, rank: int, seed: int = 0, max_iter: int = 500, tol: float = 1e-6) -> SemiNMF:
-    """Fit X (n x d) ~ G F^T with G >= 0 by the multiplicative updates of Ding, Li & Jordan (2010).
-
-    Stops when the relative error improves by less than `tol` (relative) between two updates, or after
-    `max_iter` updates. Seeded: the same x, rank and seed give the same factors.
-    """
+def _alternate(x, rank: int, seed: int, max_iter: int, tol: float, update_g) -> SemiNMF:
+    """From the k-means start, alternate G = update_g(x, g, f) and the exact F, until the relative error improves
+    by less than `tol` (relative) between two updates, or after `max_iter` updates."""
     x = _check(x, rank)
     rng = np.random.default_rng(seed)
     g = _kmeans_init(x, rank, rng)
@@ -91,15 +88,28 @@ def semi_nmf(x, rank: int, seed: int = 0, max_iter: int = 500, tol: float = 1e-6
     iterations = 0
     while iterations < max_iter:
         iterations += 1
-        xf, ff = x @ f, f.T @ f
-        numerator = np.maximum(xf, 0) + g @ np.maximum(-ff, 0)
-        denominator = np.maximum(-xf, 0) + g @ np.maximum(ff, 0)
-        g = g * np.sqrt(numerator / np.maximum(denominator, _EPS))
+        g = update_g(x, g, f)
         f = _directions(x, g)
         previous, error = error, _error(x, g, f, norm_x)
         if previous - error <= tol * max(previous, _EPS):
             break
     return SemiNMF(f, g, error, iterations)
+
+
+def _multiplicative_update(x: np.ndarray, g: np.ndarray, f: np.ndarray) -> np.ndarray:
+    xf, ff = x @ f, f.T @ f
+    numerator = np.maximum(xf, 0) + g @ np.maximum(-ff, 0)
+    denominator = np.maximum(-xf, 0) + g @ np.maximum(ff, 0)
+    return g * np.sqrt(numerator / np.maximum(denominator, _EPS))
+
+
+def semi_nmf(x, rank: int, seed: int = 0, max_iter: int = 500, tol: float = 1e-6) -> SemiNMF:
+    """Fit X (n x d) ~ G F^T with G >= 0 by the multiplicative updates of Ding, Li & Jordan (2010).
+
+    Stops when the relative error improves by less than `tol` (relative) between two updates, or after
+    `max_iter` updates. Seeded: the same x, rank and seed give the same factors.
+    """
+    return _alternate(x, rank, seed, max_iter, tol, _multiplicative_update)
 
 
 def semi_nmf_als(x, rank: int, seed: int = 0, max_iter: int = 200, tol: float = 1e-8) -> SemiNMF:
@@ -108,21 +118,7 @@ def semi_nmf_als(x, rank: int, seed: int = 0, max_iter: int = 200, tol: float = 
     updates reach from the same start after the same number of sweeps."""
     from scipy.optimize import nnls
 
-    x = _check(x, rank)
-    rng = np.random.default_rng(seed)
-    g = _kmeans_init(x, rank, rng)
-    norm_x = float(np.linalg.norm(x))
-    f = _directions(x, g)
-    error = _error(x, g, f, norm_x)
-    iterations = 0
-    while iterations < max_iter:
-        iterations += 1
-        g = np.stack([nnls(f, row)[0] for row in x])
-        f = _directions(x, g)
-        previous, error = error, _error(x, g, f, norm_x)
-        if previous - error <= tol * max(previous, _EPS):
-            break
-    return SemiNMF(f, g, error, iterations)
+    return _alternate(x, rank, seed, max_iter, tol, lambda x, g, f: np.stack([nnls(f, row)[0] for row in x]))
 
 
 def principal_angles(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -194,7 +194,7 @@ def all_outputs():
         outputs.append("results/figures/compare_families.png")
     if config["untrained"]["enabled"]:
         outputs += [f"results/untrained/figures/{name}" for name in UNTRAINED_FIGURES]
-    return outputs
+    return outputs + gradient_outputs()
 
 
 def toy_checkpoints_dir(wildcards):
