@@ -105,3 +105,27 @@ def test_no_valid_token_leaves_empty_sums():
     assert (stats.n, stats.n_nonfinite, stats.sum_norm) == (0, 0, 0.0)
     assert (stats.norm_min, stats.norm_max) == (float("inf"), float("-inf"))
     assert not stats.sum_x.any()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_begin_batch_never_reads_the_device_mask(causal):
+    """The batch's masks and counts come from the mask's CPU copy: with the device copy on `meta`, whose values
+    cannot be read at all, begin_batch gives the same counts as a CPU run, and the torch path's blocks equal
+    those built on the CPU."""
+    from anisweep.adapters.base import Geometry
+    from anisweep.recorder import Recorder, Sample
+
+    geometry = Geometry(n_layers=1, n_heads=2, d_model=8, d_head=4, rotary_dims=0, causal=causal)
+    valid = torch.tensor([[True] * 6 + [False] * 2, [True] * 8])
+    ids = torch.arange(16).reshape(2, 8)
+    sample = Sample.draw(ids, valid, 5, seed=0)
+    on_cpu = Recorder(geometry, sample, torch.device("cpu"))
+    on_cpu.begin_batch(valid, 0)
+    on_meta = Recorder(geometry, sample, torch.device("meta"))
+    on_meta.begin_batch(valid.to("meta"), 0, host_valid=valid)
+    assert on_meta.n_valid == on_cpu.n_valid == 14
+    assert on_meta.row_counts == on_cpu.row_counts
+    assert on_meta.n_visible.device.type == "meta"
+    assert on_meta.blocks()[0][1][0].index.device.type == "meta"
+    expected_pairs = sum(range(1, 7)) + sum(range(1, 9)) if causal else 6 * 6 + 8 * 8
+    assert on_cpu.row_counts[2] == expected_pairs

@@ -19,7 +19,7 @@ from .adapters import Adapter, Geometry
 from .attention_torch import Scratch, Workers, row_blocks
 from .qk_sample import QKSample
 from .score_hist import ScoreHistogram
-from .streaming import AttentionStats, HeadVectorStats, VectorStats, VisibleKeys
+from .streaming import AttentionStats, HeadVectorStats, VectorStats, VisibleKeys, to_device
 
 ATTENTION_NAME = "anisweep"
 SAMPLED_SITES = ("resid", "final_ln_in", "final_ln_out")
@@ -132,24 +132,34 @@ class Recorder:
         self.all_valid = bool(host_valid.all())
         self._recent = []
         t = valid.shape[1]
-        hidden = ~valid[:, None, :].expand(-1, t, -1)
+        hidden = ~host_valid[:, None, :].expand(-1, t, -1)  # built on the CPU: no wait for the device
         if self.geometry.causal:
-            hidden = hidden | torch.ones(t, t, dtype=torch.bool, device=valid.device).triu(1)
+            hidden = hidden | torch.ones(t, t, dtype=torch.bool).triu(1)
         if self.all_valid:  # one mask for the whole mini-batch when there is no padding; else one per sequence
             hidden = hidden[:1]
-        self.blocks = []  # (query rows, VisibleKeys of each sequence (or of all))
+        host_blocks = []  # (query rows, VisibleKeys of each sequence (or of all))
         for rows in row_blocks(t, self.geometry.causal):
             n_keys = rows.stop if self.geometry.causal else t
-            self.blocks.append((rows, [VisibleKeys.build(h[rows, :n_keys]) for h in hidden]))
-        n_visible = [torch.cat([keys[i].n_visible for _, keys in self.blocks]) for i in range(len(hidden))]
-        self.n_visible = torch.stack(n_visible).expand(valid.shape[0], -1)
-        self.n_valid, self.row_counts = int(host_valid.sum()), AttentionStats.counts(host_valid, self.n_visible.cpu())
+            host_blocks.append((rows, [VisibleKeys.build(h[rows, :n_keys]) for h in hidden]))
+        n_visible = [torch.cat([keys[i].n_visible for _, keys in host_blocks]) for i in range(len(hidden))]
+        host_n_visible = torch.stack(n_visible).expand(valid.shape[0], -1)
+        self.n_valid, self.row_counts = int(host_valid.sum()), AttentionStats.counts(host_valid, host_n_visible)
+        self.n_visible = to_device(host_n_visible, valid.device)
+        self._host_blocks, self._blocks = host_blocks, None
         in_batch = ((self.sample.seq >= first_seq) & (self.sample.seq < first_seq + valid.shape[0])).nonzero()
         sample_rows = slice(int(in_batch[0]), int(in_batch[-1]) + 1) if len(in_batch) else slice(0, 0)
         flat_index = (self.sample.seq[sample_rows] - first_seq) * t + self.sample.position[sample_rows]
         self._batch_sample = (sample_rows, flat_index.to(valid.device))
         if self.qk_sample is not None:
             self.qk_sample.begin_batch(first_seq, valid.shape[0], valid.device)
+
+    def blocks(self) -> list:
+        """The batch's (query rows, VisibleKeys of each sequence, or of all) on the model's device, moved there
+        once per batch and only when the torch ops run (the Triton kernel masks by itself)."""
+        if self._blocks is None:
+            device = self.valid.device
+            self._blocks = [(rows, [k.to(device) for k in keys]) for rows, keys in self._host_blocks]
+        return self._blocks
 
     def attend(self, layer, query, key, value, scaling) -> torch.Tensor:
         """Attention output (B, T, H, d_head) of one layer; records its q/k means and row statistics."""
@@ -168,7 +178,7 @@ class Recorder:
             self.attention[layer].update(row_stats, self.valid, self.n_visible, self.row_counts)
             return output.transpose(1, 2).contiguous()
         output, row_stats = attention_torch.attend(
-            query, key, value, scaling, self.blocks, self.all_valid, self.workers, self.scratch
+            query, key, value, scaling, self.blocks(), self.all_valid, self.workers, self.scratch
         )
         self.attention[layer].update(row_stats, self.valid, self.n_visible, self.row_counts)
         return output.transpose(1, 2).contiguous()

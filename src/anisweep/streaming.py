@@ -135,7 +135,8 @@ class VisibleKeys:
 
     @classmethod
     def build(cls, hidden: torch.Tensor) -> VisibleKeys:
-        """hidden: (R, L) bool."""
+        """hidden: (R, L) bool. Build it from the mask's CPU copy and move it with `to`: the column range of the
+        hidden keys is read as Python ints, which on a GPU would wait for the device."""
         n_keys = hidden.shape[-1]
         n = n_keys - hidden.sum(dim=-1)
         middle = (n_keys - 1) // 2
@@ -149,6 +150,26 @@ class VisibleKeys:
             fill = torch.where(to_low, float("-inf"), float("inf")).masked_fill(~hidden, 0.0)
             keys.hidden, keys.fill = hidden[:, keys.cols], fill[:, keys.cols]
         return keys
+
+    def to(self, device: torch.device | str) -> VisibleKeys:
+        """This on `device`; copies to a GPU go through pinned memory, so the host does not wait for it."""
+        device = torch.device(device)
+        if device.type == "cpu":
+            return self
+
+        def move(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else to_device(x, device)
+
+        return VisibleKeys(
+            self.n_keys, move(self.n_visible), move(self.index), self.cols, move(self.hidden), move(self.fill)
+        )
+
+
+def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor copied to `device` without the host waiting for it (pinned, non-blocking on a GPU)."""
+    if device.type == "cuda":
+        return x.contiguous().pin_memory().to(device, non_blocking=True)
+    return x.to(device)
 
 
 def _sort_rows_(x: torch.Tensor) -> torch.Tensor:
