@@ -249,3 +249,58 @@ def test_gradient_metric_rows_equal_the_gradients_table():
             }  # fmt: skip
     assert "grad_energy_share_seminmf_fixed_k16_rare_z" in {r["metric"] for r in metric}
     assert parse_metric("avg_cos") is None
+
+
+def test_sweep_with_fixed_and_embedding_change_draws_every_figure(tmp_path):
+    from anisweep.gradient_plots import gradient_figures, gradients_sweep, plot_gradients
+    from anisweep.tables import with_identity, write_atomic
+
+    model = GPTNeoXForCausalLM.from_pretrained(saved(tmp_path, GPTNeoXForCausalLM, neox_config(), "n")).eval()
+    adapter = adapter_for(model.config)
+    batch = padded_batch()
+    settings = gr.GradientSettings(rank=2, n_random=4, subspaces="both", embedding_change=True, embedding_tokens=9)
+    fixed = None
+    paths, bases_paths, embedding_paths, tables = [], [], [], {}
+    for step in (0, 10, 100):
+        with torch.no_grad():  # a "training step": perturb the embeddings
+            model.get_input_embeddings().weight.add_(0.01 * torch.randn_like(model.get_input_embeddings().weight))
+        lm = gr.causal_lm_batch(batch["input_ids"], batch["attention_mask"].bool())
+        result = gr.gradient_pass(model, adapter, 32, 2, lm, settings, batch_size=5, progress=False)
+        own: dict = {}
+        if fixed is None:
+            gr.analyse(result, gr.GradientSettings(rank=2, n_random=4), 32, progress=False, bases_out=own)
+            fixed = own
+        table = gr.analyse(result, settings, 32, progress=False, fixed=fixed, bases_out=own)
+        ident = {"family": "toy", "model": "m", "seed": 0, "step": step, "tokens_seen": step * 64}
+        folder = tmp_path / f"step{step}"
+        paths.append(folder / "gradients.parquet")
+        write_atomic(with_identity(table, ident), paths[-1])
+        bases_paths.append(folder / "bases.parquet")
+        write_atomic(gs.bases_frame({k: v for k, v in own.items() if k[:2] == (0, "resid")}), bases_paths[-1])
+        kept = ec.sample_ids(batch["input_ids"], batch["attention_mask"].bool(), settings.embedding_tokens, 0)
+        embedding_paths.append(folder / "embeddings.parquet")
+        weights = model.get_input_embeddings().weight.detach().numpy()
+        write_atomic(ec.embedding_rows(weights, kept), embedding_paths[-1])
+        tables[step] = (weights[kept["token_id"].to_numpy()].astype(np.float64), own[(0, "resid", 2)])
+    write_atomic(gs.bases_frame(fixed), tmp_path / "fixed.parquet")
+    sweep = gradients_sweep(
+        paths, bases_paths, embedding_paths, tmp_path / "fixed.parquet", {"rank": 2, "n_random": 4, "subspaces": "both"}
+    )
+    change = sweep.filter(pl.col("measure") == "embedding_change_share")
+    assert sorted(change["step"].unique()) == [10, 100] and sorted(change["step_from"].unique()) == [0, 10]
+    row = change.filter(
+        (pl.col("step") == 100)
+        & (pl.col("stratum") == "all")
+        & (pl.col("subspace") == "pca")
+        & (pl.col("fit") == "checkpoint")
+    )
+    (e10, bases10), (e100, _) = tables[10], tables[100]
+    weight = kept["weight"].to_numpy()
+    assert row["value"][0] == pytest.approx(brute_share(e100 - e10, weight, bases10["pca"]), rel=1e-5)
+    assert row["family"][0] == "toy" and row["tokens_seen"][0] == 6400
+    names = gradient_figures({"subspaces": "both", "embedding_change": True})
+    written = plot_gradients(sweep, tmp_path / "figures", names)
+    assert [p.name for p in written] == names and len(names) == 4
+    assert all(p.stat().st_size > 10_000 for p in written)
+    with pytest.raises(ValueError, match="no fixed-subspace rows"):
+        plot_gradients(sweep.filter(pl.col("fit") != "fixed"), tmp_path / "other", ["gradients_fixed.png"])
