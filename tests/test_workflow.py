@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 import yaml
 
-from anisweep.gradient_plots import GRADIENT_FIGURES
+from anisweep.gradient_plots import gradient_figures
 from anisweep.plots import MODEL_FIGURES
 from anisweep.qk_svd import FIGURES as QK_SVD_FIGURES
 
@@ -122,7 +122,7 @@ def test_every_contract_file_is_written(tiny_run):
         for figure in (tiny_run / "results" / "toy" / model / "figures").iterdir():
             assert figure.stat().st_size > 10_000, figure
         figures = {p.name for p in (tiny_run / "results" / "toy" / model / "figures").glob("*.png")}
-        assert figures == {*MODEL_FIGURES, *QK_SVD_FIGURES, "score_hist.png", *GRADIENT_FIGURES}
+        assert figures == {*MODEL_FIGURES, *QK_SVD_FIGURES, "score_hist.png", *gradient_figures(config["gradients"])}
         new_metrics = {"qk_mean_dot", "qk_cos_concat", "partition_isotropy_mm", "drift_avg_cos_p_exact"}
         assert new_metrics <= set(sweep["metric"])
         svd = pl.read_parquet(tiny_run / "results" / "toy" / model / "qk_svd.parquet")
@@ -130,6 +130,12 @@ def test_every_contract_file_is_written(tiny_run):
         gradients = pl.read_parquet(tiny_run / "results" / "toy" / model / "gradients_sweep.parquet")
         assert sorted(gradients["step"].unique()) == config["gradients"]["steps"]
         assert {"seminmf", "pca", "random"} <= set(gradients["subspace"].drop_nulls())
+        assert set(gradients["fit"].drop_nulls()) == {"checkpoint", "fixed"}
+        change = gradients.filter(pl.col("measure") == "embedding_change_share")
+        assert change["step"].unique().to_list() == [32] and change["step_from"].unique().to_list() == [0]
+        grad_metrics = sweep.filter(pl.col("metric").str.starts_with("grad_"))
+        assert sorted(grad_metrics["step"].unique()) == config["gradients"]["steps"]
+        assert "grad_energy_share_seminmf_fixed_k4_all_z" in set(grad_metrics["metric"])
     assert (tiny_run / "results" / "toy" / "figures" / "compare.png").exists()
 
 

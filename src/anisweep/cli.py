@@ -6,6 +6,7 @@ anisweep corpus     --corpus JSON --out FILE       read the evaluation texts onc
 anisweep extract    --manifest FILE --out DIR       one forward pass, write the per-checkpoint Parquet
 anisweep metrics    --extract-dir DIR --out FILE    every metric of one checkpoint
 anisweep gradients  --manifest FILE --out FILE      LM-loss gradients against activation subspaces
+anisweep gradient-fixed-bases --out FILE HIDDEN...  subspaces fitted once on an early window of steps
 anisweep gradients-sweep --out FILE TABLES...       one model's gradient tables in one
 anisweep plot-gradients --sweep FILE --out-dir DIR  the gradient figures of one model
 anisweep sweep      --out FILE METRICS...           one tidy table per model's sweep
@@ -123,7 +124,7 @@ def cmd_metrics(args) -> None:
     from .metrics import checkpoint_metrics
     from .tables import write_atomic
 
-    write_atomic(checkpoint_metrics(args.extract_dir), args.out)
+    write_atomic(checkpoint_metrics(args.extract_dir, args.gradients), args.out)
     if args.spectra_out:
         from .spectra import checkpoint_spectra
 
@@ -144,14 +145,39 @@ def cmd_gradients(args) -> None:
     if args.threads:
         settings.threads = args.threads
     manifest = json.loads(Path(args.manifest).read_text())
-    gradients_checkpoint(manifest, read_texts(args.texts), settings, GradientSettings(**args.gradients), args.out)
+    gradients_checkpoint(
+        manifest,
+        read_texts(args.texts),
+        settings,
+        GradientSettings(**args.gradients),
+        args.out,
+        fixed_bases=args.fixed_bases,
+        bases_out=args.bases_out,
+        embeddings_out=args.embeddings_out,
+    )
+
+
+def cmd_gradient_fixed_bases(args) -> None:
+    from .gradient_subspaces import fixed_bases_file
+    from .gradients import GradientSettings
+
+    fixed_bases_file(args.hidden, GradientSettings(**args.gradients), args.out)
 
 
 def cmd_gradients_sweep(args) -> None:
     from .gradient_plots import gradients_sweep
     from .tables import write_atomic
 
-    write_atomic(gradients_sweep([Path(p) for p in args.tables]), args.out)
+    write_atomic(
+        gradients_sweep(
+            [Path(p) for p in args.tables],
+            bases=[Path(p) for p in args.bases],
+            embeddings=[Path(p) for p in args.embeddings],
+            fixed_bases=args.fixed_bases,
+            settings=args.gradients,
+        ),
+        args.out,
+    )
 
 
 def cmd_plot_gradients(args) -> None:
@@ -159,7 +185,7 @@ def cmd_plot_gradients(args) -> None:
 
     from .gradient_plots import plot_gradients
 
-    plot_gradients(pl.read_parquet(args.sweep), Path(args.out_dir))
+    plot_gradients(pl.read_parquet(args.sweep), Path(args.out_dir), names=args.figures)
 
 
 def cmd_sweep(args) -> None:
@@ -291,6 +317,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--extract-dir", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--spectra-out", help="spectra.parquet: normalised singular values of the sampled vectors")
+    p.add_argument("--gradients", help="the checkpoint's gradients.parquet: its shares become metric rows too")
     p.set_defaults(run=cmd_metrics)
 
     p = sub.add_parser("gradients", help="LM-loss gradients of one checkpoint against activation-derived subspaces")
@@ -300,16 +327,30 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gradients", type=_json, default={}, help="JSON of the config's gradients section")
     p.add_argument("--threads", type=int)
     p.add_argument("--out", required=True, help="the gradients.parquet to write")
+    p.add_argument("--fixed-bases", help="the model's gradient_fixed_bases.parquet (gradients.subspaces fixed|both)")
+    p.add_argument("--bases-out", help="gradient_bases.parquet: the layer-0 bases (gradients.embedding_change)")
+    p.add_argument("--embeddings-out", help="embedding_rows.parquet: kept token-embedding rows (embedding_change)")
     p.set_defaults(run=cmd_gradients)
+
+    p = sub.add_parser("gradient-fixed-bases", help="subspaces fitted once on an early window of steps, per model")
+    p.add_argument("--gradients", type=_json, default={}, help="JSON of the config's gradients section")
+    p.add_argument("--out", required=True)
+    p.add_argument("hidden", nargs="+", help="hidden.parquet of every swept step in gradients.fit_window")
+    p.set_defaults(run=cmd_gradient_fixed_bases)
 
     p = sub.add_parser("gradients-sweep", help="one model's per-checkpoint gradient tables in one")
     p.add_argument("--out", required=True)
+    p.add_argument("--gradients", type=_json, default={}, help="JSON of the config's gradients section")
+    p.add_argument("--bases", nargs="*", default=[], help="per-checkpoint gradient_bases.parquet (embedding change)")
+    p.add_argument("--embeddings", nargs="*", default=[], help="per-checkpoint embedding_rows.parquet, same order")
+    p.add_argument("--fixed-bases", help="the model's gradient_fixed_bases.parquet")
     p.add_argument("tables", nargs="+")
     p.set_defaults(run=cmd_gradients_sweep)
 
     p = sub.add_parser("plot-gradients", help="the gradient figures of one model")
     p.add_argument("--sweep", required=True)
     p.add_argument("--out-dir", required=True)
+    p.add_argument("--figures", nargs="*", help="figure names to draw (default: every one the sweep has data for)")
     p.set_defaults(run=cmd_plot_gradients)
 
     p = sub.add_parser("sweep", help="one tidy table per model's sweep, from its checkpoints' metrics")

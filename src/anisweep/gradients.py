@@ -20,7 +20,9 @@ subspaces of the same rank. With P the orthogonal projector on a subspace U (ort
 Each share comes with the random controls' mean and sd (ddof=1) and z = (share - mean) / sd. Strata: tokens
 by the count of their token id in the evaluation batch (frequent, middle, rare: see `frequency_strata`).
 
-The subspaces are fitted per checkpoint on that checkpoint's activations.
+The subspaces are fitted per checkpoint on that checkpoint's activations (rows with fit = "checkpoint") and,
+with `subspaces: fixed | both`, also held fixed: fitted once per model on extract's hidden-state samples of an
+early window of steps (anisweep.gradient_subspaces; rows with fit = "fixed").
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ class GradientSettings:
     max_iter: int = _DEFAULTS["max_iter"]
     seed: int = _DEFAULTS["seed"]
     steps: list[int] | None = _DEFAULTS["steps"]
+    subspaces: str = _DEFAULTS["subspaces"]  # per_checkpoint | fixed | both
+    fit_window: list[int] | None = _DEFAULTS["fit_window"]
+    embedding_change: bool = _DEFAULTS["embedding_change"]
+    embedding_tokens: int = _DEFAULTS["embedding_tokens"]
 
     def ranks(self) -> list[int]:
         return sorted({self.rank} if isinstance(self.rank, int) else set(self.rank))
@@ -453,9 +459,41 @@ def isotropy_rows(sums: SiteSums, act: np.ndarray, grad: np.ndarray, sample_stra
     return rows
 
 
-def analyse(result: GradientPass, settings: GradientSettings, d_model: int, progress: bool = True) -> pl.DataFrame:
-    """Every row of gradients.parquet (without the identity columns) from a gradient pass."""
+def _fixed_bases_of(fixed: dict | None, key: tuple[int, str], rank: int, d_model: int) -> dict[str, np.ndarray]:
+    if fixed is None:
+        raise ValueError(
+            "gradients.subspaces asks for fixed subspaces but none were given: the workflow fits them per model "
+            "(rule gradient_fixed_bases); in Python pass fixed=anisweep.gradient_subspaces.read_fixed_bases(path)"
+        )
+    bases = fixed.get((*key, rank))
+    if bases is None:
+        raise ValueError(
+            f"gradients: the fixed subspaces have no basis for layer {key[0]} {key[1]} at rank {rank}; "
+            "refit them with the same gradients.layers, final_ln and rank (delete gradient_fixed_bases.parquet)"
+        )
+    for name, basis in bases.items():
+        if basis.shape[0] != d_model:
+            raise ValueError(
+                f"gradients: the fixed {name} basis of layer {key[0]} {key[1]} is {basis.shape[0]}-d, not {d_model}"
+            )
+    return bases
+
+
+def analyse(
+    result: GradientPass,
+    settings: GradientSettings,
+    d_model: int,
+    progress: bool = True,
+    fixed: dict | None = None,
+    bases_out: dict | None = None,
+) -> pl.DataFrame:
+    """Every row of gradients.parquet (without the identity columns) from a gradient pass.
+
+    `fixed`: {(layer, site, rank): {"seminmf": U, "pca": U}} held-fixed bases (anisweep.gradient_subspaces), whose
+    shares are added with fit = "fixed". `bases_out`, when given, receives the per-checkpoint orthonormal bases as
+    {(layer, site, rank): {"seminmf": U, "pca": U}}."""
     rows = []
+    per_checkpoint = settings.subspaces != "fixed"
     keys = sorted(result.sums)
     for key in tqdm(keys, desc="subspaces", unit="site", disable=not progress, leave=False):
         layer, site = key
@@ -472,9 +510,15 @@ def analyse(result: GradientPass, settings: GradientSettings, d_model: int, prog
             fit = semi_nmf(act, rank, seed=settings.seed, max_iter=settings.max_iter)
             pca = pca_basis(act, rank)
             bases = {"seminmf": orthonormal_basis(fit.F), "pca": pca}
+            if bases_out is not None:
+                bases_out[(*key, rank)] = bases
             controls = random_bases(d_model, rank, settings.n_random, settings.seed + rank)
-            for row in share_rows(bases, controls, result.sums[key], rank):
-                rows.append({**where, **row, "chance": rank / d_model})
+            by_fit = {"checkpoint": bases} if per_checkpoint else {}
+            if settings.subspaces != "per_checkpoint":
+                by_fit["fixed"] = _fixed_bases_of(fixed, key, rank, d_model)
+            for fit_name, fitted in by_fit.items():
+                for row in share_rows(fitted, controls, result.sums[key], rank):
+                    rows.append({**where, **row, "fit": fit_name, "chance": rank / d_model})
             centred = act - act.mean(0)
             explained = float((np.linalg.norm(centred @ pca) ** 2) / np.linalg.norm(centred) ** 2)
             fit_rows = {
@@ -483,7 +527,15 @@ def analyse(result: GradientPass, settings: GradientSettings, d_model: int, prog
             }
             for subspace, values in fit_rows.items():
                 rows += [
-                    {**where, "stratum": "all", "subspace": subspace, "rank": rank, "measure": m, "value": float(v)}
+                    {
+                        **where,
+                        "stratum": "all",
+                        "subspace": subspace,
+                        "fit": "checkpoint",
+                        "rank": rank,
+                        "measure": m,
+                        "value": float(v),
+                    }
                     for m, v in values.items()
                 ]
         rows += [{**where, **row} for row in isotropy_rows(result.sums[key], act, grad, strata, d_model)]
@@ -502,6 +554,7 @@ GRADIENT_SCHEMA = {
     "site": pl.String,
     "stratum": pl.String,
     "subspace": pl.String,
+    "fit": pl.String,  # "checkpoint": fitted on this checkpoint's activations; "fixed": on an early window
     "rank": pl.Int64,
     "measure": pl.String,
     "value": pl.Float64,
@@ -545,22 +598,36 @@ def analyse_model(
     settings: GradientSettings,
     batch_size: int,
     progress: bool = True,
+    fixed: dict | None = None,
+    bases_out: dict | None = None,
 ) -> pl.DataFrame:
-    """The gradient pass and every share, of a model in memory (a checkpoint, or a model being trained)."""
+    """The gradient pass and every share, of a model in memory (a checkpoint, or a model being trained).
+    `fixed` and `bases_out` as in `analyse`."""
     geometry_ = adapter.geometry(model.config)
     masking = {"probability": settings.mlm_probability, "seed": settings.seed}
     vocab = model.get_output_embeddings().weight.shape[0]
     lm = lm_batch(batch, geometry_.causal, tokenizer, vocab_size=vocab, **masking)
     result = gradient_pass(model, adapter, geometry_.d_model, geometry_.n_layers, lm, settings, batch_size, progress)
-    return analyse(result, settings, geometry_.d_model, progress)
+    return analyse(result, settings, geometry_.d_model, progress, fixed=fixed, bases_out=bases_out)
 
 
 def gradients_checkpoint(
-    manifest: dict, texts: list[str], extract_settings, settings: GradientSettings, out: str
+    manifest: dict,
+    texts: list[str],
+    extract_settings,
+    settings: GradientSettings,
+    out: str,
+    fixed_bases: str | None = None,
+    bases_out: str | None = None,
+    embeddings_out: str | None = None,
 ) -> None:
     """Load the checkpoint a fetch manifest names, run the gradient analysis on extract's evaluation batch
-    (same texts, seq_len, n_sequences and seed), write gradients.parquet."""
-    from . import preflight
+    (same texts, seq_len, n_sequences and seed), write gradients.parquet; with `fixed_bases` (the model's
+    gradient_fixed_bases.parquet) also the shares in the fixed subspaces; with `bases_out` and `embeddings_out`
+    the layer-0 bases and the kept token-embedding rows the embedding-change alignment reads
+    (anisweep.embedding_change)."""
+    from . import embedding_change, preflight
+    from .gradient_subspaces import bases_frame, read_fixed_bases
     from .tables import with_identity, write_atomic
 
     if extract_settings.threads:
@@ -569,6 +636,21 @@ def gradients_checkpoint(
     batch = preflight.evaluation_batch(manifest["path"], manifest.get("tokenizer_path"), extract_settings, texts, where)
     tokenizer = preflight.load_tokenizer(manifest.get("tokenizer_path"), manifest["path"], where)
     model, adapter = load_lm(manifest["path"], extract_settings.dtype, extract_settings.torch_device())
-    table = analyse_model(model, adapter, batch, tokenizer, settings, extract_settings.batch_size)
+    fixed = read_fixed_bases(fixed_bases) if fixed_bases else None
+    bases: dict = {}
+    table = analyse_model(
+        model, adapter, batch, tokenizer, settings, extract_settings.batch_size, fixed=fixed, bases_out=bases
+    )
     ident = {key: manifest.get(key) for key in ("family", "model", "seed", "step", "tokens_seen")}
+    if bases_out:
+        layer0 = {key: value for key, value in bases.items() if key[:2] == (0, "resid")}
+        if not layer0:
+            raise ValueError("gradients.embedding_change needs the embedding-output site: put 0 in gradients.layers")
+        write_atomic(bases_frame(layer0), bases_out)
+    if embeddings_out:
+        kept = embedding_change.sample_ids(
+            batch["input_ids"], batch["attention_mask"].bool(), settings.embedding_tokens, settings.seed
+        )
+        weights = model.get_input_embeddings().weight.detach().float().cpu().numpy()
+        write_atomic(embedding_change.embedding_rows(weights, kept), embeddings_out)
     write_atomic(with_identity(table, ident), out)

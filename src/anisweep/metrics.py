@@ -160,8 +160,9 @@ def embedding_rows(embeddings: pl.DataFrame) -> list[dict]:
     return [{"site": r["matrix"], "metric": r["metric"], "value": r["value"]} for r in embeddings.iter_rows(named=True)]
 
 
-def checkpoint_metrics(extract_dir: str | Path) -> pl.DataFrame:
-    """Every metric of one checkpoint, from extract's tables in `extract_dir`."""
+def checkpoint_metrics(extract_dir: str | Path, gradients: str | Path | None = None) -> pl.DataFrame:
+    """Every metric of one checkpoint, from extract's tables in `extract_dir`, and with `gradients` (the
+    checkpoint's gradients.parquet) the gradient analysis's shares (anisweep.gradient_metrics)."""
     extract_dir = Path(extract_dir)
     read = lambda name: pl.read_parquet(extract_dir / f"{name}.parquet")  # noqa: E731
     qk, attention, stats = read("qk"), read("attention"), read("hidden_stats")
@@ -176,4 +177,8 @@ def checkpoint_metrics(extract_dir: str | Path) -> pl.DataFrame:
         + embedding_rows(read("embeddings"))
         + qk_sample_rows(read("qk_sample"))
     )
+    if gradients is not None:
+        from .gradient_metrics import gradient_metric_rows
+
+        rows += gradient_metric_rows(pl.read_parquet(gradients))
     return metric_rows(_identity(qk), rows).sort("layer", "head", "site", "metric", nulls_last=True)

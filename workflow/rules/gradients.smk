@@ -1,12 +1,37 @@
 # Tangent-aligned anisotropy (config `gradients`, off unless enabled): per checkpoint a backward pass of the
 # model's own LM loss, its gradients at a few residual-stream sites against semi-NMF / PCA subspaces of the
 # activations and matched-rank random controls (anisweep.gradients); per model one table and two figures.
+# With gradients.subspaces fixed | both: per model, semi-NMF / PCA bases fitted once on extract's hidden-state
+# samples of the fit window's steps, pooled (anisweep.gradient_subspaces), read by every gradients job.
+rule gradient_fixed_bases:
+    input:
+        hidden=lambda wc: [f"results/{c.key}/hidden.parquet" for c in fixed_window_checkpoints(wc.family, wc.model)],
+        code=package_files("gradient_subspaces", "seminmf"),
+    output:
+        "results/{family}/{model}/gradient_fixed_bases.parquet",
+    log:
+        "logs/gradient_fixed_bases/{family}/{model}.log",
+    conda:
+        CONDA_ENV
+    threads: config["resources"]["extract_threads"]
+    params:
+        cli=ANISWEEP,
+        on_failure=on_failure("gradient_fixed_bases"),
+        gradients=json_arg(GRADIENTS),
+    shell:
+        "OPENBLAS_NUM_THREADS={threads} OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
+        "{params.cli} gradient-fixed-bases --gradients {params.gradients} --out {output} {input.hidden} "
+        "2> {log} {params.on_failure}"
+
+
 rule gradients:
     input:
+        unpack(gradient_inputs),
         weights="weights/{family}/{model}/step{step}",
         texts=rules.corpus.output[0],
     output:
-        "results/{family}/{model}/step{step}/gradients.parquet",
+        **GRADIENT_EXTRA_OUTPUTS,
+        table="results/{family}/{model}/step{step}/gradients.parquet",
     log:
         "logs/gradients/{family}/{model}/step{step}.log",
     # Like extract, before any further fetch: the weights are deleted once both have read them. numpy's BLAS
@@ -24,11 +49,12 @@ rule gradients:
         on_failure=on_failure("gradients"),
         settings=json_arg(config["extract"]),
         gradients=json_arg(GRADIENTS),
+        extra=gradient_extra_args,
     shell:
         "OPENBLAS_NUM_THREADS={threads} OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
         "{params.cli} gradients --manifest {input.weights}/checkpoint.json --texts {input.texts} "
-        "--settings {params.settings} --gradients {params.gradients} --threads {threads} --out {output} "
-        "2> {log} {params.on_failure}"
+        "--settings {params.settings} --gradients {params.gradients} --threads {threads} --out {output.table} "
+        "{params.extra} 2> {log} {params.on_failure}"
 
 
 # Seconds of work: on the submit host in cluster runs, not a SLURM job each.
@@ -39,8 +65,8 @@ localrules:
 
 rule gradients_sweep:
     input:
-        tables=lambda wc: [f"results/{c.key}/gradients.parquet" for c in gradient_checkpoints(wc.family, wc.model)],
-        code=package_files("gradient_plots"),
+        unpack(gradient_sweep_inputs),
+        code=package_files("gradient_plots", "embedding_change"),
     output:
         "results/{family}/{model}/gradients_sweep.parquet",
     log:
@@ -50,8 +76,11 @@ rule gradients_sweep:
     params:
         cli=ANISWEEP,
         on_failure=on_failure("gradients_sweep"),
+        gradients=json_arg(GRADIENTS),
+        extra=gradient_sweep_args,
     shell:
-        "{params.cli} gradients-sweep --out {output} {input.tables} 2> {log} {params.on_failure}"
+        "{params.cli} gradients-sweep --out {output} {input.tables} --gradients {params.gradients} {params.extra} "
+        "2> {log} {params.on_failure}"
 
 
 rule plot_gradients:
@@ -66,7 +95,7 @@ rule plot_gradients:
                 category="{family}",
                 subcategory="{model}",
             )
-            for name in GRADIENT_FIGURES
+            for name in gradient_figures(GRADIENTS)
         },
     log:
         "logs/plots/{family}/{model}.gradients.log",
@@ -76,5 +105,7 @@ rule plot_gradients:
         cli=ANISWEEP,
         on_failure=on_failure("plot_gradients"),
         out_dir="results/{family}/{model}/figures",
+        figures=" ".join(gradient_figures(GRADIENTS)),
     shell:
-        "{params.cli} plot-gradients --sweep {input.sweep} --out-dir {params.out_dir} 2> {log} {params.on_failure}"
+        "{params.cli} plot-gradients --sweep {input.sweep} --out-dir {params.out_dir} --figures {params.figures} "
+        "2> {log} {params.on_failure}"

@@ -2,6 +2,7 @@ rule metrics:
     input:
         rules.extract.output,
         code=ANALYSIS_CODE["metrics"],
+        gradients=gradient_table_of,
     output:
         metrics="results/{family}/{model}/step{step}/metrics.parquet",
         spectra="results/{family}/{model}/step{step}/spectra.parquet",
@@ -13,9 +14,10 @@ rule metrics:
         cli=ANISWEEP,
         on_failure=on_failure("metrics"),
         extract_dir=lambda wildcards, output: os.path.dirname(output[0]),
+        gradients=lambda wildcards, input: f"--gradients {input.gradients}" if input.gradients else "",
     shell:
         "{params.cli} metrics --extract-dir {params.extract_dir} --out {output.metrics} --spectra-out {output.spectra} "
-        "2> {log} {params.on_failure}"
+        "{params.gradients} 2> {log} {params.on_failure}"
 
 
 # Seconds of work: on the submit host in cluster runs, not a SLURM job each.
