@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -372,8 +373,13 @@ def test_checkpoint_init_is_the_checkpoints_own_embedding_and_first_block(tmp_pa
     settings = UntrainedSettings(**{**TINY, "inits": [{"model": path.name, "step": 0}], "norms": [0, 1]})
     x, _ = untrained.biased_inputs(block, settings, 0)
     assert x.shape == (settings.n_sequences, settings.seq_len, 32)
-    tables = untrained.run(settings, progress=False, weights={f"{path.name}@step0": path})
+    manifest_dir = tmp_path / "weights"  # as fetch leaves it: a manifest naming the checkpoint's folder
+    manifest_dir.mkdir()
+    (manifest_dir / "checkpoint.json").write_text(json.dumps({"path": str(path)}))
+    tables = untrained.run(settings, progress=False, weights={f"{path.name}@step0": manifest_dir})
     assert tables["untrained"]["init"].unique().to_list() == [f"{path.name}@step0"]
+    direct = untrained.run(settings, progress=False, weights={f"{path.name}@step0": path})
+    assert direct["untrained"].equals(tables["untrained"])
 
 
 def test_checkpoint_init_needs_its_weights_and_its_keys():

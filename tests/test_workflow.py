@@ -11,6 +11,7 @@ import yaml
 
 from anisweep.gradient_plots import GRADIENT_FIGURES
 from anisweep.plots import MODEL_FIGURES
+from anisweep.plots_spectra import SPECTRA_FIGURES
 from anisweep.qk_svd import FIGURES as QK_SVD_FIGURES
 
 from conftest import snakemake_command
@@ -122,7 +123,7 @@ def test_every_contract_file_is_written(tiny_run):
         for figure in (tiny_run / "results" / "toy" / model / "figures").iterdir():
             assert figure.stat().st_size > 10_000, figure
         figures = {p.name for p in (tiny_run / "results" / "toy" / model / "figures").glob("*.png")}
-        assert figures == {*MODEL_FIGURES, *QK_SVD_FIGURES, "score_hist.png", *GRADIENT_FIGURES}
+        assert figures == {*MODEL_FIGURES, *QK_SVD_FIGURES, "score_hist.png", *GRADIENT_FIGURES, *SPECTRA_FIGURES}
         new_metrics = {"qk_mean_dot", "qk_cos_concat", "partition_isotropy_mm", "drift_avg_cos_p_exact"}
         assert new_metrics <= set(sweep["metric"])
         svd = pl.read_parquet(tiny_run / "results" / "toy" / model / "qk_svd.parquet")
@@ -131,6 +132,9 @@ def test_every_contract_file_is_written(tiny_run):
         assert sorted(gradients["step"].unique()) == config["gradients"]["steps"]
         assert {"seminmf", "pca", "random"} <= set(gradients["subspace"].drop_nulls())
     assert (tiny_run / "results" / "toy" / "figures" / "compare.png").exists()
+    untrained = pl.read_parquet(tiny_run / "results" / "untrained" / "untrained.parquet")
+    assert untrained["init"].unique().to_list() == ["toy-neox@step0"]  # the toy decoder's own step-0 block
+    assert untrained.filter(pl.col("metric") == "norm_mean")["value"].is_finite().all()
 
 
 def test_fetched_checkpoints_are_removed_once_extracted(tiny_run):
@@ -169,8 +173,9 @@ def bad_config(tmp_path: Path, change) -> Path:
         (lambda c: c["extract"].update(batchsize=4), "batchsize"),
         (lambda c: c["models"][0].update(family="pythia", name="pythia-71m", steps=[0]), "pythia-70m"),
         (lambda c: c["models"][0].update(steps=[3]), "step"),
+        (lambda c: c["untrained"].update(inits=[{"model": "toy-gpt"}]), "toy-gpt"),
     ],
-    ids=["wrong-type", "unknown-key", "unknown-model", "unknown-step"],
+    ids=["wrong-type", "unknown-key", "unknown-model", "unknown-step", "unknown-untrained-init"],
 )
 def test_bad_config_stops_before_any_work(tmp_path, change, named):
     done = snakemake(tmp_path, configfile=bad_config(tmp_path, change), timeout=120)

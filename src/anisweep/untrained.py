@@ -15,8 +15,10 @@ in fixed bins (exact counts over every visible pair), and each sequence's extrem
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -184,13 +186,23 @@ def build_block(init: str, settings: UntrainedSettings, seed: int) -> Block:
     return Block(init, model, model.get_input_embeddings().weight.detach(), adapter, adapter.geometry(model.config))
 
 
+def checkpoint_folder(path) -> Path:
+    """The folder holding a checkpoint's weights: `path` itself, or where the manifest fetch wrote into `path`
+    (weights/{family}/{model}/step{N}/checkpoint.json) says they are."""
+    from .fetch import MANIFEST
+
+    manifest = Path(path) / MANIFEST
+    return Path(json.loads(manifest.read_text())["path"]) if manifest.is_file() else Path(path)
+
+
 def load_block(init: dict, path) -> Block:
     """A swept checkpoint's own input embedding table and first Transformer block, with their real weights,
     loaded as extract loads a checkpoint (float32, CPU, the recording attention); the block's shape is the
-    model's. The model's other blocks are loaded but never run."""
+    model's. The model's other blocks are loaded but never run. `path`: a checkpoint folder, or a folder
+    fetch wrote its manifest into."""
     from .extract import load_model
 
-    loaded = load_model(path, dtype="float32", device="cpu")
+    loaded = load_model(checkpoint_folder(path), dtype="float32", device="cpu")
     embedding = loaded.adapter.embedding_matrices(loaded.model)["embed_in"].detach()
     return Block(label(init), loaded.base, embedding, loaded.adapter, loaded.geometry)
 
