@@ -89,10 +89,16 @@ def snakemake(workdir: Path, *args: str, configfile: Path = TINY, timeout: int =
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
+# The tiny config plus the untrained block from a swept model's own step 0 (its weights a temp input of the rule)
+UNTRAINED = {"enabled": True, "inits": [{"model": "toy-neox"}], "n_sequences": 2, "seq_len": 16, "n_seeds": 2}
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("tiny")
-    done = snakemake(workdir)
+    config = {**yaml.safe_load(TINY.read_text()), "untrained": {**UNTRAINED, "norms": [0, 1, 10]}}
+    (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
+    done = snakemake(workdir, configfile=workdir / "tiny.yaml")
     assert done.returncode == 0, done.stderr[-5000:]
     return workdir
 
@@ -153,7 +159,7 @@ def test_training_changes_the_geometry(tiny_run):
 
 
 def test_report_renders(tiny_run):
-    done = snakemake(tiny_run, "--report", str(tiny_run / "report.zip"))
+    done = snakemake(tiny_run, "--report", str(tiny_run / "report.zip"), configfile=tiny_run / "tiny.yaml")
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tiny_run / "report.zip").stat().st_size > 50_000
 
@@ -173,7 +179,7 @@ def bad_config(tmp_path: Path, change) -> Path:
         (lambda c: c["extract"].update(batchsize=4), "batchsize"),
         (lambda c: c["models"][0].update(family="pythia", name="pythia-71m", steps=[0]), "pythia-70m"),
         (lambda c: c["models"][0].update(steps=[3]), "step"),
-        (lambda c: c["untrained"].update(inits=[{"model": "toy-gpt"}]), "toy-gpt"),
+        (lambda c: c.update(untrained={**UNTRAINED, "inits": [{"model": "toy-gpt"}]}), "toy-gpt"),
     ],
     ids=["wrong-type", "unknown-key", "unknown-model", "unknown-step", "unknown-untrained-init"],
 )
