@@ -145,7 +145,7 @@ def test_one_checkpoint_alone_then_the_sweep_tables(run):
     # of small inputs, and this deterministic toy rerun wrote the same bytes), never another checkpoint.
     assert not {"train_toy", "fetch", "extract", "metrics"} & set(planned(workdir, configfile))
     at_once = planned(workdir, configfile, "--forcerun", f"{NEOX}/step8/extract.json")  # both in one command
-    per_model = {"sweep": 1, "plot_model": 1, "plot_family": 1, "qk_svd": 1, "plot_score_hist": 1}
+    per_model = {"sweep": 1, "plot_model": 1, "plot_family": 1, "qk_svd": 1, "plot_score_hist": 1, "plot_spectra": 1}
     assert at_once == {"fetch": 1, "extract": 1, "metrics": 1, **per_model}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -76,7 +77,7 @@ def brute_force(block, x):
     b, t, d = x.shape
     d_head = d // n_heads
     layer = block.block
-    if block.init == "bert":
+    if not block.geometry.causal:  # BERT
         visible = torch.ones(t, t, dtype=torch.bool)
         sa = layer.attention.self
         q, k, v = (_heads(_linear(x, m), n_heads) for m in (sa.query, sa.key, sa.value))
@@ -160,11 +161,32 @@ def expected_rows(bf, x) -> dict:
     return out
 
 
-@pytest.fixture(scope="module", params=["bert", "gpt_neox"])
-def tiny_run(request):
-    settings = UntrainedSettings(**{**TINY, "inits": [request.param]})
-    tables = untrained.run(settings, progress=False)
-    block = untrained.build_block(request.param, settings, settings.seed)
+def _saved_checkpoint(tmp_path, arch):
+    """A tiny saved checkpoint (conftest's `saved`: seeded weights, non-trivial LayerNorms)."""
+    from transformers import BertForMaskedLM, GPTNeoXForCausalLM
+
+    from conftest import bert_config, neox_config, saved
+
+    if arch == "bert":
+        # no padding token: BERT's init zeroes its embedding row, and a zero vector has no direction, so its
+        # cosines (the brute force's NaN) are not defined; the sweep's streaming sums count it in n regardless
+        return saved(tmp_path, BertForMaskedLM, bert_config(pad_token_id=None), "tiny-bert")
+    return saved(tmp_path, GPTNeoXForCausalLM, neox_config(), "tiny-neox")
+
+
+@pytest.fixture(scope="module", params=["bert", "gpt_neox", "checkpoint bert", "checkpoint gpt_neox"])
+def tiny_run(request, tmp_path_factory):
+    """A config-built init, or a saved checkpoint's own embedding table and first block (init `{name}@step0`)."""
+    if request.param.startswith("checkpoint"):
+        path = _saved_checkpoint(tmp_path_factory.mktemp("checkpoint"), request.param.split()[1])
+        init = {"family": "local", "model": path.name, "step": 0}
+        settings = UntrainedSettings(**{**TINY, "inits": [init]})
+        tables = untrained.run(settings, progress=False, weights={f"{path.name}@step0": path})
+        block = untrained.load_block(init, path)
+    else:
+        settings = UntrainedSettings(**{**TINY, "inits": [request.param]})
+        tables = untrained.run(settings, progress=False)
+        block = untrained.build_block(request.param, settings, settings.seed)
     x, direction = untrained.biased_inputs(block, settings, settings.seed)
     return settings, tables, block, x, direction
 
@@ -214,7 +236,7 @@ def test_histogram_counts_against_brute_force(tiny_run):
             assert counts["count"].to_list() == expected
             assert counts["bin_lo"].to_list() == edges[:-1]
         b, t, n_heads = settings.n_sequences, settings.seq_len, block.geometry.n_heads
-        pairs = t * t if block.init == "bert" else t * (t + 1) // 2
+        pairs = t * t if not block.geometry.causal else t * (t + 1) // 2
         assert got["count"].sum() == b * n_heads * pairs
 
 
@@ -331,3 +353,96 @@ def test_rule_all_asks_for_the_figures_only_when_enabled(tmp_path, enabled):
     assert ("plot_untrained" in jobs) is enabled and (
         "results/untrained/figures/untrained_norms.png" in jobs
     ) is enabled
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt_neox"])
+def test_checkpoint_init_is_the_checkpoints_own_embedding_and_first_block(tmp_path, arch):
+    """The block's weights are the saved ones (not a fresh draw), its shape is the model's (not the settings'),
+    and the tables carry the init's label."""
+    from transformers import AutoModel
+
+    path = _saved_checkpoint(tmp_path, arch)
+    block = untrained.load_block({"family": "local", "model": path.name, "step": 0}, path)
+    reference = AutoModel.from_pretrained(path)
+    assert block.init == f"{path.name}@step0"
+    assert torch.equal(block.embedding, reference.get_input_embeddings().weight)
+    first = reference.encoder.layer[0] if arch == "bert" else reference.layers[0]
+    ours, theirs = block.block.state_dict(), first.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    assert (block.geometry.d_model, block.geometry.n_heads) == (32, 4)
+    settings = UntrainedSettings(**{**TINY, "inits": [{"model": path.name, "step": 0}], "norms": [0, 1]})
+    x, _ = untrained.biased_inputs(block, settings, 0)
+    assert x.shape == (settings.n_sequences, settings.seq_len, 32)
+    manifest_dir = tmp_path / "weights"  # as fetch leaves it: a manifest naming the checkpoint's folder
+    manifest_dir.mkdir()
+    (manifest_dir / "checkpoint.json").write_text(json.dumps({"path": str(path)}))
+    tables = untrained.run(settings, progress=False, weights={f"{path.name}@step0": manifest_dir})
+    assert tables["untrained"]["init"].unique().to_list() == [f"{path.name}@step0"]
+    direct = untrained.run(settings, progress=False, weights={f"{path.name}@step0": path})
+    assert direct["untrained"].equals(tables["untrained"])
+
+
+def test_checkpoint_init_needs_its_weights_and_its_keys():
+    with pytest.raises(ValueError, match="no checkpoint folder.*toy-bert@step0"):
+        untrained.run(UntrainedSettings(**{**TINY, "inits": [{"model": "toy-bert", "step": 0}]}), progress=False)
+    with pytest.raises(ValueError, match="has the keys model"):
+        UntrainedSettings(inits=[{"name": "toy-bert"}])
+    with pytest.raises(ValueError, match="give `step: N`"):
+        untrained.run(UntrainedSettings(**{**TINY, "inits": [{"model": "toy-bert"}]}), progress=False, weights={})
+
+
+def test_checkpoint_inits_resolve_against_the_configs_models():
+    from types import SimpleNamespace
+
+    from anisweep import config
+    from anisweep.sources import ConfigError
+    from anisweep.untrained_inits import resolve
+
+    swept = [SimpleNamespace(family="toy", model="toy-bert", step=s) for s in (0, 4, 16)]
+    swept += [SimpleNamespace(family="multiberts", model="seed_0", step=s) for s in (20000, 40000)]
+    swept += [SimpleNamespace(family="local", model="seed_0", step=s) for s in (5, 9)]
+    expected = ["bert", {"family": "toy", "model": "toy-bert", "step": 0}]
+    assert resolve(["bert", {"model": "toy-bert"}], swept) == expected
+    assert resolve([{"model": "toy-bert", "step": 16}], swept)[0]["step"] == 16
+    earliest = resolve([{"model": "seed_0", "family": "multiberts"}], swept)[0]
+    assert earliest == {"family": "multiberts", "model": "seed_0", "step": 20000}  # its earliest swept step
+    with pytest.raises(ConfigError, match=r"not a model of this config's `models` \(toy/toy-bert"):
+        resolve([{"model": "toy-neox"}], swept)
+    with pytest.raises(ConfigError, match="step 3 is not a swept step of toy/toy-bert"):
+        resolve([{"model": "toy-bert", "step": 3}], swept)
+    with pytest.raises(ConfigError, match="several families.*add `family:`"):
+        resolve([{"model": "seed_0"}], swept)
+    with pytest.raises(ConfigError, match="named twice"):
+        resolve([{"model": "toy-bert"}, {"model": "toy-bert", "step": 0}], swept)
+    base = {"models": [{"family": "toy", "name": "toy-bert", "steps": [0]}]}
+    assert config.complete({**base, "untrained": {"inits": ["bert", {"model": "toy-bert"}]}})
+    for bad in (["gpt2"], [{"modle": "toy-bert"}], [{"model": "toy-bert", "step": -1}]):
+        with pytest.raises(ConfigError, match="untrained.inits.0"):
+            config.complete({**base, "untrained": {"inits": bad}})
+
+
+def test_workflow_feeds_a_checkpoint_init_its_weights_and_stops_on_a_bad_one(tmp_path):
+    import yaml
+
+    from conftest import snakemake_command
+
+    config = {
+        "models": [{"family": "toy", "name": "toy-bert", "steps": [0, 2]}],
+        "toy": {"toy-bert": {"arch": "bert", "steps": [0, 2]}},
+        "extract": {"seq_len": 64, "sample_tokens": 64},
+        "untrained": {"enabled": True, "inits": ["bert", {"model": "toy-bert"}]},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    args = ("-n", "-p", "--configfile", str(tmp_path / "config.yaml"))
+    target = "results/untrained/untrained.parquet"
+    done = subprocess.run(snakemake_command(tmp_path, target, *args), capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    jobs = done.stdout + done.stderr
+    assert "--weights=toy-bert@step0=weights/toy/toy-bert/step0" in jobs
+    assert '{"family": "toy", "model": "toy-bert", "step": 0}' in jobs
+    untrained_job = jobs.split("rule untrained:")[1].split("Shell command")[0]
+    assert "input: weights/toy/toy-bert/step0" in untrained_job  # a consumer: the temp weights wait for it
+    config["untrained"]["inits"] = [{"model": "toy-bert", "step": 1}]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    done = subprocess.run(snakemake_command(tmp_path, *args), capture_output=True, text=True)
+    assert done.returncode != 0 and "step 1 is not a swept step of toy/toy-bert" in done.stdout + done.stderr

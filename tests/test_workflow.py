@@ -11,6 +11,7 @@ import yaml
 
 from anisweep.gradient_plots import gradient_figures
 from anisweep.plots import MODEL_FIGURES
+from anisweep.plots_spectra import SPECTRA_FIGURES
 from anisweep.qk_svd import FIGURES as QK_SVD_FIGURES
 
 from conftest import snakemake_command
@@ -88,10 +89,16 @@ def snakemake(workdir: Path, *args: str, configfile: Path = TINY, timeout: int =
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
+# The tiny config plus the untrained block from a swept model's own step 0 (its weights a temp input of the rule)
+UNTRAINED = {"enabled": True, "inits": [{"model": "toy-neox"}], "n_sequences": 2, "seq_len": 16, "n_seeds": 2}
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("tiny")
-    done = snakemake(workdir)
+    config = {**yaml.safe_load(TINY.read_text()), "untrained": {**UNTRAINED, "norms": [0, 1, 10]}}
+    (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
+    done = snakemake(workdir, configfile=workdir / "tiny.yaml")
     assert done.returncode == 0, done.stderr[-5000:]
     return workdir
 
@@ -122,7 +129,13 @@ def test_every_contract_file_is_written(tiny_run):
         for figure in (tiny_run / "results" / "toy" / model / "figures").iterdir():
             assert figure.stat().st_size > 10_000, figure
         figures = {p.name for p in (tiny_run / "results" / "toy" / model / "figures").glob("*.png")}
-        assert figures == {*MODEL_FIGURES, *QK_SVD_FIGURES, "score_hist.png", *gradient_figures(config["gradients"])}
+        assert figures == {
+            *MODEL_FIGURES,
+            *QK_SVD_FIGURES,
+            "score_hist.png",
+            *gradient_figures(config["gradients"]),
+            *SPECTRA_FIGURES,
+        }
         new_metrics = {"qk_mean_dot", "qk_cos_concat", "partition_isotropy_mm", "drift_avg_cos_p_exact"}
         assert new_metrics <= set(sweep["metric"])
         svd = pl.read_parquet(tiny_run / "results" / "toy" / model / "qk_svd.parquet")
@@ -137,6 +150,9 @@ def test_every_contract_file_is_written(tiny_run):
         assert sorted(grad_metrics["step"].unique()) == config["gradients"]["steps"]
         assert "grad_energy_share_seminmf_fixed_k4_all_z" in set(grad_metrics["metric"])
     assert (tiny_run / "results" / "toy" / "figures" / "compare.png").exists()
+    untrained = pl.read_parquet(tiny_run / "results" / "untrained" / "untrained.parquet")
+    assert untrained["init"].unique().to_list() == ["toy-neox@step0"]  # the toy decoder's own step-0 block
+    assert untrained.filter(pl.col("metric") == "norm_mean")["value"].is_finite().all()
 
 
 def test_fetched_checkpoints_are_removed_once_extracted(tiny_run):
@@ -155,7 +171,7 @@ def test_training_changes_the_geometry(tiny_run):
 
 
 def test_report_renders(tiny_run):
-    done = snakemake(tiny_run, "--report", str(tiny_run / "report.zip"))
+    done = snakemake(tiny_run, "--report", str(tiny_run / "report.zip"), configfile=tiny_run / "tiny.yaml")
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tiny_run / "report.zip").stat().st_size > 50_000
 
@@ -175,8 +191,9 @@ def bad_config(tmp_path: Path, change) -> Path:
         (lambda c: c["extract"].update(batchsize=4), "batchsize"),
         (lambda c: c["models"][0].update(family="pythia", name="pythia-71m", steps=[0]), "pythia-70m"),
         (lambda c: c["models"][0].update(steps=[3]), "step"),
+        (lambda c: c.update(untrained={**UNTRAINED, "inits": [{"model": "toy-gpt"}]}), "toy-gpt"),
     ],
-    ids=["wrong-type", "unknown-key", "unknown-model", "unknown-step"],
+    ids=["wrong-type", "unknown-key", "unknown-model", "unknown-step", "unknown-untrained-init"],
 )
 def test_bad_config_stops_before_any_work(tmp_path, change, named):
     done = snakemake(tmp_path, configfile=bad_config(tmp_path, change), timeout=120)

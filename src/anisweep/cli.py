@@ -16,6 +16,7 @@ anisweep plot-families --out FILE SWEEPS...         one figure across families, 
 anisweep checkpoints --configfile FILE              list the checkpoints a config names
 anisweep untrained  --settings JSON --out-dir DIR   the untrained block with an injected bias (Godey Sec. 4)
 anisweep plot-untrained --tables-dir DIR --out-dir DIR   its figures
+anisweep plot-spectra --out PNG SPECTRA...   one model's singular-value spectra over training
 """
 
 from __future__ import annotations
@@ -233,7 +234,13 @@ def cmd_untrained(args) -> None:
     settings = UntrainedSettings.from_dict(args.settings)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tables = run(settings)
+    weights = {}
+    for item in args.weights:
+        init, sep, path = item.partition("=")
+        if not sep:
+            raise ValueError(f"--weights {item}: expected LABEL=PATH, e.g. toy-bert@step0=weights/toy/toy-bert/step0")
+        weights[init] = Path(path)
+    tables = run(settings, weights=weights)
     for name in UNTRAINED_TABLES:
         write_atomic(tables[name], out_dir / f"{name}.parquet")
 
@@ -260,6 +267,14 @@ def cmd_plot_score_hist(args) -> None:
     from .plots_distributions import score_hist_figure
 
     score_hist_figure(pl.concat([pl.read_parquet(p) for p in args.hists]), Path(args.out))
+
+
+def cmd_plot_spectra(args) -> None:
+    import polars as pl
+
+    from .plots_spectra import spectra_figure
+
+    spectra_figure(pl.concat([pl.read_parquet(p) for p in args.spectra]), Path(args.out))
 
 
 def cmd_checkpoints(args) -> None:
@@ -387,6 +402,13 @@ def parser() -> argparse.ArgumentParser:
         "--settings", type=_json, default={}, help="JSON of the config's untrained section (keys left out: defaults)"
     )
     p.add_argument("--out-dir", required=True, help="writes untrained.parquet, histogram.parquet, summary.parquet")
+    p.add_argument(
+        "--weights",
+        action="append",
+        default=[],
+        metavar="LABEL=PATH",
+        help="a checkpoint init's folder, e.g. toy-bert@step0=weights/toy/toy-bert/step0 (once per such init)",
+    )
     p.add_argument("--threads", type=int)
     p.set_defaults(run=cmd_untrained)
 
@@ -408,6 +430,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("hists", nargs="+", help="the model's score_hist.parquet, one per step")
     p.set_defaults(run=cmd_plot_score_hist)
+
+    p = sub.add_parser("plot-spectra", help="one model's normalised singular-value spectra over training")
+    p.add_argument("--out", required=True)
+    p.add_argument("spectra", nargs="+", help="spectra.parquet of each checkpoint")
+    p.set_defaults(run=cmd_plot_spectra)
 
     p = sub.add_parser("checkpoints", help="list the checkpoints a config names, as JSON lines")
     p.add_argument("--configfile", nargs="+", required=True)

@@ -1,7 +1,9 @@
 """The untrained Transformer block with an injected common bias (Godey et al. 2024, Section 4.1, Fig. 6-10).
 
-An embedding table E and ONE Transformer block, both initialised by the architecture's own `_init_weights`
-(a 1-layer BertModel or GPTNeoXModel built from a config); B sequences of T tokens drawn uniformly from E; a
+An embedding table E and ONE Transformer block, either both initialised by the architecture's own `_init_weights`
+(a 1-layer BertModel or GPTNeoXModel built from a config: inits `bert`, `gpt_neox`) or a swept checkpoint's own
+input embedding table and first block with their real weights (an init such as `toy-bert@step0`, loaded as
+extract loads it; anisweep.untrained_inits); B sequences of T tokens drawn uniformly from E; a
 bias b = N u/||u||, u ~ N(0, I), added to every token; the block run on x + b for each N of a grid, for
 several seeds of the initialisation, of u and of the tokens.
 
@@ -13,8 +15,10 @@ in fixed bins (exact counts over every visible pair), and each sequence's extrem
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -26,8 +30,10 @@ from .attention_torch import Workers
 from .geometry import avg_cos_from_sums, drift_from_sums
 from .recorder import ATTENTION_NAME, Hooks, Recorder, Sample, recording, register_attention
 from .streaming import ROW_FIELDS, AttentionStats
+from .untrained_inits import CONFIG_INITS, is_checkpoint_init, label
 
-INITS = ("bert", "gpt_neox")
+INITS = CONFIG_INITS
+CHECKPOINT_INIT_KEYS = {"model", "family", "step"}
 _DEFAULTS = config.defaults("untrained")
 
 ROW_SCHEMA = {
@@ -57,7 +63,7 @@ class UntrainedSettings:
     """The config's `untrained` section; the defaults are the schema's (anisweep/config.schema.yaml)."""
 
     enabled: bool = _DEFAULTS["enabled"]
-    inits: list[str] = field(default_factory=lambda: list(_DEFAULTS["inits"]))
+    inits: list[str | dict] = field(default_factory=lambda: list(_DEFAULTS["inits"]))
     n_sequences: int = _DEFAULTS["n_sequences"]
     seq_len: int = _DEFAULTS["seq_len"]
     batch_size: int = _DEFAULTS["batch_size"]
@@ -73,9 +79,17 @@ class UntrainedSettings:
     bins_per_decade: int = _DEFAULTS["bins_per_decade"]
 
     def __post_init__(self):
-        unknown = [i for i in self.inits if i not in INITS]
+        unknown = [i for i in self.inits if not is_checkpoint_init(i) and i not in INITS]
         if unknown:
-            raise ValueError(f"untrained.inits: unknown init(s) {unknown}; expected some of {', '.join(INITS)}")
+            raise ValueError(
+                f"untrained.inits: unknown init(s) {unknown}; expected some of {', '.join(INITS)}, "
+                "or a swept model's earliest checkpoint as {model: NAME}"
+            )
+        for init in filter(is_checkpoint_init, self.inits):
+            if "model" not in init or set(init) - CHECKPOINT_INIT_KEYS:
+                raise ValueError(
+                    f"untrained.inits: {init}: a checkpoint init has the keys model (required), family and step"
+                )
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"untrained: d_model {self.d_model} is not a multiple of n_heads {self.n_heads}; change either"
@@ -109,10 +123,11 @@ class UntrainedSettings:
 
 @dataclass
 class Block:
-    """An embedding table and one initialised Transformer block, ready to run through the recorder."""
+    """An embedding table and one initialised Transformer block (the base model's first), ready to run through
+    the recorder."""
 
-    init: str
-    model: torch.nn.Module  # the 1-layer base model the block belongs to (the Hooks' sites are its modules)
+    init: str  # its label: `bert`, `gpt_neox`, or `toy-bert@step0`
+    model: torch.nn.Module  # the base model the block belongs to (the Hooks' sites are its modules)
     embedding: torch.Tensor  # (V, d)
     adapter: object
     geometry: object
@@ -123,9 +138,9 @@ class Block:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The block's output on input vectors x (B, T, d), with no embedding, position or final LayerNorm."""
-        if self.init == "gpt_neox":
+        if self.geometry.rotary_dims:
             positions = torch.arange(x.shape[1], device=x.device)[None].expand(x.shape[0], -1)
-            cos_sin = self.model.rotary_emb(x, positions)
+            cos_sin = self.adapter.rotary_embedding(self.model)(x, positions)
             output = self.block(x, position_embeddings=cos_sin, position_ids=positions)
         else:
             output = self.block(x)
@@ -169,6 +184,27 @@ def build_block(init: str, settings: UntrainedSettings, seed: int) -> Block:
     model = cls(cfg, **kwargs).eval()
     adapter = adapter_for(model.config)
     return Block(init, model, model.get_input_embeddings().weight.detach(), adapter, adapter.geometry(model.config))
+
+
+def checkpoint_folder(path) -> Path:
+    """The folder holding a checkpoint's weights: `path` itself, or where the manifest fetch wrote into `path`
+    (weights/{family}/{model}/step{N}/checkpoint.json) says they are."""
+    from .fetch import MANIFEST
+
+    manifest = Path(path) / MANIFEST
+    return Path(json.loads(manifest.read_text())["path"]) if manifest.is_file() else Path(path)
+
+
+def load_block(init: dict, path) -> Block:
+    """A swept checkpoint's own input embedding table and first Transformer block, with their real weights,
+    loaded as extract loads a checkpoint (float32, CPU, the recording attention); the block's shape is the
+    model's. The model's other blocks are loaded but never run. `path`: a checkpoint folder, or a folder
+    fetch wrote its manifest into."""
+    from .extract import load_model
+
+    loaded = load_model(checkpoint_folder(path), dtype="float32", device="cpu")
+    embedding = loaded.adapter.embedding_matrices(loaded.model)["embed_in"].detach()
+    return Block(label(init), loaded.base, embedding, loaded.adapter, loaded.geometry)
 
 
 # --------------------------------------------------------------------------- what the Recorder lacks
@@ -393,18 +429,25 @@ def summary(rows: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def run(settings: UntrainedSettings, progress: bool = True) -> dict[str, pl.DataFrame]:
-    """Every init x seed x bias norm: the tidy metric rows, the score histograms and the spread over seeds."""
+def run(settings: UntrainedSettings, progress: bool = True, weights: dict | None = None) -> dict[str, pl.DataFrame]:
+    """Every init x seed x bias norm: the tidy metric rows, the score histograms and the spread over seeds.
+    `weights` maps each checkpoint init's label (`toy-bert@step0`) to its checkpoint folder; a checkpoint init's
+    weights are the same for every seed, which then draws the tokens and the bias direction only."""
+    weights = weights or {}
+    missing = [label(i) for i in settings.inits if is_checkpoint_init(i) and label(i) not in weights]
+    if missing:
+        raise ValueError(f"untrained: no checkpoint folder for init(s) {missing}; give --weights LABEL=PATH")
     rows, histograms = [], []
     jobs = [(init, i) for init in settings.inits for i in range(settings.n_seeds)]
+    loaded = {label(i): load_block(i, weights[label(i)]) for i in settings.inits if is_checkpoint_init(i)}
     bar = tqdm(total=len(jobs) * len(settings.norms), desc="untrained", unit="run", disable=not progress)
     for init, i in jobs:
         seed = settings.seed + i
-        block = build_block(init, settings, seed)
+        block = loaded[label(init)] if is_checkpoint_init(init) else build_block(init, settings, seed)
         x, direction = biased_inputs(block, settings, seed)
         for norm in settings.norms:
             recorder = record(block, x + norm * direction, settings)
-            ident = {"init": init, "seed": seed, "norm": norm}
+            ident = {"init": block.init, "seed": seed, "norm": norm}
             rows += [ident | r for r in recorder_rows(recorder)]
             histograms += [ident | r for r in histogram_rows(recorder)]
             bar.update()

@@ -16,6 +16,7 @@ from anisweep.gradient_subspaces import check_config as check_gradient_config, w
 from anisweep.plots import MODEL_FIGURES
 from anisweep.tables import UNTRAINED_TABLES
 from anisweep.untrained_plots import UNTRAINED_FIGURES
+from anisweep import untrained_inits
 from anisweep.sources import ConfigError
 
 # Every rule calls the package's CLI with the interpreter that runs Snakemake, so an unactivated
@@ -35,6 +36,12 @@ if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
 try:
     config.update(anisweep_config.complete(config))
     CHECKPOINTS = {c.key: c for c in anisweep_config.checkpoints(config)}
+    # untrained.inits with each swept-model init completed to {family, model, step} (anisweep.untrained_inits)
+    UNTRAINED_INITS = (
+        untrained_inits.resolve(config["untrained"]["inits"], CHECKPOINTS.values())
+        if config["untrained"]["enabled"]
+        else []
+    )
 except ConfigError as error:
     raise WorkflowError(f"config: {error}") from None
 
@@ -86,7 +93,7 @@ ANALYSIS_CODE = {
     "sweep": package_files("sweep", "tables"),
     "plots": package_files("plots", "sweep"),
     "plot_families": package_files("plot_families", "plots", "sweep"),
-    "untrained": package_files("untrained", "recorder", "streaming", "attention_torch", "geometry"),
+    "untrained": package_files("untrained", "untrained_inits", "recorder", "streaming", "attention_torch", "geometry"),
     "untrained_plots": package_files("untrained_plots", "plots"),
 }
 
@@ -175,11 +182,12 @@ def figures(family, model):
 
 
 def distribution_outputs(family, model):
-    """The q/k SVD table and figures of one model, and its score histogram figure where extract counts the scores
+    """The q/k SVD table and figures of one model, its spectra figure, and its score histogram figure where extract counts the scores
     (`extract.score_bins`; workflow/rules/distributions.smk)."""
+    from anisweep.plots_spectra import SPECTRA_FIGURES
     from anisweep.qk_svd import FIGURES as QK_SVD_FIGURES
 
-    names = [*QK_SVD_FIGURES, *(["score_hist.png"] if config["extract"]["score_bins"] else [])]
+    names = [*QK_SVD_FIGURES, *SPECTRA_FIGURES, *(["score_hist.png"] if config["extract"]["score_bins"] else [])]
     return [f"results/{family}/{model}/qk_svd.parquet", *(f"results/{family}/{model}/figures/{n}" for n in names)]
 
 

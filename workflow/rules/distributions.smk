@@ -1,10 +1,12 @@
 from anisweep.qk_svd import FIGURES as QK_SVD_FIGURES
+from anisweep.plots_spectra import SPECTRA_FIGURES
 
 
 # Seconds of work: on the submit host in cluster runs, not a SLURM job each.
 localrules:
     qk_svd,
     plot_score_hist,
+    plot_spectra,
 
 
 # Per model, after every checkpoint is extracted: one SVD of the sampled queries and keys of all steps, per head.
@@ -61,3 +63,29 @@ rule plot_score_hist:
         on_failure=on_failure("plot_score_hist"),
     shell:
         "{params.cli} plot-score-hist --out {output} {input.hists} 2> {log} {params.on_failure}"
+
+
+# Per model: the normalised singular-value spectra of the sampled hidden states and q/k over training.
+rule plot_spectra:
+    input:
+        spectra=lambda wc: [f"results/{c.key}/spectra.parquet" for c in model_checkpoints(wc.family, wc.model)],
+        code=package_files("plots_spectra"),
+    output:
+        **{
+            name.removesuffix(".png"): report(
+                f"results/{{family}}/{{model}}/figures/{name}",
+                caption=f"../report/{name.removesuffix('.png')}.rst",
+                category="{family}",
+                subcategory="{model}",
+            )
+            for name in SPECTRA_FIGURES
+        },
+    log:
+        "logs/plots/{family}/{model}.spectra.log",
+    conda:
+        CONDA_ENV
+    params:
+        cli=ANISWEEP,
+        on_failure=on_failure("plot_spectra"),
+    shell:
+        "{params.cli} plot-spectra --out {output} {input.spectra} 2> {log} {params.on_failure}"

@@ -5,8 +5,14 @@ localrules:
     plot_untrained,
 
 
+# A swept model's init (untrained.inits: {model: ...}) reads its checkpoint's fetched weights: the rule is one of
+# their consumers, so that they are kept (temp) until it has run.
+UNTRAINED_CHECKPOINT_INITS = [i for i in UNTRAINED_INITS if untrained_inits.is_checkpoint_init(i)]
+
+
 rule untrained:
     input:
+        weights=[f"weights/{untrained_inits.weights_key(i)}" for i in UNTRAINED_CHECKPOINT_INITS],
         code=ANALYSIS_CODE["untrained"],
     output:
         **{name: f"results/untrained/{name}.parquet" for name in UNTRAINED_TABLES},
@@ -18,10 +24,14 @@ rule untrained:
     params:
         cli=ANISWEEP,
         on_failure=on_failure("untrained"),
-        settings=json_arg(config["untrained"]),
+        settings=json_arg({**config["untrained"], "inits": UNTRAINED_INITS}),
+        weights=" ".join(
+            shlex.quote(f"--weights={untrained_inits.label(i)}=weights/{untrained_inits.weights_key(i)}")
+            for i in UNTRAINED_CHECKPOINT_INITS
+        ),
     shell:
         "{params.cli} untrained --settings {params.settings} --out-dir results/untrained --threads {threads} "
-        "2> {log} {params.on_failure}"
+        "{params.weights} 2> {log} {params.on_failure}"
 
 
 rule plot_untrained:

@@ -185,6 +185,11 @@ class Adapter:
         """Empty when the attention function already sees pre-rotary q and k."""
         return []
 
+    def rotary_embedding(self, base: nn.Module) -> nn.Module:
+        """The base model's rotary module: called on (x, position_ids), it gives the (cos, sin) its blocks take
+        as `position_embeddings` (running one block alone, as the untrained block does)."""
+        raise NotImplementedError(f"{type(self).__name__}: no rotary embedding")
+
     def embedding_matrices(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """`embed_in` and, when the checkpoint has an LM head, `embed_out` (V x d)."""
         matrices = {"embed_in": model.get_input_embeddings().weight}

@@ -26,6 +26,9 @@ class GPTNeoXAdapter(Adapter):
         sites += [ResidSite(i + 1, block) for i, block in enumerate(base.layers)]
         return sites
 
+    def rotary_embedding(self, base):
+        return base.rotary_emb
+
     def layernorm_sites(self, base) -> list[LayerNormSite]:
         sites = []
         for i, block in enumerate(base.layers):
