@@ -13,14 +13,17 @@ from anisweep.streaming import VectorStats
 
 
 def batches(seed: int = 0):
-    """Three mini-batches of (x, valid): padding, a NaN token, an inf token, a finite token whose float32 norm
-    overflows, and a batch whose every valid token is non-finite."""
+    """Three mini-batches of (x, valid): padding, a zero vector, a NaN token, an inf token, a finite token whose
+    float32 norm overflows, and a batch whose every valid token is non-finite."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for b in range(3):
         x = torch.randn(2, 7, 5, generator=g) + 0.5
         valid = torch.rand(2, 7, generator=g) > 0.25
         valid[0, 0] = True
+        if b == 0:
+            x[1, 5] = 0.0  # no direction: in n, out of avg_cos
+            valid[1, 5] = True
         if b == 1:
             x[0, 0, 2] = float("nan")
             x[1, 3, 0] = float("inf")
@@ -39,11 +42,13 @@ def expected(parts) -> dict:
     finite = np.isfinite(rows).all(axis=1)
     kept = rows[finite]
     norms = np.linalg.norm(kept, axis=1)
+    nonzero = norms > 0
     return {
         "n": len(kept),
         "n_nonfinite": int((~finite).sum()),
+        "n_zero": int((~nonzero).sum()),
         "sum_x": kept.sum(axis=0),
-        "sum_unit": (kept / norms[:, None]).sum(axis=0),
+        "sum_unit": (kept[nonzero] / norms[nonzero, None]).sum(axis=0),
         "sum_norm": norms.sum(),
         "sum_norm_sq": (norms**2).sum(),
         "norm_min": norms.min(),
@@ -80,6 +85,7 @@ def test_sums_match_numpy_on_valid_finite_tokens(wait_free):
         stats.add(VectorStats.partial(x, valid, wait_free=wait_free))
     want = expected(parts)
     assert stats.n == want["n"] and stats.n_nonfinite == want["n_nonfinite"] == 2 + int(parts[2][1].sum())
+    assert stats.n_zero == want["n_zero"] == 1
     for name in ("sum_x", "sum_unit"):
         np.testing.assert_allclose(getattr(stats, name).numpy(), want[name], rtol=1e-5, atol=1e-5)
     for name in ("sum_norm", "sum_norm_sq", "norm_min", "norm_max"):
@@ -129,3 +135,15 @@ def test_begin_batch_never_reads_the_device_mask(causal):
     assert on_meta.blocks()[0][1][0].index.device.type == "meta"
     expected_pairs = sum(range(1, 7)) + sum(range(1, 9)) if causal else 6 * 6 + 8 * 8
     assert on_cpu.row_counts[2] == expected_pairs
+
+
+def test_avg_cos_from_the_sums_leaves_zero_vectors_out_as_the_point_cloud_does():
+    from anisweep import geometry
+
+    x = torch.randn(1, 9, 6, generator=torch.Generator().manual_seed(3)) + 1.0
+    x[0, 4] = 0.0
+    stats = VectorStats(6)
+    stats.add(VectorStats.partial(x, torch.ones(1, 9, dtype=torch.bool)))
+    streamed = geometry.avg_cos_from_sums(stats.sum_unit.numpy(), stats.n - stats.n_zero)
+    assert streamed == pytest.approx(geometry.avg_cos(x[0].double().numpy()), rel=1e-6)
+    assert stats.n == 9 and stats.n_zero == 1

@@ -96,6 +96,7 @@ def hidden_stats_table(recorder: Recorder) -> pl.DataFrame:
                 "site": site,
                 "n": s.n,
                 "n_nonfinite": s.n_nonfinite,
+                "n_zero": s.n_zero,
                 "d": s.sum_x.numel(),
                 "sum_norm": s.sum_norm,
                 "sum_norm_sq": s.sum_norm_sq,

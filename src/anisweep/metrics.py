@@ -75,7 +75,7 @@ def stats_rows(stats: pl.DataFrame) -> list[dict]:
         drift_norm, drift_ratio = geometry.drift_from_sums(np.asarray(r["sum_x"]), r["sum_norm"], n)
         norm_mean, norm_std = geometry.norm_spread_from_sums(r["sum_norm"], r["sum_norm_sq"], n)
         values = {
-            "avg_cos": geometry.avg_cos_from_sums(np.asarray(r["sum_unit"]), n),
+            "avg_cos": geometry.avg_cos_from_sums(np.asarray(r["sum_unit"]), n - (r.get("n_zero") or 0)),
             "drift_norm": drift_norm,
             "drift_ratio": drift_ratio,
             "norm_mean": norm_mean,

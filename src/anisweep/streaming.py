@@ -16,7 +16,9 @@ class VectorStats:
     """Sums over the valid tokens of one site: n, sum x, sum x/||x||, sum ||x||, sum ||x||^2, min/max ||x||.
 
     Tokens with a NaN or inf component are counted in `n_nonfinite` and left out of every sum, so a
-    diverged checkpoint is flagged rather than silently averaged. The sums stay on the device of the model:
+    diverged checkpoint is flagged rather than silently averaged. Zero vectors (a zeroed padding embedding)
+    have no direction: they are in n but counted in `n_zero`, which avg_cos leaves out, as geometry.unit_sum
+    does. The sums stay on the device of the model:
     on a GPU nothing here waits for it (`partial` never reads a value back); the counts and norm sums are read
     when the tables are built (`n`, `sum_norm`, ...).
     """
@@ -25,12 +27,13 @@ class VectorStats:
         f64 = {"dtype": torch.float64, "device": device}
         self.sum_x = torch.zeros(d, **f64)
         self.sum_unit = torch.zeros(d, **f64)
-        self.counts = torch.zeros(2, dtype=torch.int64, device=device)  # n, n_nonfinite
+        self.counts = torch.zeros(3, dtype=torch.int64, device=device)  # n, n_nonfinite, n_zero
         self.norm_sums = torch.zeros(2, **f64)  # sum ||x||, sum ||x||^2
         self.norm_range = torch.tensor([float("inf"), float("-inf")], **f64)  # min, max ||x||
 
     n = property(lambda self: int(self.counts[0]))
     n_nonfinite = property(lambda self: int(self.counts[1]))
+    n_zero = property(lambda self: int(self.counts[2]))
     sum_norm = property(lambda self: float(self.norm_sums[0]))
     sum_norm_sq = property(lambda self: float(self.norm_sums[1]))
     norm_min = property(lambda self: float(self.norm_range[0]))
@@ -60,7 +63,7 @@ class VectorStats:
             if not bool(keep.all()):
                 x, norms = x[keep], norms[keep]
                 keep = keep[keep]
-        counts = torch.stack([keep.sum(), (valid.sum() - keep.sum())])
+        counts = torch.stack([keep.sum(), (valid.sum() - keep.sum()), (keep & (norms == 0)).sum()])
         inverse = torch.where(keep, 1.0 / norms.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
         weights = torch.stack([keep.float(), inverse.float()])
         sum_x, sum_unit = (weights @ x).double()  # one pass over x for both sums

@@ -317,7 +317,11 @@ def record(block: Block, x: torch.Tensor, settings: UntrainedSettings) -> BlockR
 def _vector_rows(stats, site: str) -> list[dict]:
     drift_norm, _ = drift_from_sums(stats.sum_x.cpu().numpy(), stats.sum_norm, stats.n)
     return [
-        {"site": site, "metric": "avg_cos", "value": avg_cos_from_sums(stats.sum_unit.cpu().numpy(), stats.n)},
+        {
+            "site": site,
+            "metric": "avg_cos",
+            "value": avg_cos_from_sums(stats.sum_unit.cpu().numpy(), stats.n - stats.n_zero),
+        },
         {"site": site, "metric": "norm_mean", "value": stats.sum_norm / max(stats.n, 1)},
         {"site": site, "metric": "drift_norm", "value": drift_norm},
     ]
