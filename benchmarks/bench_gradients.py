@@ -1,6 +1,6 @@
 """Benchmark the gradient analysis against extract's forward on the same model and batch (run by hand).
 
-    python benchmarks/bench_gradients.py [--shapes toy-neox bert-mini pythia-70m] [--n-sequences 16]
+    python benchmarks/bench_gradients.py [--shapes toy-neox bert-base pythia-160m] [--n-sequences 16]
         [--seq-len 128] [--batch 8] [--threads 2] [--repeat 3] [--device cpu] [--out benchmarks/out/gradients.json]
 
 Models are built from config with random weights (no download), in their LM class (the gradient pass needs the

@@ -11,15 +11,16 @@ import polars as pl
 import pytest
 import torch
 import yaml
+from transformers import GPTNeoXForCausalLM
 
 from anisweep import gradients as gr
 from anisweep.corpus import builtin_text, load_texts
 from anisweep.extract import ExtractSettings, extract_checkpoint
 from anisweep.tables import EXTRACT_TABLES
-from anisweep.toy import ToySpec, train_toy
+from anisweep.toy import ToySpec, build_neox_tokenizer, train_toy
 from anisweep.toy_live import LiveAnalysis, take
 
-from conftest import assert_tables_equal, snakemake_command
+from conftest import assert_tables_equal, neox_config, snakemake_command
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = [0, 3, 6]
@@ -129,3 +130,16 @@ def test_workflow_with_a_live_toy_runs_to_figures_and_equals_the_saved_toy(tmp_p
             assert_tables_equal(live.drop("model"), saved.drop("model"), f"step{step}/{name}")
     sweeps = [pl.read_parquet(results / m / "sweep.parquet").drop("model") for m in ("live-neox", "toy-neox")]
     assert_tables_equal(sweeps[0].drop("weights_sha256"), sweeps[1].drop("weights_sha256"), "sweep")
+
+
+def test_a_half_precision_analysis_runs_a_cast_copy(tmp_path):
+    texts = load_texts({"source": "builtin"})[:200]
+    tokenizer = build_neox_tokenizer(texts, 200)
+    config = neox_config()
+    config.vocab_size = len(tokenizer)
+    model = GPTNeoXForCausalLM(config)
+    settings = dataclasses.replace(SETTINGS, dtype="bfloat16")
+    LiveAnalysis("m", 0, 10, texts, settings, gr.GradientSettings(), tmp_path)(2, model, tokenizer)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    qk = pl.read_parquet(tmp_path / "step2" / "qk.parquet")
+    assert qk.height and qk["tokens_seen"].unique().to_list() == [20]
