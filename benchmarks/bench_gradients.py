@@ -1,11 +1,12 @@
 """Benchmark the gradient analysis against extract's forward on the same model and batch (run by hand).
 
-    python benchmarks/bench_gradients.py [--shapes toy-neox bert-mini pythia-70m] [--n-sequences 16]
+    python benchmarks/bench_gradients.py [--shapes toy-neox bert-base pythia-160m] [--n-sequences 16]
         [--seq-len 128] [--batch 8] [--threads 2] [--repeat 3] [--device cpu] [--out benchmarks/out/gradients.json]
 
 Models are built from config with random weights (no download), in their LM class (the gradient pass needs the
 head): `toy-neox` / `toy-bert` (the default sweep's toys, d = 64), `bert-mini` (BertForMaskedLM, d = 256, 4
-layers, 30522 tokens), `pythia-70m` (GPTNeoXForCausalLM, d = 512, 6 layers, 50304 tokens). Per shape, in one
+layers, 30522 tokens), `pythia-70m` (GPTNeoXForCausalLM, d = 512, 6 layers, 50304 tokens), `bert-base` (d = 768,
+12 layers, 30522 tokens), `pythia-160m` (d = 768, 12 layers, 50304 tokens). Per shape, in one
 process, interleaved over --repeat repetitions (median reported):
 
 * `extract`: anisweep.extract.run, the base model's recorded forward, as the extract rule runs it;
@@ -42,6 +43,8 @@ SHAPES = {
     "toy-bert": _shape("bert", 64, 4, 4, 256, 2048),
     "bert-mini": _shape("bert", 256, 4, 4, 1024, 30522),
     "pythia-70m": _shape("gpt_neox", 512, 6, 8, 2048, 50304),
+    "bert-base": _shape("bert", 768, 12, 12, 3072, 30522),
+    "pythia-160m": _shape("gpt_neox", 768, 12, 12, 3072, 50304),
 }
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 # runs): the kernels of anisweep.attention_triton then run on CPU tensors in Triton's interpreter.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import numpy as np
+import polars as pl
 import torch
 from transformers import BertConfig, GPT2Config, GPTNeoXConfig, LlamaConfig, Olmo2Config, OlmoConfig
 
@@ -130,3 +132,17 @@ def snakemake_command(workdir: Path, *args: str) -> list[str]:
     """Snakemake on the project's Snakefile in `workdir`, as a user runs it from another directory."""
     snakefile = Path(__file__).resolve().parents[1] / "Snakefile"
     return [sys.executable, "-m", "snakemake", "-s", str(snakefile), "--directory", str(workdir), *args]
+
+
+def assert_tables_equal(a: pl.DataFrame, b: pl.DataFrame, name: str, rtol: float = 1e-5) -> None:
+    """Same columns, rows and values: floats to `rtol` (a forward pass on another number of threads sums in
+    another order), everything else exactly."""
+    assert a.columns == b.columns, name
+    assert a.height == b.height, name
+    for column in a.columns:
+        x, y = a[column], b[column]
+        if x.dtype.is_float() or (isinstance(x.dtype, pl.List) and x.dtype.inner.is_float()):
+            xs, ys = (np.array(v.to_list(), dtype=np.float64) for v in (x, y))
+            np.testing.assert_allclose(xs, ys, rtol=rtol, atol=1e-7, equal_nan=True, err_msg=f"{name}.{column}")
+        else:
+            assert x.to_list() == y.to_list(), f"{name}.{column}"

@@ -1,6 +1,8 @@
 """The command line each Snakemake rule calls; every step also runs by hand, on a node or from a notebook.
 
 anisweep train-toy  --spec JSON --out DIR           train a toy model, save checkpoints step{N}/
+                                                   (a live toy: analyse them into DIR/step{N}/ instead)
+anisweep take-live  --live DIR --step N --names ... copy one step of a live toy's analysis
 anisweep fetch      --checkpoint JSON --out DIR     get a checkpoint's weights, write DIR/checkpoint.json
 anisweep corpus     --corpus JSON --out FILE       read the evaluation texts once
 anisweep extract    --manifest FILE --out DIR       one forward pass, write the per-checkpoint Parquet
@@ -53,7 +55,31 @@ def cmd_train_toy(args) -> None:
     unknown = sorted(set(spec) - fields)
     if unknown:
         raise SystemExit(f"toy spec: unknown key(s) {unknown}; valid: {sorted(fields | {'arch', 'seed', 'steps'})}")
-    train_toy(arch, args.out, steps=steps, seed=seed, spec=ToySpec(**spec), num_threads=args.threads)
+    spec = ToySpec(**spec)
+    analyse = None
+    if spec.live:
+        analyse = _live_analysis(args, seed, spec)
+    train_toy(arch, args.out, steps=steps, seed=seed, spec=spec, num_threads=args.threads, analyse=analyse)
+
+
+def _live_analysis(args, seed: int, spec):
+    from .corpus import read_texts
+    from .extract import ExtractSettings
+    from .gradients import GradientSettings
+    from .toy_live import LiveAnalysis
+
+    missing = [f"--{key}" for key in ("name", "texts", "settings") if getattr(args, key) is None]
+    if missing:
+        raise SystemExit(f"train-toy: a live toy (spec live: true) is analysed as it trains: give {', '.join(missing)}")
+    settings = ExtractSettings(**args.settings)
+    gradients = GradientSettings(**(args.gradients or {}))
+    return LiveAnalysis(args.name, seed, spec.tokens_per_step, read_texts(args.texts), settings, gradients, args.out)
+
+
+def cmd_take_live(args) -> None:
+    from .toy_live import take
+
+    take(args.live, args.step, args.names.split(","), args.out)
 
 
 def cmd_fetch(args) -> None:
@@ -299,7 +325,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", type=_json, required=True, help="JSON: arch, seed, steps and ToySpec fields")
     p.add_argument("--out", required=True)
     p.add_argument("--threads", type=int)
+    p.add_argument("--name", help="live toys: the model's name (its rows' `model`)")
+    p.add_argument("--texts", help="live toys: the texts written by `anisweep corpus` (the evaluation batch)")
+    p.add_argument("--settings", type=_json, help="live toys: JSON of the config's extract section")
+    p.add_argument("--gradients", type=_json, help="live toys: JSON of the config's gradients section")
     p.set_defaults(run=cmd_train_toy)
+
+    p = sub.add_parser("take-live", help="copy one step of a live toy's analysis where extract puts a checkpoint's")
+    p.add_argument("--live", required=True, help="the live toy's folder (train-toy --out)")
+    p.add_argument("--step", type=int, required=True)
+    p.add_argument("--names", required=True, help="comma-separated file names")
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=cmd_take_live)
 
     p = sub.add_parser("fetch", help="get one checkpoint's weights")
     p.add_argument("--checkpoint", type=_json, required=True, help="JSON of a sources.Checkpoint")

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -66,14 +68,25 @@ def analyse_live(
         model.eval()
         model.set_attn_implementation(ATTENTION_NAME)
         loaded = LoadedModel(model, adapter.base_model(model), adapter, adapter.geometry(model.config))
+        started = time.perf_counter()
         recorder = run(loaded, batch, settings, progress=False)
+        seconds = time.perf_counter() - started
         for name, df in tables(recorder, loaded, ident).items():
             write_atomic(df, out_dir / f"{name}.parquet")
         model.set_attn_implementation("sdpa")
         if gradients.enabled:
             table = analyse_model(model, adapter, batch, tokenizer, gradients, settings.batch_size, progress=False)
             write_atomic(with_identity(table, ident), out_dir / "gradients.parquet")
-    info = {"checkpoint": {**ident, "live": True}, "n_valid_tokens": int(batch["attention_mask"].sum())}
+    n_valid = int(batch["attention_mask"].sum())
+    info = {  # extract's extract.json, the checkpoint being the identity of the live model
+        "checkpoint": {**ident, "live": True},
+        "settings": asdict(settings),
+        "device": str(next(model.parameters()).device),
+        "n_valid_tokens": n_valid,
+        "forward_seconds": seconds,
+        "tokens_per_second": n_valid / seconds if seconds else None,
+        "nonfinite_tokens": sum(s.n_nonfinite for s in recorder.vectors.values()),
+    }
     write_text(json.dumps(info, indent=2, default=str), out_dir / "extract.json")
     return out_dir
 

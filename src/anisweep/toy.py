@@ -18,9 +18,10 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -75,6 +76,8 @@ class ToySpec:
     # Position-embedding table (BERT) / rotary horizon (GPT-NeoX); None = seq_len, so BERT cannot
     # be run on longer sequences than it was trained on.
     max_position_embeddings: int | None = _DEFAULTS["max_position_embeddings"]
+    # Analyse the model at its steps while it trains (train_toy's `analyse`) instead of saving checkpoints.
+    live: bool = _DEFAULTS["live"]
 
     @property
     def tokens_per_step(self) -> int:
@@ -295,6 +298,7 @@ def train_toy(
     num_threads: int | None = None,
     progress: bool = True,
     deterministic: bool = True,
+    analyse: Callable[[int, torch.nn.Module, Any], None] | None = None,
     **overrides,
 ) -> Path:
     """Train a toy ``arch`` ("bert" or "gpt_neox") and save checkpoints at exactly ``steps``.
@@ -306,11 +310,16 @@ def train_toy(
     written last, holds the loss of every step (the loss of the batch of update N, computed before
     that update), its learning rate and tokens seen. ``texts`` defaults to the builtin corpus.
     ``num_threads`` sets torch's intra-op threads for the call (None: leave as is).
+    With ``spec.live`` no checkpoint is saved: ``analyse(step, model, tokenizer)`` is called at each of
+    ``steps`` instead (e.g. :func:`anisweep.toy_live.live_analysis`); it must leave the model and the RNG
+    as it found them (anisweep.live does).
     Returns ``out_dir``.
     """
     _check_arch(arch)
     spec = dataclasses.replace(spec or ToySpec(), **overrides)
     spec.validate()
+    if spec.live and analyse is None:
+        raise ValueError("a live toy (spec.live) needs `analyse`, the analysis to run at its steps")
     save_steps = sorted({int(s) for s in steps})
     if not save_steps or save_steps[0] < 0:
         raise ValueError(f"steps must be a non-empty list of non-negative integers, got {steps!r}")
@@ -353,9 +362,16 @@ def train_toy(
 
         log: list[dict] = []
         save_set = set(save_steps)
+
+        def keep(step: int) -> None:
+            if spec.live:
+                analyse(step, model, tokenizer)
+            else:
+                _save_checkpoint(model, tokenizer, out_dir / f"step{step}")
+
         if 0 in save_set:
-            _save_checkpoint(model, tokenizer, out_dir / "step0")
-            say("saved step0")
+            keep(0)
+            say("analysed step0" if spec.live else "saved step0")
         every = max(1, total // 20)
         for step in range(1, total + 1):
             batch = batches.next()
@@ -372,9 +388,10 @@ def train_toy(
                 raise FloatingPointError(f"toy {arch} loss is {value} at step {step}; lower lr")
             log.append({"step": step, "loss": value, "lr": lr, "tokens_seen": step * spec.tokens_per_step})
             if step in save_set:
-                _save_checkpoint(model, tokenizer, out_dir / f"step{step}")
+                keep(step)
             if step % every == 0 or step == total or step in save_set:
-                say(f"step {step}/{total} loss {value:.4f}" + (" saved" if step in save_set else ""))
+                done = " analysed" if spec.live else " saved"
+                say(f"step {step}/{total} loss {value:.4f}" + (done if step in save_set else ""))
 
         wall = time.perf_counter() - t0
         write_json(
@@ -396,7 +413,7 @@ def train_toy(
             out_dir / "train_log.json",
             indent=1,
         )
-        say(f"done: {len(save_steps)} checkpoints in {out_dir}")
+        say(f"done: {len(save_steps)} {'steps analysed' if spec.live else 'checkpoints'} in {out_dir}")
         return out_dir
     finally:
         torch.use_deterministic_algorithms(prev_det)
