@@ -112,6 +112,7 @@ def test_workflow_with_a_live_toy_runs_to_figures_and_equals_the_saved_toy(tmp_p
     neox = tiny["toy"]["toy-neox"]
     tiny["toy"] = {"toy-neox": neox, "live-neox": {**neox, "live": True}}
     tiny["models"] = [{"family": "toy", "name": name, "steps": "all"} for name in tiny["toy"]]
+    tiny["gradients"] |= {"subspaces": "per_checkpoint", "embedding_change": False}  # need saved weights
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny))
     command = snakemake_command(tmp_path, "--configfile", str(tmp_path / "config.yaml"), "--cores", "2")
     run = subprocess.run(command, capture_output=True, text=True)
@@ -143,3 +144,25 @@ def test_a_half_precision_analysis_runs_a_cast_copy(tmp_path):
     assert all(p.dtype == torch.float32 for p in model.parameters())
     qk = pl.read_parquet(tmp_path / "step2" / "qk.parquet")
     assert qk.height and qk["tokens_seen"].unique().to_list() == [20]
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"gradients": {"enabled": True, "subspaces": "both"}}, "gradients.subspaces"),
+        ({"gradients": {"enabled": True, "embedding_change": True}}, "gradients.embedding_change"),
+        (
+            {"gradients": {"enabled": False}, "untrained": {"enabled": True, "inits": ["bert", {"model": "toy-neox"}]}},
+            "untrained.inits",
+        ),
+    ],
+)
+def test_what_needs_saved_weights_is_refused_for_a_live_toy(change, named):
+    from anisweep import config as anisweep_config
+    from anisweep.sources import ConfigError
+
+    tiny = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text())
+    tiny["toy"]["toy-neox"]["live"] = True
+    with pytest.raises(ConfigError, match=named) as error:
+        anisweep_config.checkpoints(anisweep_config.complete({**tiny, **change}))
+    assert "live: false" in str(error.value)

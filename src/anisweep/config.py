@@ -84,7 +84,34 @@ def checkpoints(config: dict) -> list[Checkpoint]:
     found = resolve_all(config.get("models", []), toy_root=Path(TOY_ROOT), toy_specs=toy_specs)
     for name in dict.fromkeys(c.model for c in found if c.family == "toy"):
         _check_toy_fits(name, toy_specs[name], config.get("extract", {}))
+    _check_live_toys([name for name, spec in toy_specs.items() if spec.get("live")], config)
     return found
+
+
+def _check_live_toys(live: list[str], config: dict) -> None:
+    """What needs a toy's saved weights, or its activations after training, cannot run on a live toy."""
+    if not live:
+        return
+    gradients, untrained = config.get("gradients", {}), config.get("untrained", {})
+    if gradients.get("enabled"):
+        if gradients.get("subspaces", "per_checkpoint") != "per_checkpoint":
+            raise ConfigError(
+                f"live toys {live}: gradients.subspaces: {gradients['subspaces']} fits subspaces on steps after "
+                "the gradients were taken, which a live toy no longer has; set gradients.subspaces: "
+                "per_checkpoint, or train these toys with live: false"
+            )
+        if gradients.get("embedding_change"):
+            raise ConfigError(
+                f"live toys {live}: gradients.embedding_change reads each step's saved embedding table; set "
+                "gradients.embedding_change: false, or train these toys with live: false"
+            )
+    inits = untrained.get("inits", []) if untrained.get("enabled") else []
+    named = sorted({i["model"] for i in inits if isinstance(i, dict) and i.get("model") in live})
+    if named:
+        raise ConfigError(
+            f"untrained.inits names live toys {named}, which save no checkpoint to build the block from; "
+            "name a saved model, or train these toys with live: false"
+        )
 
 
 def _check_toy_fits(name: str, spec: dict, extract: dict) -> None:
