@@ -251,6 +251,7 @@ def test_gradient_metric_rows_equal_the_gradients_table():
     assert parse_metric("avg_cos") is None
 
 
+@pytest.mark.slow  # over 10 s
 def test_sweep_with_fixed_and_embedding_change_draws_every_figure(tmp_path):
     from anisweep.gradient_plots import gradient_figures, gradients_sweep, plot_gradients
     from anisweep.tables import with_identity, write_atomic

@@ -313,6 +313,7 @@ def test_bad_settings_say_what_to_change():
         UntrainedSettings.from_dict({"n_sequence": 4})
 
 
+@pytest.mark.slow  # over 10 s
 def test_cli_writes_tables_and_figures(tmp_path):
     import json
 
@@ -332,6 +333,7 @@ def test_cli_writes_tables_and_figures(tmp_path):
     assert bad.returncode == 1 and "unknown init" in bad.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow  # over 10 s
 @pytest.mark.parametrize("enabled", [False, True])
 def test_rule_all_asks_for_the_figures_only_when_enabled(tmp_path, enabled):
     import yaml
@@ -421,6 +423,7 @@ def test_checkpoint_inits_resolve_against_the_configs_models():
             config.complete({**base, "untrained": {"inits": bad}})
 
 
+@pytest.mark.slow  # over 10 s
 def test_workflow_feeds_a_checkpoint_init_its_weights_and_stops_on_a_bad_one(tmp_path):
     import yaml
 
