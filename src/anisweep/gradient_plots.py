@@ -93,6 +93,13 @@ def _rows(sweep, layer, site, all_fits: bool = False, **equal) -> pl.DataFrame:
 
 def shares_figure(sweep: pl.DataFrame, path: Path) -> None:
     """Per site (columns) and measure (rows): semi-NMF and PCA shares against the random controls' band."""
+    _shares_panels(
+        sweep, path, {"checkpoint": "-"}, "LM-loss gradient captured by activation subspaces vs random controls"
+    )
+
+
+def _shares_panels(sweep: pl.DataFrame, path: Path, fits: dict[str, str], title: str) -> None:
+    """The shares in the subspaces of each of `fits` (fit: line style) against the random controls' band."""
     sites, rank = _sites(sweep), int(sweep["rank"].drop_nulls().min())
     measures = {"energy_share": "gradient energy share", "anisotropy_share": "gradient anisotropy share"}
     fig, axes = _grid(len(measures) * len(sites), len(sites), size=(3.2, 2.6))
@@ -100,23 +107,23 @@ def shares_figure(sweep: pl.DataFrame, path: Path) -> None:
     for row, (measure, label) in enumerate(measures.items()):
         for col, (layer, site) in enumerate(sites):
             ax = axes[row * len(sites) + col]
-            part = _rows(sweep, layer, site, stratum="all", measure=measure, rank=rank)
-            random = part.filter(pl.col("subspace") == "random")
-            if random.height:
-                mean, sd = random["control_mean"].to_numpy(), np.nan_to_num(random["control_sd"].to_numpy())
-                ax.fill_between(random["step"], mean - 2 * sd, mean + 2 * sd, color="grey", alpha=0.3)
-                ax.plot(random["step"], mean, color="grey", label="random (mean ± 2 sd)")
-            for subspace, colour in (("seminmf", "tab:green"), ("pca", "tab:purple")):
-                lines = part.filter(pl.col("subspace") == subspace)
-                ax.plot(lines["step"], lines["value"], marker=".", color=colour, label=subspace)
+            part = _rows(sweep, layer, site, all_fits=True, stratum="all", measure=measure, rank=rank)
+            fit_of = pl.col("fit").fill_null("checkpoint") if "fit" in part.columns else pl.lit("checkpoint")
+            part = part.with_columns(fit=fit_of)  # a table from before fixed subspaces has per-checkpoint fits only
+            _band(ax, part.filter((pl.col("subspace") == "random") & (pl.col("fit") == next(iter(fits)))))
+            for fit, style in fits.items():
+                for subspace, colour in SUBSPACE_COLOURS.items():
+                    lines = part.filter((pl.col("subspace") == subspace) & (pl.col("fit") == fit))
+                    name = subspace if len(fits) == 1 else f"{subspace} ({fit})"
+                    ax.plot(lines["step"], lines["value"], style, marker=".", color=colour, label=name)
             if part.height:
-                ax.axhline(part["chance"][0], color="black", linestyle=":", linewidth=0.8, label="k / d")
+                ax.axhline(part["chance"].drop_nulls()[0], color="black", linestyle=":", linewidth=0.8, label="k / d")
             ax.set_title(_site_label(layer, site), fontsize=9)
             if col == 0:
                 ax.set_ylabel(f"{label} (k = {rank})", fontsize=8)
             _step_axis(ax, sweep)
-    axes[0].legend(fontsize=6)
-    fig.suptitle(f"{_title(sweep)}: LM-loss gradient captured by activation subspaces vs random controls")
+    axes[0].legend(fontsize=6, handlelength=3)
+    fig.suptitle(f"{_title(sweep)}: {title}")
     _save(fig, path)
 
 
@@ -163,28 +170,8 @@ def fixed_figure(sweep: pl.DataFrame, path: Path) -> None:
     fitted once on the early window and held fixed (dashed), against the random controls' band."""
     if "fit" not in sweep.columns or not (sweep["fit"] == "fixed").any():
         raise ValueError(f"{path.name}: the gradient sweep has no fixed-subspace rows (gradients.subspaces: both)")
-    sites, rank = _sites(sweep), int(sweep["rank"].drop_nulls().min())
-    measures = {"energy_share": "gradient energy share", "anisotropy_share": "gradient anisotropy share"}
-    fig, axes = _grid(len(measures) * len(sites), len(sites), size=(3.2, 2.6))
-    axes = list(axes)
-    for row, (measure, label) in enumerate(measures.items()):
-        for col, (layer, site) in enumerate(sites):
-            ax = axes[row * len(sites) + col]
-            part = _rows(sweep, layer, site, all_fits=True, stratum="all", measure=measure, rank=rank)
-            _band(ax, part.filter((pl.col("subspace") == "random") & (pl.col("fit") == "fixed")))
-            for fit, style in (("checkpoint", "-"), ("fixed", "--")):
-                for subspace, colour in SUBSPACE_COLOURS.items():
-                    lines = part.filter((pl.col("subspace") == subspace) & (pl.col("fit") == fit))
-                    ax.plot(lines["step"], lines["value"], style, marker=".", color=colour, label=f"{subspace} ({fit})")
-            if part.height:
-                ax.axhline(part["chance"].drop_nulls()[0], color="black", linestyle=":", linewidth=0.8, label="k / d")
-            ax.set_title(_site_label(layer, site), fontsize=9)
-            if col == 0:
-                ax.set_ylabel(f"{label} (k = {rank})", fontsize=8)
-            _step_axis(ax, sweep)
-    axes[0].legend(fontsize=6)
-    fig.suptitle(f"{_title(sweep)}: gradient in subspaces fitted per checkpoint (solid) vs fixed early (dashed)")
-    _save(fig, path)
+    title = "gradient in subspaces fitted per checkpoint (solid) vs fixed early (dashed)"
+    _shares_panels(sweep, path, {"checkpoint": "-", "fixed": "--"}, title)
 
 
 def embedding_figure(sweep: pl.DataFrame, path: Path) -> None:
