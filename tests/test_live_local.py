@@ -205,3 +205,10 @@ def test_workflow_sweeps_a_live_local_run_without_weights_and_reruns_nothing(tmp
     assert forced.returncode == 0, forced.stderr[-4000:]
     assert "rule extract_live_local:" in forced.stderr  # forced, it checks the files in place, deleting none
     assert {p: p.read_bytes() for p in before} == contents
+
+
+def test_live_is_a_key_of_local_entries_only():
+    from anisweep.sources import resolve
+
+    with pytest.raises(ConfigError, match="key 'live' is not used for family pythia"):
+        resolve({"family": "pythia", "name": "pythia-14m", "steps": [0], "live": True})
