@@ -27,6 +27,7 @@ include: "workflow/rules/untrained.smk"
 include: "workflow/rules/distributions.smk"
 include: "workflow/rules/gradients.smk"
 include: "workflow/rules/toy_live.smk"
+include: "workflow/rules/live_local.smk"
 
 
 # A failed run (a checkpoint that cannot be fetched, loaded or run) still leaves each sweep it was making, from

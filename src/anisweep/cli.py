@@ -3,6 +3,7 @@
 anisweep train-toy  --spec JSON --out DIR           train a toy model, save checkpoints step{N}/
                                                    (a live toy: analyse them into DIR/step{N}/ instead)
 anisweep take-live  --live DIR --step N --names ... copy one step of a live toy's analysis
+anisweep take-live-local --name NAME --source DIR --step N --names ... --out DIR   check (or copy) a live run's step
 anisweep fetch      --checkpoint JSON --out DIR     get a checkpoint's weights, write DIR/checkpoint.json
 anisweep corpus     --corpus JSON --out FILE       read the evaluation texts once
 anisweep extract    --manifest FILE --out DIR       one forward pass, write the per-checkpoint Parquet
@@ -80,6 +81,12 @@ def cmd_take_live(args) -> None:
     from .toy_live import take
 
     take(args.live, args.step, args.names.split(","), args.out)
+
+
+def cmd_take_live_local(args) -> None:
+    from .live_local import take
+
+    take(args.name, args.source, args.step, args.names.split(","), args.out)
 
 
 def cmd_fetch(args) -> None:
@@ -337,6 +344,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--names", required=True, help="comma-separated file names")
     p.add_argument("--out", required=True)
     p.set_defaults(run=cmd_take_live)
+
+    p = sub.add_parser("take-live-local", help="check (or copy) one step of a local run analysed while it trained")
+    p.add_argument("--name", required=True, help="the run's name (the models entry's name)")
+    p.add_argument("--source", required=True, help="the folder the callback wrote (the entry's path)")
+    p.add_argument("--step", type=int, required=True)
+    p.add_argument("--names", required=True, help="comma-separated file names")
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=cmd_take_live_local)
 
     p = sub.add_parser("fetch", help="get one checkpoint's weights")
     p.add_argument("--checkpoint", type=_json, required=True, help="JSON of a sources.Checkpoint")

@@ -85,32 +85,66 @@ def checkpoints(config: dict) -> list[Checkpoint]:
     for name in dict.fromkeys(c.model for c in found if c.family == "toy"):
         _check_toy_fits(name, toy_specs[name], config.get("extract", {}))
     _check_live_toys([name for name, spec in toy_specs.items() if spec.get("live")], config)
+    _check_live_local(found, config)
     return found
 
 
-def _check_live_toys(live: list[str], config: dict) -> None:
-    """What needs a toy's saved weights, or its activations after training, cannot run on a live toy."""
+def live_local_runs(config: dict) -> dict[str, Path]:
+    """The local runs analysed while they trained (`live: true`), by name: the folder their step{N}/ are in."""
+    from .live_local import run_folder
+
+    return {
+        str(e["name"]): run_folder(e)
+        for e in config.get("models", [])
+        if isinstance(e, dict) and e.get("family") == "local" and e.get("live")
+    }
+
+
+def _check_live_local(found: list[Checkpoint], config: dict) -> None:
+    """A live local run has no weights (as a live toy has none) and, where the gradient analysis covers its
+    steps, needs the gradients.parquet the callback wrote at each."""
+    from .live_local import missing_gradients
+
+    live = list(live_local_runs(config))
+    _check_live_toys(live, config, "live local runs", "sweep the run's saved checkpoints (live: false)")
+    gradients = config.get("gradients", {})
+    if not live or not gradients.get("enabled"):
+        return
+    missing = missing_gradients([c for c in found if c.family == "local" and c.model in live], gradients.get("steps"))
+    if missing:
+        raise ConfigError(
+            f"live local runs: gradients.enabled, but {', '.join(map(str, missing))} hold no gradients.parquet (the "
+            "callback ran with gradients disabled there); run AnisweepCallback with the gradient analysis at these "
+            "steps, leave them out of gradients.steps, or set gradients.enabled: false"
+        )
+
+
+def _check_live_toys(
+    live: list[str], config: dict, what: str = "live toys", instead: str = "train these toys with live: false"
+) -> None:
+    """What needs a toy's saved weights, or its activations after training, cannot run on a live toy (nor on
+    another model without weights: `what` names them, `instead` says what to do)."""
     if not live:
         return
     gradients, untrained = config.get("gradients", {}), config.get("untrained", {})
     if gradients.get("enabled"):
         if gradients.get("subspaces", "per_checkpoint") != "per_checkpoint":
             raise ConfigError(
-                f"live toys {live}: gradients.subspaces: {gradients['subspaces']} fits subspaces on steps after "
-                "the gradients were taken, which a live toy no longer has; set gradients.subspaces: "
-                "per_checkpoint, or train these toys with live: false"
+                f"{what} {live}: gradients.subspaces: {gradients['subspaces']} fits subspaces on steps after "
+                "the gradients were taken, which they no longer have; set gradients.subspaces: "
+                "per_checkpoint, or " + instead
             )
         if gradients.get("embedding_change"):
             raise ConfigError(
-                f"live toys {live}: gradients.embedding_change reads each step's saved embedding table; set "
-                "gradients.embedding_change: false, or train these toys with live: false"
+                f"{what} {live}: gradients.embedding_change reads each step's saved embedding table; set "
+                "gradients.embedding_change: false, or " + instead
             )
     inits = untrained.get("inits", []) if untrained.get("enabled") else []
     named = sorted({i["model"] for i in inits if isinstance(i, dict) and i.get("model") in live})
     if named:
         raise ConfigError(
-            f"untrained.inits names live toys {named}, which save no checkpoint to build the block from; "
-            "name a saved model, or train these toys with live: false"
+            f"untrained.inits names {what} {named}, which save no checkpoint to build the block from; "
+            "name a saved model, or " + instead
         )
 
 

@@ -600,7 +600,7 @@ class LocalRun:
 
     family = "local"
     tokens_per_step = None  # the run's own: the entry's tokens_per_step, or the Trainer's count
-    entry_keys = ("family", "name", "steps", "path", "tokens_per_step", "seed", "tokenizer")
+    entry_keys = ("family", "name", "steps", "path", "tokens_per_step", "seed", "tokenizer", "live")
     checks_before_fetch = True  # before the weights are hashed: a large run's are GBs to read
     patterns = ("step{N}/", "checkpoint-{N}/")
     _DIR = re.compile(r"(?:step|checkpoint-)(\d+)")
@@ -632,6 +632,12 @@ class LocalRun:
 
     @classmethod
     def resolve_entry(cls, entry: Mapping[str, Any], **_: Any) -> list[Checkpoint]:
+        if entry.get("live"):
+            from .live_local import resolve_live
+
+            return resolve_live(
+                entry["name"], entry.get("path"), entry.get("steps"), entry.get("tokens_per_step"), entry.get("seed")
+            )
         return cls.resolve(
             entry["name"],
             entry.get("path"),
