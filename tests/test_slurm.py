@@ -2,8 +2,8 @@
 tests/slurm_cluster.py installs (apt-get) and starts; the tests that need it skip only where it cannot be
 installed or started (not root, no apt-get, a foreign /etc/slurm/slurm.conf).
 
-* The tiny sweep through ``--workflow-profile profiles/slurm`` goes through sbatch (extract + metrics, grouped
-  into few SLURM jobs; train_toy, fetch, sweep and the plots stay on the submit host), every SLURM job
+* The tiny sweep through ``--workflow-profile profiles/slurm`` goes through sbatch (extracts, and metrics,
+  grouped into few SLURM jobs; train_toy, fetch, sweep and the plots stay on the submit host), every SLURM job
   completes, the group jobs are sized for one checkpoint at a time, and every Parquet table equals, bit
   for bit, that of a local ``snakemake --cores 2`` run.
 * A rule that fails inside a SLURM job is reported as failed (after the profile's one retry) and snakemake
@@ -49,6 +49,7 @@ CLUSTER_ARGS = (
     *FAST,
     "--group-components",
     "sweep=3",
+    "measure=3",
     "--slurm-keep-successful-logs",
 )
 PER_GROUP = 3
@@ -213,10 +214,11 @@ def test_sweep_goes_through_slurm(cluster_run, slurm_cluster):
     kinds = Counter(Path(log).relative_to(logdir).parts[0] for _, log in submitted)
     n_checkpoints = len(list((workdir / "results").glob("*/*/step*/metrics.parquet")))
     assert n_checkpoints == len(CHECKPOINTS)
-    # extract + metrics in groups of up to PER_GROUP checkpoints, a job per gradient analysis; nothing else.
+    # extracts, and metrics, in groups of up to PER_GROUP checkpoints, a job per gradient analysis; nothing else.
     n_gradients = len(list((workdir / "results").glob("*/*/step*/gradients.parquet")))
     assert n_gradients > 0
-    assert kinds == {"group_sweep_extract_metrics": -(-n_checkpoints // PER_GROUP), "rule_gradients": n_gradients}
+    n_groups = -(-n_checkpoints // PER_GROUP)
+    assert kinds == {"group_sweep_extract": n_groups, "group_measure_metrics": n_groups, "rule_gradients": n_gradients}
     for rule in ("train_toy", "fetch", "sweep", "plot_model", "plot_family"):
         assert f"localrule {rule}:" in out, rule
 
@@ -232,13 +234,14 @@ def test_sweep_goes_through_slurm(cluster_run, slurm_cluster):
     # count of one member, the wall times of all members summed (not memory summed as for parallel members).
     extract, metrics = resources_of(out, "extract"), resources_of(out, "metrics")
     assert extract["gpu"] == "0"  # extract.device: cpu
+    for group, rule in (("group_sweep", extract), ("group_measure", metrics)):
+        jobs = [scontrol_job(job_id) for job_id, log in submitted if group in log]
+        for job in jobs:
+            assert job["MinMemoryNode"] == f"{int(rule['mem_mb'])}M", job
+            assert job["NumCPUs"] == "1", job
+            assert minutes(job["TimeLimit"]) in {k * int(rule["runtime"]) for k in range(1, PER_GROUP + 1)}, job
+        assert sum(minutes(job["TimeLimit"]) for job in jobs) == n_checkpoints * int(rule["runtime"])
     groups = [scontrol_job(job_id) for job_id, log in submitted if "group_sweep" in log]
-    per_checkpoint = int(extract["runtime"]) + int(metrics["runtime"])
-    for job in groups:
-        assert job["MinMemoryNode"] == f"{max(int(extract['mem_mb']), int(metrics['mem_mb']))}M", job
-        assert job["NumCPUs"] == "1", job
-        assert minutes(job["TimeLimit"]) in {k * per_checkpoint for k in range(1, PER_GROUP + 1)}, job
-    assert sum(minutes(job["TimeLimit"]) for job in groups) == n_checkpoints * per_checkpoint
     # ... and `jobslot` limits the members of one group job only, not the SLURM jobs: the two ran together
     # (where the node has room for both).
     node = subprocess.run(
@@ -272,7 +275,7 @@ def test_sweep_on_slurm_equals_local_sweep(cluster_run, local_run):
 
 
 FAILING = """\
-# extract fails inside a SLURM group job (the profile groups extract with metrics).
+# extract fails inside a SLURM group job (the profile groups extracts).
 rule all:
     input: expand("m{i}.txt", i=range(2))
 

@@ -134,7 +134,8 @@ def bases_frame(bases: dict[tuple[int, str, int], dict[str, np.ndarray]]) -> pl.
 def bases_from_frame(frame: pl.DataFrame) -> dict[tuple[int, str, int], dict[str, np.ndarray]]:
     """The inverse of `bases_frame`."""
     bases: dict = {}
-    for (layer, site, method, rank), group in frame.group_by("layer", "site", "subspace", "rank"):
+    # in the file's order (group_by's own order varies from run to run, and the rows follow it)
+    for (layer, site, method, rank), group in frame.group_by("layer", "site", "subspace", "rank", maintain_order=True):
         group = group.sort("column")
         bases.setdefault((layer, site, rank), {})[method] = np.stack(group["vector"].to_list(), axis=1)
     return bases

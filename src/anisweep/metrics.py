@@ -94,7 +94,7 @@ def stats_rows(stats: pl.DataFrame) -> list[dict]:
 def sample_rows(hidden: pl.DataFrame) -> list[dict]:
     """Metrics that need the point cloud, on the seeded sample of tokens."""
     rows = []
-    for (layer, site), group in hidden.group_by("layer", "site"):
+    for (layer, site), group in sorted(hidden.group_by("layer", "site"), key=lambda g: g[0]):
         x = np.stack(group["vector"].to_list()).astype(np.float64)
         x = x[np.isfinite(x).all(axis=1)]
         n, d = x.shape

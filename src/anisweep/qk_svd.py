@@ -119,7 +119,7 @@ def qk_svd(extract_dirs: list[Path], fraction: float, seed: int) -> tuple[pl.Dat
         layer_means = means.filter(pl.col("layer") == layer)
         for (head, rope), group in sorted(samples.group_by("head", "rope"), key=lambda g: g[0]):
             q_by_step, k_by_step = {}, {}
-            for (step,), part in group.group_by("step"):
+            for (step,), part in sorted(group.group_by("step"), key=lambda g: g[0]):
                 q_by_step[step] = np.stack(part["q"].to_list()).astype(np.float64)
                 k_by_step[step] = np.stack(part["k"].to_list()).astype(np.float64)
             head_means = layer_means.filter((pl.col("head") == head) & (pl.col("rope") == rope))

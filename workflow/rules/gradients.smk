@@ -59,6 +59,7 @@ rule gradients:
 
 # Seconds of work: on the submit host in cluster runs, not a SLURM job each.
 localrules:
+    gradient_fixed_bases,
     gradients_sweep,
     plot_gradients,
 
