@@ -153,3 +153,12 @@ def write_text(text: str, path: str | os.PathLike) -> None:
 def write_json(obj: Any, path: str | os.PathLike, *, indent: int | None = 2, **dumps: Any) -> None:
     """`obj` as JSON with a trailing newline; extra keyword arguments go to ``json.dumps`` (e.g. default=str)."""
     write_text(json.dumps(obj, indent=indent, **dumps) + "\n", path)
+
+
+def copy_files(source: str | os.PathLike, names, out_dir: str | os.PathLike) -> None:
+    """Copy the files `names` of folder `source` into `out_dir`, each written whole and then renamed."""
+    import shutil
+
+    for name in names:
+        with replacing(Path(out_dir) / name) as tmp:
+            shutil.copyfile(Path(source) / name, tmp)

@@ -9,13 +9,12 @@ A `path` elsewhere is copied there, step by step (workflow/rules/live_local.smk)
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .atomic import replacing
-from .sources import Checkpoint, ConfigError, _as_int, _check_name, select_steps
+from .atomic import copy_files
+from .sources import Checkpoint, ConfigError, LocalRun, _as_int, _check_name, select_steps
 
 FAMILY = "local"
 _STEP = "step"
@@ -34,14 +33,6 @@ def extract_names() -> list[str]:
     from .tables import EXTRACT_TABLES
 
     return [*(f"{name}.parquet" for name in EXTRACT_TABLES), "extract.json"]
-
-
-def _step_folders(root: Path) -> dict[int, Path]:
-    found = {}
-    for child in root.iterdir():
-        if child.is_dir() and child.name.startswith(_STEP) and child.name[len(_STEP) :].isdigit():
-            found[int(child.name[len(_STEP) :])] = child
-    return dict(sorted(found.items()))
 
 
 def _hint(step: int) -> str:
@@ -64,7 +55,7 @@ def resolve_live(name: str, path: Any, steps: Any, tokens_per_step: Any = None, 
         tokens_per_step = _as_int(tokens_per_step, "tokens_per_step")
     if seed is not None:
         seed = _as_int(seed, "seed")
-    folders = _step_folders(root)
+    folders = LocalRun.discover(root)
     analysed = [step for step, folder in folders.items() if (folder / "extract.json").is_file()]
     if not analysed:
         raise ConfigError(
@@ -123,9 +114,5 @@ def take(run: str, source: str | Path, step: int, names: Sequence[str], out_dir:
     if missing:
         why = " (the callback ran with gradients disabled there)" if "gradients.parquet" in missing else ""
         raise FileNotFoundError(f"local/{run}/step{step}: {folder} lacks {', '.join(missing)}{why}; {_hint(step)}")
-    if folder.resolve() == out_dir.resolve():
-        return
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        with replacing(out_dir / name) as tmp:
-            shutil.copyfile(folder / name, tmp)
+    if folder.resolve() != out_dir.resolve():
+        copy_files(folder, names, out_dir)

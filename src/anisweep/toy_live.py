@@ -11,14 +11,13 @@ the toy's tokenizer as it is read back from disk, so the numbers equal a saved-c
 from __future__ import annotations
 
 import copy
-import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from .atomic import replacing
+from .atomic import copy_files
 from .extract import DTYPES, ExtractSettings
 from .gradients import GradientSettings
 from .live import analyse_live
@@ -85,8 +84,4 @@ def take(live_dir: str | Path, step: int, names: Sequence[str], out_dir: str | P
             f"{source} lacks {', '.join(missing)}: the live toy did not analyse step {step} (with the gradient "
             f"analysis, when gradients.parquet is missing); delete {live_dir} to train and analyse it again"
         )
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        with replacing(out_dir / name) as tmp:
-            shutil.copyfile(source / name, tmp)
+    copy_files(source, names, out_dir)

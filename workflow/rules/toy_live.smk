@@ -1,5 +1,6 @@
 import re
 
+from anisweep.live_local import extract_names
 from anisweep.tables import EXTRACT_TABLES
 
 # A live toy (`toy.<name>.live`) is analysed while it trains, no checkpoint saved: train_toy_live writes every
@@ -60,7 +61,7 @@ rule extract_live:
     params:
         cli=ANISWEEP,
         on_failure=on_failure("extract_live"),
-        names=",".join([*(f"{name}.parquet" for name in EXTRACT_TABLES), "extract.json"]),
+        names=",".join(extract_names()),
         out="results/{family}/{model}/step{step}",
     shell:
         "{params.cli} take-live --live {input} --step {wildcards.step} --names {params.names} --out {params.out} "
