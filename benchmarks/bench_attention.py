@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from anisweep import attention_torch
-from anisweep import recorder as recorder_mod
 from anisweep.adapters.base import Geometry
+from anisweep.extract import attention_torch
+from anisweep.extract import recorder as recorder_mod
 
 HERE = Path(__file__).resolve()
 

@@ -28,7 +28,7 @@ during a pass (weights included), as a ratio to the plain pass's; then one check
 config's settings on the device. Shapes there include pythia-1.4b. `--device cpu --parts device` runs the
 same code on the CPU (speed only), to check it.
 
-Variants: `plain`; `extract` (anisweep.extract.run with every statistic and the hidden-state sample
+Variants: `plain`; `extract` (anisweep.extract.run.run.run with every statistic and the hidden-state sample
 drawn at the rate of the shape's real sweep config, 1 token in 8 for config/multiberts.yaml and 3 in 16
 for config/pythia.yaml, which is what one mini-batch of those sweeps contributes; memory over growing
 n_sequences keeps the config's whole sample: the forward and its accumulators, not the writing of tables);
@@ -217,24 +217,26 @@ def variants_for(shape: str, names: list[str], device="cpu", dtype=torch.float32
 
         runs.update(plain=plain, hf_keep_all=hf_keep_all)
         if "extract" in names:
-            from anisweep import extract, recorder
             from anisweep.adapters import adapter_for
+            from anisweep.extract import recorder
+            from anisweep.extract.model import ExtractSettings, LoadedModel
+            from anisweep.extract.run import run
 
             recorder.register_attention()
             adapter = adapter_for(model.config)
-            parts = extract.LoadedModel(model, adapter.base_model(model), adapter, adapter.geometry(model.config))
+            parts = LoadedModel(model, adapter.base_model(model), adapter, adapter.geometry(model.config))
 
             def run_extract(batch, batch_size=None, sample_tokens=None):
                 model.set_attn_implementation(recorder.ATTENTION_NAME)
                 n, t = batch["input_ids"].shape
-                settings = extract.ExtractSettings(
+                settings = ExtractSettings(
                     n_sequences=n,
                     seq_len=t,
                     batch_size=batch_size or n,
                     sample_tokens=sample_tokens or sample_size(shape, n, t),
                     device=str(device),
                 )
-                return extract.run(parts, batch, settings, progress=False)
+                return run(parts, batch, settings, progress=False)
 
             runs["extract"] = run_extract
     if "tl" in names:
@@ -373,11 +375,12 @@ def _params(runs):
 def device_cell(args) -> dict:
     """One cell of the device table in this fresh process: speed of every variant, interleaved, then the peak
     device memory of each (CUDA only)."""
-    from anisweep import extract, recorder
+    from anisweep.extract import recorder
+    from anisweep.extract.model import DTYPES
 
-    device, dtype = torch.device(args.device), extract.DTYPES[args.dtype]
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
     runs = variants_for(args.shape, ["plain", "extract", "hf_keep_all"], device, dtype)
-    cpu_batch = make_batch(args.shape, args.batch, args.seq_len)  # extract.run moves its mini-batches itself
+    cpu_batch = make_batch(args.shape, args.batch, args.seq_len)  # run moves its mini-batches itself
     batches = {n: cpu_batch if n == "extract" else {k: v.to(device) for k, v in cpu_batch.items()} for n in runs}
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
@@ -428,24 +431,26 @@ def device_cell(args) -> dict:
 
 def checkpoint(args) -> dict:
     """Wall time of one checkpoint at the extract settings of the shape's sweep config: loading the saved
-    model, extract.run, building the tables; and a plain forward over the same sequences."""
+    model, run, building the tables; and a plain forward over the same sequences."""
     import tempfile
 
-    from anisweep import extract, extract_tables
+    from anisweep.extract import tables as extract_tables
+    from anisweep.extract.model import ExtractSettings, load_model
+    from anisweep.extract.run import run
 
     torch.set_num_threads(args.threads)
-    settings = extract.ExtractSettings(**{**sweep_settings(args.shape), "device": args.device})  # as the sweep's jobs
+    settings = ExtractSettings(**{**sweep_settings(args.shape), "device": args.device})  # as the sweep's jobs
     device = settings.torch_device()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     with tempfile.TemporaryDirectory() as tmp:
         hf_model(args.shape).save_pretrained(tmp)
         started = time.perf_counter()
-        parts = extract.load_model(tmp, settings.dtype, device)
+        parts = load_model(tmp, settings.dtype, device)
         sync()
         load_s = time.perf_counter() - started
         batch = make_batch(args.shape, settings.n_sequences, settings.seq_len)
         started = time.perf_counter()
-        recorder = extract.run(parts, batch, settings, progress=False)
+        recorder = run(parts, batch, settings, progress=False)
         sync()
         run_s = time.perf_counter() - started
         started = time.perf_counter()
@@ -670,7 +675,7 @@ def checkpoint_row(a, shape: str) -> dict:
         "gpu_hours": per_checkpoint_s * sweep["checkpoints"] / 3600 if a.device != "cpu" else None,
     }
     print(
-        f"  {sweep['sweep']}: {per_checkpoint_s:.1f} s per checkpoint (extract.run {row['extract_run_s']:.1f} s, "
+        f"  {sweep['sweep']}: {per_checkpoint_s:.1f} s per checkpoint (run {row['extract_run_s']:.1f} s, "
         f"plain forward {row['plain_forward_s']:.1f} s), {row['projection']['gb_total']:.1f} GB",
         flush=True,
     )

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from anisweep import geometry as M
+from anisweep.measures import geometry as M
 
 
 def timed(fn, repeat):

@@ -9,9 +9,9 @@ layers, 30522 tokens), `pythia-70m` (GPTNeoXForCausalLM, d = 512, 6 layers, 5030
 12 layers, 30522 tokens), `pythia-160m` (d = 768, 12 layers, 50304 tokens). Per shape, in one
 process, interleaved over --repeat repetitions (median reported):
 
-* `extract`: anisweep.extract.run, the base model's recorded forward, as the extract rule runs it;
-* `gradient_pass`: anisweep.gradients.gradient_pass, forward through the LM head plus backward to the sites;
-* `analysis`: anisweep.gradients.analyse (semi-NMF, PCA, random controls, shares, isotropy per stratum);
+* `extract`: anisweep.extract.run.run.run, the base model's recorded forward, as the extract rule runs it;
+* `gradient_pass`: anisweep.tangent.backward.gradient_pass, forward through the LM head plus backward to the sites;
+* `analysis`: anisweep.tangent.checkpoint.analyse (semi-NMF, PCA, random controls, shares, isotropy per stratum);
 
 reported as ratios to `extract`. Peak memory, each variant in a fresh process: on a CPU the kernel's
 high-water mark of resident memory (VmHWM, reset through /proc/self/clear_refs after one warm-up pass) minus
@@ -78,44 +78,47 @@ def batch_for(shape: str, n: int, t: int, seed: int = 0) -> dict:
 
 class Case:
     def __init__(self, path: Path, shape: str, args):
-        from anisweep import extract
-        from anisweep import gradients as gr
         from anisweep.adapters import adapter_for
+        from anisweep.extract.model import ExtractSettings, load_model
+        from anisweep.tangent.backward import load_lm
+        from anisweep.tangent.batch import causal_lm_batch, masked_lm_batch
+        from anisweep.tangent.settings import GradientSettings
 
         self.device = torch.device(args.device)
         self.batch = batch_for(shape, args.n_sequences, args.seq_len)
-        self.settings = extract.ExtractSettings(
+        self.settings = ExtractSettings(
             n_sequences=args.n_sequences, seq_len=args.seq_len, batch_size=args.batch, device=args.device,
             sample_tokens=min(4096, args.n_sequences * args.seq_len),
         )  # fmt: skip
-        self.loaded = extract.load_model(path, device=self.device)
-        self.lm_model, self.adapter = gr.load_lm(path, device=self.device)
+        self.loaded = load_model(path, device=self.device)
+        self.lm_model, self.adapter = load_lm(path, device=self.device)
         self.geometry = adapter_for(self.lm_model.config).geometry(self.lm_model.config)
-        self.grad_settings = gr.GradientSettings(enabled=True)
+        self.grad_settings = GradientSettings(enabled=True)
         arch = SHAPES[shape][0]
         ids, valid = self.batch["input_ids"], self.batch["attention_mask"].bool()
         if arch == "bert":
-            self.lm = gr.masked_lm_batch(ids, valid, 4, [0, 1, 2, 3, 4], SHAPES[shape][1]["vocab_size"], 0.15, 0)
+            self.lm = masked_lm_batch(ids, valid, 4, [0, 1, 2, 3, 4], SHAPES[shape][1]["vocab_size"], 0.15, 0)
         else:
-            self.lm = gr.causal_lm_batch(ids, valid)
+            self.lm = causal_lm_batch(ids, valid)
         self.result = None
 
     def run(self, variant: str) -> None:
-        from anisweep import extract
-        from anisweep import gradients as gr
+        from anisweep.extract.run import run
+        from anisweep.tangent.backward import gradient_pass
+        from anisweep.tangent.checkpoint import analyse
 
         g = self.geometry
         if variant == "extract":
-            extract.run(self.loaded, self.batch, self.settings, progress=False)
+            run(self.loaded, self.batch, self.settings, progress=False)
         elif variant == "gradient_pass":
-            self.result = gr.gradient_pass(
+            self.result = gradient_pass(
                 self.lm_model, self.adapter, g.d_model, g.n_layers, self.lm, self.grad_settings,
                 self.settings.batch_size, progress=False,
             )  # fmt: skip
         else:
             if self.result is None:
                 self.run("gradient_pass")
-            gr.analyse(self.result, self.grad_settings, g.d_model, progress=False)
+            analyse(self.result, self.grad_settings, g.d_model, progress=False)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 # Triton reads this when it is first imported (torch and transformers may import it before any test module
-# runs): the kernels of anisweep.attention_triton then run on CPU tensors in Triton's interpreter.
+# runs): the kernels of anisweep.extract.attention_triton then run on CPU tensors in Triton's interpreter.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import numpy as np
@@ -23,7 +23,9 @@ import polars as pl
 import torch
 from transformers import BertConfig, GPT2Config, GPTNeoXConfig, LlamaConfig, Olmo2Config, OlmoConfig
 
-from anisweep import extract, extract_tables
+from anisweep.extract import tables as extract_tables
+from anisweep.extract.model import ExtractSettings, load_model
+from anisweep.extract.run import run
 
 from slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture test_slurm.py uses
 
@@ -121,9 +123,9 @@ def saved(tmp_path, cls, config, name):
 
 
 def run_extract(path, batch, **settings):
-    settings = extract.ExtractSettings(**{"batch_size": 2, "sample_tokens": 10_000, "device": "cpu", **settings})
-    parts = extract.load_model(path, device="cpu")
-    recorder = extract.run(parts, batch, settings, progress=False)
+    settings = ExtractSettings(**{"batch_size": 2, "sample_tokens": 10_000, "device": "cpu", **settings})
+    parts = load_model(path, device="cpu")
+    recorder = run(parts, batch, settings, progress=False)
     ident = {"family": "test", "model": "m", "seed": 0, "step": 3, "tokens_seen": 30}
     return extract_tables.tables(recorder, parts, ident), parts
 

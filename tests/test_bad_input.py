@@ -14,9 +14,10 @@ import pytest
 import yaml
 
 from anisweep import cli
+from anisweep.checkpoints.hub import Pythia
 from anisweep.config import checkpoints, complete
 from anisweep.corpus import write_texts
-from anisweep.sources import ConfigError, Pythia
+from anisweep.errors import ConfigError
 
 from conftest import snakemake_command
 from hubcache import build_hub_cache, offline_hub, save_tiny_bert, save_tiny_pythia
@@ -85,7 +86,7 @@ def local_checkpoint(run: Path, **extra) -> dict:
 def test_a_local_run_without_a_tokenizer_stops_before_its_weights_are_read(
     models, tmp_path, texts, capsys, monkeypatch, kind
 ):
-    from anisweep import fetch
+    from anisweep.checkpoints import fetch
 
     monkeypatch.setattr(fetch, "hash_weight_files", lambda *a: pytest.fail("the weights were read"))
     run = local_run_without_tokenizer(models, tmp_path, kind)
@@ -349,12 +350,12 @@ def test_a_full_disk_in_extract_frees_the_downloaded_weights_never_a_local_run(
     import errno
     import os
 
-    from anisweep import extract
-
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "results/x/qk.parquet")
 
-    monkeypatch.setattr(extract, "extract_checkpoint", full)
+    from anisweep.extract import run as extract_run
+
+    monkeypatch.setattr(extract_run, "extract_checkpoint", full)
     folder = tmp_path / "weights" / "pythia" / "pythia-70m" / "step1000"
     folder.mkdir(parents=True)
     (folder / "model.safetensors").write_bytes(b"weights")
@@ -384,7 +385,7 @@ def test_gpt2_positions_and_width_are_read_from_its_own_config_keys(settings, ex
     """GPT-2's config names its positions n_positions and its width n_embd."""
     from types import SimpleNamespace
 
-    from anisweep.preflight import PreflightError, check_model_config
+    from anisweep.checkpoints.preflight import PreflightError, check_model_config
 
     hf_config = {"model_type": "gpt2", "n_positions": 64, "n_embd": 32}
     with pytest.raises(PreflightError, match=re.escape(expected)):

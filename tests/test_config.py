@@ -8,9 +8,12 @@ import sys
 
 import pytest
 
-from anisweep import config, sources
-from anisweep.extract import ExtractSettings
-from anisweep.toy import ToySpec
+from anisweep import config
+from anisweep.checkpoints.catalogue import FAMILIES, final_step, params_millions
+from anisweep.checkpoints.hub import MultiBERTs, Pythia
+from anisweep.errors import ConfigError
+from anisweep.extract.model import ExtractSettings
+from anisweep.toy.train import ToySpec
 
 
 def schema_properties(section: str) -> dict:
@@ -37,8 +40,8 @@ def test_toy_entries_are_the_toy_spec_fields():
 
 def test_families_of_the_schema_are_the_catalogue_registry():
     models = config.schema()["properties"]["models"]["items"]["properties"]
-    assert models["family"]["enum"] == list(sources.FAMILIES)
-    entry_keys = set().union(*(cls.entry_keys for cls in sources.FAMILIES.values()))
+    assert models["family"]["enum"] == list(FAMILIES)
+    entry_keys = set().union(*(cls.entry_keys for cls in FAMILIES.values()))
     assert set(models) == entry_keys
 
 
@@ -65,19 +68,20 @@ def test_defaults_fill_nested_sections_without_touching_given_values():
     ],
 )
 def test_schema_errors_name_the_key(bad, named):
-    with pytest.raises(sources.ConfigError) as error:
+    with pytest.raises(ConfigError) as error:
         config.complete({"models": [{"family": "pythia", "name": "pythia-70m", "steps": [0]}], **bad})
     assert named in str(error.value)
 
 
 def test_the_config_module_imports_no_torch():
     """`snakemake -n` parses the workflow, which imports anisweep.config: it must not pay for torch."""
-    code = "import sys, anisweep.config, anisweep.sources, anisweep.preflight; print('torch' in sys.modules)"
+    modules = "anisweep.config, anisweep.checkpoints.catalogue, anisweep.checkpoints.preflight"
+    code = f"import sys, {modules}; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
 def test_final_step_and_size_come_from_the_family():
-    pythia = sources.Pythia.resolve("pythia-1.4b-deduped", [0, 1000])
-    assert sources.final_step(pythia) == 143000 and sources.params_millions(pythia[0]) == 1400
-    bert = sources.MultiBERTs.resolve("seed_0", [0, 20000])
-    assert sources.final_step(bert) == 2_000_000 and sources.params_millions(bert[0]) == 110
+    pythia = Pythia.resolve("pythia-1.4b-deduped", [0, 1000])
+    assert final_step(pythia) == 143000 and params_millions(pythia[0]) == 1400
+    bert = MultiBERTs.resolve("seed_0", [0, 20000])
+    assert final_step(bert) == 2_000_000 and params_millions(bert[0]) == 110

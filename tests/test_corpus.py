@@ -68,7 +68,7 @@ def wl(request):
 
 @pytest.fixture(scope="module")
 def toy_tokenizers():
-    from anisweep.toy import build_bert_tokenizer, build_neox_tokenizer
+    from anisweep.toy.tokenizers import build_bert_tokenizer, build_neox_tokenizer
 
     texts = builtin_text()[:600]
     return {"bert": build_bert_tokenizer(texts, 600), "neox": build_neox_tokenizer(texts, 600)}

@@ -1,3 +1,3 @@
-from .cli import main
+from anisweep.cli import main
 
 raise SystemExit(main())

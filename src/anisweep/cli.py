@@ -48,7 +48,7 @@ def _steps(text: str) -> list[int]:
 def cmd_train_toy(args) -> None:
     import dataclasses
 
-    from .toy import ToySpec, train_toy
+    from anisweep.toy.train import ToySpec, train_toy
 
     spec = dict(args.spec)
     arch, seed, steps = spec.pop("arch"), spec.pop("seed", 0), spec.pop("steps")
@@ -64,10 +64,10 @@ def cmd_train_toy(args) -> None:
 
 
 def _live_analysis(args, seed: int, spec):
-    from .corpus import read_texts
-    from .extract import ExtractSettings
-    from .gradients import GradientSettings
-    from .toy_live import LiveAnalysis
+    from anisweep.corpus import read_texts
+    from anisweep.extract.model import ExtractSettings
+    from anisweep.live.toy import LiveAnalysis
+    from anisweep.tangent.settings import GradientSettings
 
     missing = [f"--{key}" for key in ("name", "texts", "settings") if getattr(args, key) is None]
     if missing:
@@ -78,28 +78,29 @@ def _live_analysis(args, seed: int, spec):
 
 
 def cmd_take_live(args) -> None:
-    from .toy_live import take
+    from anisweep.live.toy import take
 
     take(args.live, args.step, args.names.split(","), args.out)
 
 
 def cmd_take_live_local(args) -> None:
-    from .live_local import take
+    from anisweep.live.take import take
 
     take(args.name, args.source, args.step, args.names.split(","), args.out)
 
 
 def cmd_fetch(args) -> None:
-    from .fetch import fetch, log_to_stderr
-    from .sources import Checkpoint, family_of
+    from anisweep.checkpoints.base import Checkpoint
+    from anisweep.checkpoints.catalogue import family_of
+    from anisweep.checkpoints.fetch import fetch, log_to_stderr
 
     log_to_stderr()
     checkpoint = Checkpoint.from_dict(args.checkpoint)
     before_weights = None
     if args.texts and family_of(checkpoint.family).checks_before_fetch:  # what extract would fail on
-        from .corpus import read_texts
-        from .extract import ExtractSettings
-        from .preflight import evaluation_batch
+        from anisweep.checkpoints.preflight import evaluation_batch
+        from anisweep.corpus import read_texts
+        from anisweep.extract.model import ExtractSettings
 
         settings, texts = ExtractSettings(**args.settings), read_texts(args.texts)
 
@@ -112,15 +113,16 @@ def cmd_fetch(args) -> None:
 
 
 def cmd_corpus(args) -> None:
-    from .corpus import load_texts, write_texts
+    from anisweep.corpus import load_texts, write_texts
 
     write_texts(load_texts(args.corpus), args.out)
 
 
 def cmd_extract(args) -> None:
-    from .atomic import remove_orphans
-    from .corpus import load_texts, read_texts
-    from .extract import ExtractSettings, extract_checkpoint
+    from anisweep.atomic import remove_orphans
+    from anisweep.corpus import load_texts, read_texts
+    from anisweep.extract.model import ExtractSettings
+    from anisweep.extract.run import extract_checkpoint
 
     settings = ExtractSettings(**args.settings)
     if args.threads:
@@ -155,12 +157,12 @@ def _remove_downloaded_weights(folder: Path, manifest: dict) -> None:
 
 
 def cmd_metrics(args) -> None:
-    from .metrics import checkpoint_metrics
-    from .tables import write_atomic
+    from anisweep.measures.metrics import checkpoint_metrics
+    from anisweep.tables import write_atomic
 
     write_atomic(checkpoint_metrics(args.extract_dir, args.gradients), args.out)
     if args.spectra_out:
-        from .spectra import checkpoint_spectra
+        from anisweep.measures.spectra import checkpoint_spectra
 
         write_atomic(checkpoint_spectra(args.extract_dir), args.spectra_out)
 
@@ -171,9 +173,10 @@ def cmd_gradients(args) -> None:
     if args.threads:  # numpy's BLAS reads these when it loads (not yet: the imports below load it)
         for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(name, str(args.threads))
-    from .corpus import read_texts
-    from .extract import ExtractSettings
-    from .gradients import GradientSettings, gradients_checkpoint
+    from anisweep.corpus import read_texts
+    from anisweep.extract.model import ExtractSettings
+    from anisweep.tangent.checkpoint import gradients_checkpoint
+    from anisweep.tangent.settings import GradientSettings
 
     settings = ExtractSettings(**args.settings)
     if args.threads:
@@ -192,15 +195,15 @@ def cmd_gradients(args) -> None:
 
 
 def cmd_gradient_fixed_bases(args) -> None:
-    from .gradient_subspaces import fixed_bases_file
-    from .gradients import GradientSettings
+    from anisweep.tangent.fixed import fixed_bases_file
+    from anisweep.tangent.settings import GradientSettings
 
     fixed_bases_file(args.hidden, GradientSettings(**args.gradients), args.out)
 
 
 def cmd_gradients_sweep(args) -> None:
-    from .gradient_plots import gradients_sweep
-    from .tables import write_atomic
+    from anisweep.tables import write_atomic
+    from anisweep.tangent.sweep import gradients_sweep
 
     write_atomic(
         gradients_sweep(
@@ -217,14 +220,14 @@ def cmd_gradients_sweep(args) -> None:
 def cmd_plot_gradients(args) -> None:
     import polars as pl
 
-    from .gradient_plots import plot_gradients
+    from anisweep.plots.gradients import plot_gradients
 
     plot_gradients(pl.read_parquet(args.sweep), Path(args.out_dir), names=args.figures)
 
 
 def cmd_sweep(args) -> None:
-    from .sweep import aggregate
-    from .tables import write_atomic
+    from anisweep.measures.sweep import aggregate
+    from anisweep.tables import write_atomic
 
     write_atomic(
         aggregate([Path(p) for p in args.metrics], expected_steps=args.expected_steps, final_step=args.final_step),
@@ -235,7 +238,7 @@ def cmd_sweep(args) -> None:
 def cmd_plot(args) -> None:
     import polars as pl
 
-    from .plots import plot_model
+    from anisweep.plots.sweep import plot_model
 
     plot_model(pl.read_parquet(args.sweep), Path(args.out_dir))
 
@@ -243,7 +246,7 @@ def cmd_plot(args) -> None:
 def cmd_plot_family(args) -> None:
     import polars as pl
 
-    from .plots import plot_family
+    from anisweep.plots.sweep import plot_family
 
     plot_family(pl.concat([pl.read_parquet(p) for p in args.sweeps], how="diagonal_relaxed"), Path(args.out))
 
@@ -251,7 +254,7 @@ def cmd_plot_family(args) -> None:
 def cmd_plot_families(args) -> None:
     import polars as pl
 
-    from .plot_families import plot_families
+    from anisweep.plots.families import plot_families
 
     plot_families(pl.concat([pl.read_parquet(p) for p in args.sweeps], how="diagonal_relaxed"), Path(args.out))
 
@@ -259,8 +262,8 @@ def cmd_plot_families(args) -> None:
 def cmd_untrained(args) -> None:
     import torch
 
-    from .tables import UNTRAINED_TABLES, write_atomic
-    from .untrained import UntrainedSettings, run
+    from anisweep.mechanism.untrained import UntrainedSettings, run
+    from anisweep.tables import UNTRAINED_TABLES, write_atomic
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -279,15 +282,15 @@ def cmd_untrained(args) -> None:
 
 
 def cmd_plot_untrained(args) -> None:
-    from .untrained_plots import plot_untrained
+    from anisweep.plots.untrained import plot_untrained
 
     plot_untrained(Path(args.tables_dir), Path(args.out_dir))
 
 
 def cmd_qk_svd(args) -> None:
-    from .plots_distributions import qk_svd_figures
-    from .qk_svd import qk_svd
-    from .tables import write_atomic
+    from anisweep.mechanism.qk_svd import qk_svd
+    from anisweep.plots.distributions import qk_svd_figures
+    from anisweep.tables import write_atomic
 
     table, extras = qk_svd([Path(d) for d in args.extract_dirs], args.fraction, args.seed)
     write_atomic(table, args.out)
@@ -297,7 +300,7 @@ def cmd_qk_svd(args) -> None:
 def cmd_plot_score_hist(args) -> None:
     import polars as pl
 
-    from .plots_distributions import score_hist_figure
+    from anisweep.plots.distributions import score_hist_figure
 
     score_hist_figure(pl.concat([pl.read_parquet(p) for p in args.hists]), Path(args.out))
 
@@ -305,7 +308,7 @@ def cmd_plot_score_hist(args) -> None:
 def cmd_plot_spectra(args) -> None:
     import polars as pl
 
-    from .plots_spectra import spectra_figure
+    from anisweep.plots.spectra import spectra_figure
 
     spectra_figure(pl.concat([pl.read_parquet(p) for p in args.spectra]), Path(args.out))
 
@@ -313,7 +316,7 @@ def cmd_plot_spectra(args) -> None:
 def cmd_checkpoints(args) -> None:
     import yaml
 
-    from .config import describe
+    from anisweep.config import describe
 
     config = {}
     for path in args.configfile:

@@ -15,8 +15,10 @@ from typing import Any
 
 import yaml
 
-from .preflight import PreflightError, check_model_config
-from .sources import Checkpoint, ConfigError, resolve_all
+from anisweep.checkpoints.base import Checkpoint
+from anisweep.checkpoints.catalogue import resolve_all
+from anisweep.checkpoints.preflight import PreflightError, check_model_config
+from anisweep.errors import ConfigError
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 TOY_ROOT = "resources/toy"
@@ -91,7 +93,7 @@ def checkpoints(config: dict) -> list[Checkpoint]:
 
 def live_local_runs(config: dict) -> dict[str, Path]:
     """The local runs analysed while they trained (`live: true`), by name: the folder their step{N}/ are in."""
-    from .live_local import run_folder
+    from anisweep.checkpoints.local import run_folder
 
     return {
         str(e["name"]): run_folder(e)
@@ -103,7 +105,7 @@ def live_local_runs(config: dict) -> dict[str, Path]:
 def _check_live_local(found: list[Checkpoint], config: dict) -> None:
     """A live local run has no weights (as a live toy has none) and, where the gradient analysis covers its
     steps, needs the gradients.parquet the callback wrote at each."""
-    from .live_local import missing_gradients
+    from anisweep.checkpoints.local import missing_gradients
 
     live = list(live_local_runs(config))
     _check_live_toys(live, config, "live local runs", "sweep the run's saved checkpoints (live: false)")

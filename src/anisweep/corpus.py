@@ -159,7 +159,7 @@ def write_texts(texts: Sequence[str], path: str | Path) -> None:
     """The documents of a corpus as one Parquet column, written atomically."""
     import polars as pl
 
-    from .tables import write_atomic
+    from anisweep.tables import write_atomic
 
     write_atomic(pl.DataFrame({"text": list(texts)}, schema={"text": pl.String}), path)
 

@@ -7,7 +7,7 @@ import os
 
 import polars as pl
 
-from . import atomic
+from anisweep import atomic
 
 IDENTITY = ("family", "model", "seed", "step", "tokens_seen")
 
@@ -15,7 +15,7 @@ IDENTITY = ("family", "model", "seed", "step", "tokens_seen")
 #: `extract.tables()`'s keys, in this order).
 EXTRACT_TABLES = ("qk", "attention", "hidden", "hidden_stats", "layernorm", "embeddings", "qk_sample", "score_hist")
 
-#: The tables of the untrained-block experiment (anisweep.untrained), `results/untrained/{name}.parquet`.
+#: The tables of the untrained-block experiment (anisweep.mechanism.untrained), `results/untrained/{name}.parquet`.
 UNTRAINED_TABLES = ("untrained", "histogram", "summary")
 
 #: attention.parquet's statistics, one value per (layer, head): what extract writes and metrics reads.

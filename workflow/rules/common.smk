@@ -1,4 +1,3 @@
-import importlib.util
 import json
 import shlex
 import sys
@@ -8,16 +7,17 @@ from types import SimpleNamespace
 from snakemake.settings.types import DeploymentMethod
 
 from anisweep import config as anisweep_config
-from anisweep import sources
+from anisweep.checkpoints.catalogue import final_step, params_millions
+from anisweep.code_inputs import code_inputs
 from anisweep.adapters import UnsupportedArchitecture, adapter_for
-from anisweep.partial import Sweep, remove_stranded_weights, write_partial_sweeps
-from anisweep.gradient_plots import gradient_figures
-from anisweep.gradient_subspaces import check_config as check_gradient_config, window_steps
-from anisweep.plots import MODEL_FIGURES
+from anisweep.measures.partial import Sweep, remove_stranded_weights, write_partial_sweeps
+from anisweep.plots.gradients import gradient_figures
+from anisweep.tangent.fixed import check_config as check_gradient_config, window_steps
+from anisweep.plots.sweep import MODEL_FIGURES
 from anisweep.tables import UNTRAINED_TABLES
-from anisweep.untrained_plots import UNTRAINED_FIGURES
-from anisweep import untrained_inits
-from anisweep.sources import ConfigError
+from anisweep.plots.untrained import UNTRAINED_FIGURES
+from anisweep.mechanism import untrained_inits
+from anisweep.errors import ConfigError
 
 # Every rule calls the package's CLI with the interpreter that runs Snakemake, so an unactivated
 # virtual environment works as well as an activated one. With `--sdm conda`, with the python of the rule's conda
@@ -36,7 +36,7 @@ if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
 try:
     config.update(anisweep_config.complete(config))
     CHECKPOINTS = {c.key: c for c in anisweep_config.checkpoints(config)}
-    # untrained.inits with each swept-model init completed to {family, model, step} (anisweep.untrained_inits)
+    # untrained.inits with each swept-model init completed to {family, model, step} (anisweep.mechanism.untrained_inits)
     UNTRAINED_INITS = (
         untrained_inits.resolve(config["untrained"]["inits"], CHECKPOINTS.values())
         if config["untrained"]["enabled"]
@@ -53,7 +53,7 @@ def check_device(device):
     cluster the job itself checks, naming its node). Called on start, so that a dry run is not stopped."""
     if device != "cuda" or not workflow.local_exec:
         return
-    from anisweep.device import DeviceUnavailable, torch_device
+    from anisweep.extract.device import DeviceUnavailable, torch_device
 
     try:
         torch_device(device)
@@ -82,19 +82,22 @@ def check_architectures(checkpoints):
 check_architectures(CHECKPOINTS.values())
 
 
-def package_files(*modules):
-    return [importlib.util.find_spec(f"anisweep.{module}").origin for module in modules]
-
-
-# The analysis code is an input of the rules that run it: editing it reruns metrics, sweeps and figures
-# (Snakemake's mtime trigger), never fetch or extract, which do not depend on it (the model runs are the cost).
+# The package code that a job runs is an input of its rule, so editing that code reruns it (Snakemake's mtime
+# trigger), derived from the import graph of the module its command runs (anisweep.code_inputs). Fetch and
+# extract have none, since the model runs are the cost; a change to the code that runs a model takes --forcerun.
 ANALYSIS_CODE = {
-    "metrics": package_files("metrics", "geometry", "tables", "spectra", "gradient_metrics"),
-    "sweep": package_files("sweep", "tables"),
-    "plots": package_files("plots", "sweep"),
-    "plot_families": package_files("plot_families", "plots", "sweep"),
-    "untrained": package_files("untrained", "untrained_inits", "recorder", "streaming", "attention_torch", "geometry"),
-    "untrained_plots": package_files("untrained_plots", "plots"),
+    "metrics": code_inputs("measures.metrics", "measures.spectra"),
+    "sweep": code_inputs("measures.sweep"),
+    "plots": code_inputs("plots.sweep"),
+    "plot_families": code_inputs("plots.families"),
+    "untrained": code_inputs("mechanism.untrained"),
+    "untrained_plots": code_inputs("plots.untrained"),
+    "qk_svd": code_inputs("mechanism.qk_svd", "plots.distributions"),
+    "score_hist": code_inputs("plots.distributions"),
+    "spectra": code_inputs("plots.spectra"),
+    "fixed_bases": code_inputs("tangent.fixed"),
+    "gradients_sweep": code_inputs("tangent.sweep"),
+    "plot_gradients": code_inputs("plots.gradients"),
 }
 
 
@@ -123,7 +126,7 @@ def on_failure(rule):
 
 
 def sweep_of(family, model, job=None):
-    """A model's sweep table for the onerror handler (anisweep.partial): with the sweep `job` that was to
+    """A model's sweep table for the onerror handler (anisweep.measures.partial): with the sweep `job` that was to
     write it, dropping its metadata record is one of Snakemake's internals."""
     checkpoints = model_checkpoints(family, model)
     return Sweep(
@@ -184,8 +187,8 @@ def figures(family, model):
 def distribution_outputs(family, model):
     """The q/k SVD table and figures of one model, its spectra figure, and its score histogram figure where extract counts the scores
     (`extract.score_bins`; workflow/rules/distributions.smk)."""
-    from anisweep.plots_spectra import SPECTRA_FIGURES
-    from anisweep.qk_svd import FIGURES as QK_SVD_FIGURES
+    from anisweep.plots.spectra import SPECTRA_FIGURES
+    from anisweep.mechanism.qk_svd import FIGURES as QK_SVD_FIGURES
 
     names = [*QK_SVD_FIGURES, *SPECTRA_FIGURES, *(["score_hist.png"] if config["extract"]["score_bins"] else [])]
     return [f"results/{family}/{model}/qk_svd.parquet", *(f"results/{family}/{model}/figures/{n}" for n in names)]
@@ -213,7 +216,7 @@ def toy_checkpoints_dir(wildcards):
 
 
 def final_step_of(wildcards):
-    return sources.final_step(model_checkpoints(wildcards.family, wildcards.model))
+    return final_step(model_checkpoints(wildcards.family, wildcards.model))
 
 
 # Resources for cluster runs (profiles/slurm, docs/slurm.md): a GPU only when the config asks for cuda, memory
@@ -223,7 +226,7 @@ EXTRACT_GPU = 1 if config["extract"].get("device") == "cuda" else 0
 
 def extract_params_m(wildcards):
     """Millions of parameters, from the family's catalogue (override with set-resources in the profile)."""
-    return sources.params_millions(checkpoint_of(wildcards))
+    return params_millions(checkpoint_of(wildcards))
 
 
 def extract_mem_mb(wildcards, attempt):

@@ -1,5 +1,5 @@
-from anisweep.qk_svd import FIGURES as QK_SVD_FIGURES
-from anisweep.plots_spectra import SPECTRA_FIGURES
+from anisweep.mechanism.qk_svd import FIGURES as QK_SVD_FIGURES
+from anisweep.plots.spectra import SPECTRA_FIGURES
 
 
 # Seconds of work: on the submit host in cluster runs, not a SLURM job each.
@@ -14,7 +14,7 @@ rule qk_svd:
     input:
         samples=lambda wc: [f"results/{c.key}/qk_sample.parquet" for c in model_checkpoints(wc.family, wc.model)],
         means=lambda wc: [f"results/{c.key}/qk.parquet" for c in model_checkpoints(wc.family, wc.model)],
-        code=package_files("qk_svd", "plots_distributions"),
+        code=ANALYSIS_CODE["qk_svd"],
     output:
         **{
             name.removesuffix(".png"): report(
@@ -46,7 +46,7 @@ rule qk_svd:
 rule plot_score_hist:
     input:
         hists=lambda wc: [f"results/{c.key}/score_hist.parquet" for c in model_checkpoints(wc.family, wc.model)],
-        code=package_files("plots_distributions"),
+        code=ANALYSIS_CODE["score_hist"],
     output:
         report(
             "results/{family}/{model}/figures/score_hist.png",
@@ -69,7 +69,7 @@ rule plot_score_hist:
 rule plot_spectra:
     input:
         spectra=lambda wc: [f"results/{c.key}/spectra.parquet" for c in model_checkpoints(wc.family, wc.model)],
-        code=package_files("plots_spectra"),
+        code=ANALYSIS_CODE["spectra"],
     output:
         **{
             name.removesuffix(".png"): report(

@@ -5,7 +5,7 @@ localrules:
 
 # Weights live here only until extract has read them (temp), unless fetch.keep_weights keeps them
 # in the Hugging Face cache. The checkpoint's config.json and tokenizer are checked against the extract
-# settings and the corpus before any weights move (anisweep.preflight).
+# settings and the corpus before any weights move (anisweep.checkpoints.preflight).
 rule fetch:
     input:
         toy_checkpoints_dir,

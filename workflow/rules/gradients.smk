@@ -1,12 +1,12 @@
 # Tangent-aligned anisotropy (config `gradients`, off unless enabled): per checkpoint a backward pass of the
 # model's own LM loss, its gradients at a few residual-stream sites against semi-NMF / PCA subspaces of the
-# activations and matched-rank random controls (anisweep.gradients); per model one table and two figures.
+# activations and matched-rank random controls (anisweep.tangent); per model one table and two figures.
 # With gradients.subspaces fixed | both: per model, semi-NMF / PCA bases fitted once on extract's hidden-state
-# samples of the fit window's steps, pooled (anisweep.gradient_subspaces), read by every gradients job.
+# samples of the fit window's steps, pooled (anisweep.tangent.fixed), read by every gradients job.
 rule gradient_fixed_bases:
     input:
         hidden=lambda wc: [f"results/{c.key}/hidden.parquet" for c in fixed_window_checkpoints(wc.family, wc.model)],
-        code=package_files("gradient_subspaces", "seminmf"),
+        code=ANALYSIS_CODE["fixed_bases"],
     output:
         "results/{family}/{model}/gradient_fixed_bases.parquet",
     log:
@@ -67,7 +67,7 @@ localrules:
 rule gradients_sweep:
     input:
         unpack(gradient_sweep_inputs),
-        code=package_files("gradient_plots", "embedding_change"),
+        code=ANALYSIS_CODE["gradients_sweep"],
     output:
         "results/{family}/{model}/gradients_sweep.parquet",
     log:
@@ -87,7 +87,7 @@ rule gradients_sweep:
 rule plot_gradients:
     input:
         sweep="results/{family}/{model}/gradients_sweep.parquet",
-        code=package_files("gradient_plots", "plots"),
+        code=ANALYSIS_CODE["plot_gradients"],
     output:
         **{
             name.removesuffix(".png"): report(

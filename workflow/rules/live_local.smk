@@ -1,6 +1,6 @@
 import re
 
-from anisweep.live_local import extract_names
+from anisweep.checkpoints.local import extract_names
 
 # A local run analysed while it trained (`models: [{family: local, name, live: true}]`): anisweep.live's
 # AnisweepCallback wrote each analysed step's extract tables (and gradients.parquet) into {path}/step{N}/, by

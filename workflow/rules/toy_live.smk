@@ -1,6 +1,6 @@
 import re
 
-from anisweep.live_local import extract_names
+from anisweep.checkpoints.local import extract_names
 from anisweep.tables import EXTRACT_TABLES
 
 # A live toy (`toy.<name>.live`) is analysed while it trains, no checkpoint saved: train_toy_live writes every

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from .base import Adapter, Geometry, LayerNormSite, PreRotaryQK, ResidSite
-from .bert import BertAdapter
-from .gpt2 import GPT2Adapter
-from .gpt_neox import GPTNeoXAdapter
-from .llama import LlamaAdapter
-from .olmo import OlmoAdapter
-from .olmo2 import Olmo2Adapter
+from anisweep.adapters.base import Adapter, Geometry, LayerNormSite, PreRotaryQK, ResidSite
+from anisweep.adapters.bert import BertAdapter
+from anisweep.adapters.gpt2 import GPT2Adapter
+from anisweep.adapters.gpt_neox import GPTNeoXAdapter
+from anisweep.adapters.llama import LlamaAdapter
+from anisweep.adapters.olmo import OlmoAdapter
+from anisweep.adapters.olmo2 import Olmo2Adapter
 
 ADAPTERS: tuple[Adapter, ...] = (
     BertAdapter(),

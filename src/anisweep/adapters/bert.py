@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Adapter, Geometry, LayerNormSite, ResidSite
+from anisweep.adapters.base import Adapter, Geometry, LayerNormSite, ResidSite
 
 
 class BertAdapter(Adapter):

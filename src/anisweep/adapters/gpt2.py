@@ -7,7 +7,7 @@ Mistral runs): score_mean and score_std are the logits the softmax receives."""
 
 from __future__ import annotations
 
-from .base import Adapter, Geometry, LayerNormSite, ResidSite
+from anisweep.adapters.base import Adapter, Geometry, LayerNormSite, ResidSite
 
 
 class GPT2Adapter(Adapter):

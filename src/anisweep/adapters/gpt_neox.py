@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Adapter, Geometry, LayerNormSite, PreRotaryQK, ResidSite
+from anisweep.adapters.base import Adapter, Geometry, LayerNormSite, PreRotaryQK, ResidSite
 
 
 class GPTNeoXAdapter(Adapter):

@@ -3,7 +3,7 @@ attention (`num_key_value_heads` key/value heads shared by groups of query heads
 
 from __future__ import annotations
 
-from .base import Adapter, Geometry, LayerNormSite, PreRotaryQK, ResidSite, heads
+from anisweep.adapters.base import Adapter, Geometry, LayerNormSite, PreRotaryQK, ResidSite, heads
 
 
 def decoder_geometry(config) -> Geometry:

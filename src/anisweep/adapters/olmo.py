@@ -3,8 +3,8 @@ its forward), full rotary, and on some checkpoints `clip_qkv`, a clamp of q, k a
 
 from __future__ import annotations
 
-from .base import Geometry, PreRotaryQK
-from .llama import LlamaAdapter, separate_qk
+from anisweep.adapters.base import Geometry, PreRotaryQK
+from anisweep.adapters.llama import LlamaAdapter, separate_qk
 
 
 class OlmoAdapter(LlamaAdapter):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .base import Geometry, LayerNormSite, PreRotaryQK, heads
-from .llama import LlamaAdapter, decoder_geometry
+from anisweep.adapters.base import Geometry, LayerNormSite, PreRotaryQK, heads
+from anisweep.adapters.llama import LlamaAdapter, decoder_geometry
 
 
 class Olmo2Adapter(LlamaAdapter):

@@ -1,0 +1,563 @@
+"""Getting a checkpoint's weights onto disk, and proving which bytes were analysed.
+
+:func:`fetch` turns a :class:`~anisweep.checkpoints.base.Checkpoint` into a folder that ``from_pretrained`` loads
+and writes ``dest/checkpoint.json`` (the manifest) atomically.
+
+Hub checkpoints (``pythia``, ``multiberts``):
+
+1. The revision is resolved to a commit hash (``HfApi.resolve_revision``: online it asks the Hub and records
+   ``refs/{revision}`` in the cache; offline, or when the Hub is unreachable, it reads that ref).
+2. The repo's file list (the cached tree listing, else the Hub's listing, else -- offline -- the cached
+   snapshot folder) decides what to download: ``config.json``, the tokenizer files and ONE weight format:
+   ``*.safetensors`` (+ index) when the repo has them, else ``pytorch_model*.bin`` (+ index). Never
+   ``tf_model.h5``, flax, onnx. The exact file names are passed as ``allow_patterns``.
+3. ``huggingface_hub.snapshot_download`` downloads them (resumable, with its own progress bars):
+   ``keep_weights=True`` into the normal HF cache (``path`` = the snapshot folder); ``keep_weights=False``
+   into ``dest/weights`` (``local_dir``), a folder the pipeline deletes after extraction -- except when
+   the HF cache already holds every wanted file (always the case offline): then nothing is downloaded and
+   ``dest/weights`` holds symlinks to the cached files, so deleting it never touches the cache.
+4. Transient failures (connection errors, timeouts, HTTP 408/429/5xx) are retried ``retries`` times with
+   exponential backoff (``backoff * 2**k`` seconds), then raise :class:`FetchError` naming repo, revision
+   and the last cause. A revision or repo that does not exist (or, offline, is not in the cache) raises
+   :class:`RevisionNotFound` at once.
+
+Local/toy checkpoints are used in place: ``path`` is the checkpoint folder, nothing is copied.
+
+``weights_sha256`` is a sha256 over the weight files' bytes (sorted by name, streamed in 1 MiB chunks), and
+``weight_files_sha256`` the sha256 of each file (the Hub's LFS oid), from the same single read;
+:func:`anisweep.measures.sweep.find_duplicates` uses them (read back from ``extract.json``) to flag steps serving
+the same weights as another step. The known Pythia defects come in two shapes: a whole checkpoint that is
+another step's (pythia-2.8b: the early branches serve final-era files, EleutherAI/pythia#205, #195) and ONE
+shard of a sharded checkpoint that is another step's (pythia-12b step50000/step58000 serve the final model's
+first shard, #206): the combined hash alone misses the
+second, the per-file hashes catch it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import logging
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx2
+from huggingface_hub import HfApi, snapshot_download, try_to_load_from_cache
+from huggingface_hub import constants as hf_constants
+from huggingface_hub.errors import (
+    CachedRepoTreeNotFoundError,
+    EntryNotFoundError,
+    FileMetadataError,
+    HfHubHTTPError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+    RevisionResolutionError,
+    XetDownloadError,
+)
+from huggingface_hub.utils import are_progress_bars_disabled
+from tqdm.auto import tqdm as _tqdm
+
+from anisweep.atomic import write_json
+from anisweep.checkpoints.base import Checkpoint
+
+try:  # requests is optional in huggingface_hub 1.x/2.x; catch its errors when something uses it
+    import requests
+
+    _REQUESTS_TRANSIENT: tuple[type[BaseException], ...] = (
+        requests.ConnectionError,
+        requests.Timeout,
+    )
+except ImportError:  # pragma: no cover
+    _REQUESTS_TRANSIENT = ()
+
+__all__ = [
+    "FetchError",
+    "LogProgress",
+    "log_to_stderr",
+    "RevisionNotFound",
+    "fetch",
+    "hash_files",
+    "hash_weight_files",
+    "select_files",
+    "weight_files_in",
+    "MANIFEST",
+    "WEIGHTS_DIR",
+]
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "checkpoint.json"
+WEIGHTS_DIR = "weights"
+CHUNK = 1 << 20  # 1 MiB
+
+CONFIG_FILES = ("config.json",)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tokenizer.model",
+)
+_SAFETENSORS = re.compile(r"[^/]+\.safetensors")
+_SAFETENSORS_INDEX = "model.safetensors.index.json"
+_BIN = re.compile(r"pytorch_model(?:-\d+-of-\d+)?\.bin")
+_BIN_INDEX = "pytorch_model.bin.index.json"
+
+_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_TRANSIENT_EXC: tuple[type[BaseException], ...] = (
+    httpx2.TimeoutException,
+    httpx2.NetworkError,
+    httpx2.RemoteProtocolError,
+    XetDownloadError,
+    FileMetadataError,
+    TimeoutError,
+    ConnectionError,  # builtin; OfflineModeIsEnabled subclasses it and is handled first
+    *_REQUESTS_TRANSIENT,
+)
+
+
+class FetchError(RuntimeError):
+    """A checkpoint could not be fetched. Names the repo (or folder), the revision and the last cause."""
+
+    def __init__(self, message: str, *, repo_id: str | None = None, revision: str | None = None):
+        super().__init__(message)
+        self.repo_id = repo_id
+        self.revision = revision
+
+
+class RevisionNotFound(FetchError):
+    """The repo or revision does not exist on the Hub (or, offline, is not in the local cache): no retry."""
+
+
+T = TypeVar("T")
+BeforeWeights = Callable[[Path, "Path | str | None"], None]
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def _chain(exc: BaseException) -> Iterable[BaseException]:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen and len(seen) < 16:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
+
+
+def _classify(exc: BaseException) -> str:
+    """'missing' (repo/revision does not exist, or offline without it), 'transient' (retry), or 'fatal'."""
+    chain = list(_chain(exc))
+    for e in chain:
+        if isinstance(e, (RevisionNotFoundError, RepositoryNotFoundError)):
+            return "missing"
+        if isinstance(e, OfflineModeIsEnabled):
+            return "missing"
+    if hf_constants.is_offline_mode() and any(
+        isinstance(e, (EntryNotFoundError, RevisionResolutionError)) for e in chain
+    ):
+        return "missing"  # offline and not in the cache: waiting will not bring it
+    for e in chain:
+        if isinstance(e, httpx2.ProxyError):
+            return "fatal"  # a misconfigured proxy does not heal by waiting
+        if isinstance(e, HfHubHTTPError):
+            status = getattr(getattr(e, "response", None), "status_code", None)
+            return "transient" if status in _TRANSIENT_STATUS or (status or 0) >= 500 else "fatal"
+        if isinstance(e, _TRANSIENT_EXC):
+            return "transient"
+    return "fatal"
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(": ")
+
+
+def _with_retries(call: Callable[[], T], *, what: str, repo_id: str, revision: str, retries: int, backoff: float) -> T:
+    """Run ``call``; retry transient failures with exponential backoff; wrap every failure in FetchError."""
+    attempt = 0
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            kind = _classify(exc)
+            where = f"{repo_id} at revision {revision!r}"
+            if kind == "missing":
+                why = (
+                    "is not in the local HF cache and HF_HUB_OFFLINE is set"
+                    if hf_constants.is_offline_mode()
+                    else "does not exist on the Hub (or is not accessible)"
+                )
+                raise RevisionNotFound(
+                    f"{what}: {where} {why}: {_describe(exc)}",
+                    repo_id=repo_id,
+                    revision=revision,
+                ) from exc
+            if kind == "fatal":
+                raise FetchError(
+                    f"{what} failed for {where}: {_describe(exc)}", repo_id=repo_id, revision=revision
+                ) from exc
+            attempt += 1
+            if attempt > retries:
+                raise FetchError(
+                    f"{what} failed for {where} after {attempt} attempts; last error: {_describe(exc)}",
+                    repo_id=repo_id,
+                    revision=revision,
+                ) from exc
+            delay = min(backoff * 2 ** (attempt - 1), 300.0)
+            log.warning(
+                "%s for %s failed (%s); retry %d/%d in %.1fs", what, where, _describe(exc), attempt, retries, delay
+            )
+            if delay > 0:
+                time.sleep(delay)
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+def select_files(repo_files: Iterable[str]) -> tuple[list[str], list[str]]:
+    """From a repo's file list, the files to download and, among them, the weight files.
+
+    Returns ``(wanted, weights)``: config + tokenizer files + one weight format (safetensors preferred,
+    ``pytorch_model*.bin`` only when there are no safetensors) + its index. Top-level files only.
+    Raises ValueError when the repo has no config.json or no loadable weights.
+    """
+    top = sorted({f for f in repo_files if "/" not in f})
+    weights = [f for f in top if _SAFETENSORS.fullmatch(f)]
+    index = _SAFETENSORS_INDEX
+    if not weights:
+        weights = [f for f in top if _BIN.fullmatch(f)]
+        index = _BIN_INDEX
+    if not weights:
+        raise ValueError(f"no *.safetensors or pytorch_model*.bin weights among its files: {', '.join(top) or 'none'}")
+    if "config.json" not in top:
+        raise ValueError(f"no config.json among its files: {', '.join(top)}")
+    wanted = [f for f in top if f in CONFIG_FILES or f in TOKENIZER_FILES or f == index] + weights
+    return sorted(set(wanted)), weights
+
+
+def weight_files_in(folder: Path) -> list[str]:
+    """The weight files ``from_pretrained`` loads from a local folder (same preference as :func:`select_files`)."""
+    names = [p.name for p in folder.iterdir() if p.is_file()]
+    return select_files(names)[1]
+
+
+def hash_weight_files(folder: Path, names: Iterable[str]) -> tuple[str, dict[str, str]]:
+    """``(combined, {name: sha256})``: sha256 over the bytes of ``folder/name`` for the names in sorted order,
+    and each file's own sha256, from one streamed read (1 MiB chunks) of every file."""
+    combined = hashlib.sha256()
+    per_file: dict[str, str] = {}
+    for name in sorted(names):
+        own = hashlib.sha256()
+        with open(folder / name, "rb") as f:
+            while chunk := f.read(CHUNK):
+                combined.update(chunk)
+                own.update(chunk)
+        per_file[name] = own.hexdigest()
+    return combined.hexdigest(), per_file
+
+
+def hash_files(folder: Path, names: Iterable[str]) -> str:
+    """sha256 over the bytes of ``folder/name`` for the names in sorted order, streamed in 1 MiB chunks."""
+    return hash_weight_files(folder, names)[0]
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / f).is_file() for f in TOKENIZER_FILES)
+
+
+# ---------------------------------------------------------------------------------------------- hub
+
+
+class LogProgress(_tqdm):
+    """The download progress bars of ``snapshot_download``, shown where stderr is a log file too.
+
+    huggingface_hub hides its bars when stderr is not a terminal, and the fetch rule sends stderr to its log;
+    these stay on there, refreshed at most every ``LOG_INTERVAL`` seconds so that a 24 GB download adds a few
+    dozen lines, not thousands. ``HF_HUB_DISABLE_PROGRESS_BARS=1`` still turns them off.
+    """
+
+    LOG_INTERVAL = 30.0
+
+    def __init__(self, *args, **kwargs):
+        kwargs.pop("name", None)
+        if are_progress_bars_disabled():
+            kwargs["disable"] = True
+        else:
+            kwargs["disable"] = False
+            stream = kwargs.get("file") or sys.stderr
+            if not (hasattr(stream, "isatty") and stream.isatty()):
+                kwargs.setdefault("mininterval", self.LOG_INTERVAL)
+        super().__init__(*args, **kwargs)
+
+
+def log_to_stderr(level: int = logging.INFO) -> None:
+    """Show this module's messages (what is fetched, how much, retries) on stderr: the fetch rule's log."""
+    if not any(getattr(h, "_anisweep", False) for h in log.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        handler._anisweep = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+    log.setLevel(level)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} GB"  # pragma: no cover
+
+
+def _hub_api() -> HfApi:
+    return HfApi()
+
+
+def _cache_root(cache_dir: Path | str | None) -> Path:
+    return Path(cache_dir if cache_dir is not None else hf_constants.HF_HUB_CACHE).expanduser()
+
+
+def _repo_files(api: Any, repo_id: str, commit: str, cache_dir: Path | None, *, offline: bool) -> list[str]:
+    """The repo's files at ``commit``: cached tree listing, else the Hub (online) or the cached snapshot (offline)."""
+    try:
+        from huggingface_hub import get_cached_repo_tree
+
+        return [f.path for f in get_cached_repo_tree(repo_id, revision=commit, cache_dir=cache_dir)]
+    except (ImportError, CachedRepoTreeNotFoundError):
+        pass
+    if not offline:
+        return list(api.list_repo_files(repo_id, revision=commit))
+    snap = _cache_root(cache_dir) / ("models--" + repo_id.replace("/", "--")) / "snapshots" / commit
+    if not snap.is_dir():
+        raise EntryNotFoundError(f"no cached snapshot {snap}")
+    return [p.relative_to(snap).as_posix() for p in snap.rglob("*") if p.is_file()]
+
+
+def _all_cached(repo_id: str, commit: str, files: Iterable[str], cache_dir: Path | None) -> bool:
+    return all(isinstance(try_to_load_from_cache(repo_id, f, cache_dir=cache_dir, revision=commit), str) for f in files)
+
+
+def _link_files(src: Path, dst: Path, files: Iterable[str]) -> None:
+    """``dst/f`` -> the cached blob of ``src/f`` (symlink; copy where links are not possible)."""
+    if dst.is_symlink() or dst.is_file():
+        dst.unlink()
+    elif dst.exists():
+        shutil.rmtree(dst)
+    dst.mkdir(parents=True)
+    for f in files:
+        target = Path(os.path.realpath(src / f))
+        try:
+            (dst / f).symlink_to(target)
+        except OSError:
+            shutil.copyfile(target, dst / f)
+
+
+def _fetch_hub(
+    ckpt: Checkpoint,
+    dest: Path,
+    *,
+    keep_weights: bool,
+    retries: int,
+    backoff: float,
+    cache_dir: Path | None,
+    before_weights: BeforeWeights | None = None,
+) -> dict[str, Any]:
+    repo_id, revision = ckpt.repo_id, ckpt.revision or "main"
+    assert repo_id is not None
+    offline = hf_constants.is_offline_mode()
+    api = _hub_api()
+    retry = dict(repo_id=repo_id, revision=revision, retries=retries, backoff=backoff)
+    if "*" in revision:
+        names = _with_retries(
+            lambda: _branches(api, repo_id, cache_dir, offline=offline), what="listing branches", **retry
+        )
+        revision = match_branch(repo_id, revision, names, offline=offline)
+        retry["revision"] = revision
+
+    resolved = _with_retries(
+        lambda: api.resolve_revision(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=offline),
+        what="resolving the revision",
+        **retry,
+    )
+    commit = resolved.resolved
+    files = _with_retries(
+        lambda: _repo_files(api, repo_id, commit, cache_dir, offline=offline), what="listing the repo files", **retry
+    )
+    try:
+        wanted, weights = select_files(files)
+    except ValueError as exc:
+        raise FetchError(f"{repo_id} at revision {revision!r}: {exc}", repo_id=repo_id, revision=revision) from None
+
+    use_cache = keep_weights or offline or _all_cached(repo_id, commit, wanted, cache_dir)
+    local_dir = None if use_cache else dest / WEIGHTS_DIR
+    log.info(
+        "fetching %s@%s (commit %s): %s -> %s",
+        repo_id,
+        revision,
+        commit[:10],
+        ", ".join(wanted),
+        local_dir or "the HF cache",
+    )
+
+    def download(files: list[str]) -> Path:
+        return Path(
+            _with_retries(
+                lambda: snapshot_download(
+                    repo_id,
+                    revision=resolved,
+                    allow_patterns=files,
+                    cache_dir=cache_dir,
+                    local_dir=local_dir,
+                    tqdm_class=LogProgress,
+                ),
+                what="downloading",
+                **retry,
+            )
+        )
+
+    if before_weights is not None:  # config.json and the tokenizer (kilobytes) are checked first
+        small = download([f for f in wanted if f not in weights])
+        before_weights(small, small if _has_tokenizer(small) else None)
+    started = time.monotonic()
+    folder = download(wanted)
+    missing = [f for f in wanted if not (folder / f).is_file()]
+    if missing:
+        raise FetchError(
+            f"{repo_id} at revision {revision!r}: after download {folder} lacks {', '.join(missing)}",
+            repo_id=repo_id,
+            revision=revision,
+        )
+    log.info(
+        "%s@%s: %s of weights in %s after %.0f s",
+        repo_id,
+        revision,
+        _size(sum((folder / f).stat().st_size for f in weights)),
+        folder,
+        time.monotonic() - started,
+    )
+    if use_cache and not keep_weights:
+        _link_files(folder, dest / WEIGHTS_DIR, wanted)
+        folder = dest / WEIGHTS_DIR
+    return dict(
+        commit=commit,
+        revision=revision,
+        path=folder,
+        weight_files=weights,
+        tokenizer_path=folder if _has_tokenizer(folder) else None,
+    )
+
+
+def _branches(api: Any, repo_id: str, cache_dir: Path | None, *, offline: bool) -> list[str]:
+    """The repo's branch names; offline, the revisions the cache holds (its ``refs/``)."""
+    if not offline:
+        return sorted(b.name for b in api.list_repo_refs(repo_id).branches)
+    refs = _cache_root(cache_dir) / ("models--" + repo_id.replace("/", "--")) / "refs"
+    return sorted(p.relative_to(refs).as_posix() for p in refs.rglob("*") if p.is_file()) if refs.is_dir() else []
+
+
+def match_branch(repo_id: str, pattern: str, names: Iterable[str], *, offline: bool) -> str:
+    """The one branch among ``names`` that matches ``pattern`` (``*`` = digits). Suites whose branch names hold a
+    rounded token count (OLMo: ``step1000-tokens4B``) are catalogued by step; the exact name is looked up here."""
+    names = list(names)
+    regex = re.compile(re.escape(pattern).replace(r"\*", r"\d+"))
+    found = [name for name in names if regex.fullmatch(name)]
+    if len(found) == 1:
+        return found[0]
+    where = "in the local cache (HF_HUB_OFFLINE is set)" if offline else "on the Hub"
+    if not found:
+        near = difflib.get_close_matches(pattern.replace("*", ""), names, n=3, cutoff=0.0)
+        raise RevisionNotFound(
+            f"{repo_id} has no branch matching {pattern!r} {where}"
+            + (f"; nearest: {', '.join(near)}" if near else "; it has no branches there"),
+            repo_id=repo_id,
+            revision=pattern,
+        )
+    raise FetchError(
+        f"{repo_id}: several branches match {pattern!r}: {', '.join(found)}", repo_id=repo_id, revision=pattern
+    )
+
+
+# ---------------------------------------------------------------------------------------------- entry points
+
+
+def _fetch_local(ckpt: Checkpoint, before_weights: BeforeWeights | None = None) -> dict[str, Any]:
+    folder = Path(ckpt.path or "")
+    if not ckpt.path or not folder.is_dir():
+        raise FetchError(f"{ckpt.key}: checkpoint folder {folder} does not exist", revision=f"step{ckpt.step}")
+    try:
+        weights = weight_files_in(folder)
+    except ValueError as exc:
+        raise FetchError(f"{ckpt.key}: checkpoint folder {folder}: {exc}", revision=f"step{ckpt.step}") from None
+    tokenizer = ckpt.tokenizer or next((p for p in (folder, folder.parent) if _has_tokenizer(p)), None)
+    if before_weights is not None:
+        before_weights(folder, tokenizer)
+    return dict(commit=None, path=folder, weight_files=weights, tokenizer_path=tokenizer)
+
+
+def fetch(
+    ckpt: Checkpoint,
+    dest: Path,
+    *,
+    keep_weights: bool = False,
+    retries: int = 5,
+    backoff: float = 2.0,
+    cache_dir: Path | str | None = None,
+    before_weights: BeforeWeights | None = None,
+) -> dict[str, Any]:
+    """Make ``ckpt`` loadable from disk, write ``dest/checkpoint.json`` (atomically) and return it.
+
+    The manifest: family, model, step, tokens_seen, seed, repo_id, revision, commit (Hub commit hash or
+    None), path (the folder ``from_pretrained`` loads), tokenizer_path (the folder ``AutoTokenizer`` loads;
+    for local runs the checkpoint folder or else the run folder; None if neither has tokenizer files),
+    weight_files (names inside ``path``), weights_sha256 (all weight files), weight_files_sha256 ({name: sha256}),
+    weights_bytes.
+    ``cache_dir`` overrides the HF cache (default: ``$HF_HOME/hub``). ``before_weights(folder, tokenizer)``,
+    given the folder holding config.json and the tokenizer's folder (or Hub id, or None), runs before any
+    weight file is downloaded or read (the preflight checks): when it raises, no weights have moved.
+    """
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    if ckpt.repo_id is not None:
+        got = _fetch_hub(
+            ckpt,
+            dest,
+            keep_weights=keep_weights,
+            retries=retries,
+            backoff=backoff,
+            cache_dir=Path(cache_dir) if cache_dir is not None else None,
+            before_weights=before_weights,
+        )
+    else:
+        got = _fetch_local(ckpt, before_weights)
+    folder: Path = got["path"]
+    weights: list[str] = got["weight_files"]
+    combined, per_file = hash_weight_files(folder, weights)
+    manifest = {
+        "family": ckpt.family,
+        "model": ckpt.model,
+        "step": ckpt.step,
+        "tokens_seen": ckpt.tokens_seen,
+        "seed": ckpt.seed,
+        "repo_id": ckpt.repo_id,
+        "revision": got.get("revision", ckpt.revision),
+        "commit": got["commit"],
+        "path": str(folder),
+        "tokenizer_path": None if got["tokenizer_path"] is None else str(got["tokenizer_path"]),
+        "weight_files": weights,
+        "weights_sha256": combined,
+        "weight_files_sha256": per_file,
+        "weights_bytes": sum((folder / f).stat().st_size for f in weights),
+    }
+    write_json(manifest, dest / MANIFEST)
+    return manifest

@@ -1,0 +1,221 @@
+"""A user's own run: saved checkpoints in `step{N}/` or `checkpoint-{N}/` folders (LocalRun), or a run analysed
+while it trained (`live: true`), whose callback wrote extract's tables into `{path}/step{N}/` (resolve_live).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from anisweep.checkpoints.base import Checkpoint, as_int, check_name, listing, select_steps
+from anisweep.errors import ConfigError
+from anisweep.tables import EXTRACT_TABLES
+
+
+class LocalRun:
+    """A training run on disk: ``{path}/step{N}/`` or Trainer-style ``{path}/checkpoint-{N}/`` folders.
+
+    ``tokens_seen`` = step * ``tokens_per_step`` when the entry gives it; otherwise the Trainer's
+    ``trainer_state.json`` ``num_input_tokens_seen`` when present and positive; otherwise ``None``.
+    The tokenizer is looked up at fetch time in the checkpoint folder, then in the run folder.
+    """
+
+    family = "local"
+    tokens_per_step = None  # the run's own: the entry's tokens_per_step, or the Trainer's count
+    entry_keys = ("family", "name", "steps", "path", "tokens_per_step", "seed", "tokenizer", "live")
+    checks_before_fetch = True  # before the weights are hashed: a large run's are GBs to read
+    patterns = ("step{N}/", "checkpoint-{N}/")
+    _DIR = re.compile(r"(?:step|checkpoint-)(\d+)")
+
+    @classmethod
+    def discover(cls, path: Path) -> dict[int, Path]:
+        """Map step -> checkpoint folder."""
+        found: dict[int, Path] = {}
+        for child in sorted(path.iterdir()):
+            m = cls._DIR.fullmatch(child.name)
+            if m is None or not child.is_dir():
+                continue
+            step = int(m[1])
+            if step in found:
+                raise ConfigError(f"step {step} appears twice in {path}: {found[step].name}/ and {child.name}/")
+            found[step] = child
+        return dict(sorted(found.items()))
+
+    @staticmethod
+    def _trainer_tokens(folder: Path) -> int | None:
+        state = folder / "trainer_state.json"
+        if not state.is_file():
+            return None
+        try:
+            n = json.loads(state.read_text()).get("num_input_tokens_seen")
+        except (OSError, ValueError):
+            return None
+        return int(n) if isinstance(n, (int, float)) and n > 0 else None
+
+    @classmethod
+    def resolve_entry(cls, entry: Mapping[str, Any], **_: Any) -> list[Checkpoint]:
+        if entry.get("live"):
+            return resolve_live(
+                entry["name"], entry.get("path"), entry.get("steps"), entry.get("tokens_per_step"), entry.get("seed")
+            )
+        return cls.resolve(
+            entry["name"],
+            entry.get("path"),
+            entry.get("steps"),
+            entry.get("tokens_per_step"),
+            entry.get("seed"),
+            entry.get("tokenizer"),
+        )
+
+    @classmethod
+    def trusted_step(cls, steps: Sequence[int]) -> int:
+        return max(steps)
+
+    @classmethod
+    def params_millions(cls, ckpt: Checkpoint) -> float:
+        """From the checkpoint's config.json (embeddings + 12 d^2 per layer); 1B when it cannot be read."""
+        try:
+            hf = json.loads((Path(ckpt.path or "") / "config.json").read_text())
+            d, layers, vocab = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return 1000.0
+        return (12 * layers * d * d + 2 * vocab * d) / 1e6
+
+    @classmethod
+    def resolve(
+        cls,
+        name: str,
+        path: Any,
+        steps: Any,
+        tokens_per_step: Any = None,
+        seed: Any = None,
+        tokenizer: Any = None,
+    ) -> list[Checkpoint]:
+        check_name(name, cls.family)
+        if path is None:
+            raise ConfigError(f"local run {name!r} needs a 'path' (the run folder holding step{{N}}/ subfolders)")
+        root = Path(str(path)).expanduser()
+        if not root.is_dir():
+            raise ConfigError(f"local run {name!r}: path {root} is not a folder")
+        if tokens_per_step is not None:
+            tokens_per_step = as_int(tokens_per_step, "tokens_per_step")
+        if seed is not None:
+            seed = as_int(seed, "seed")
+        found = cls.discover(root)
+        if not found:
+            seen = sorted(p.name + ("/" if p.is_dir() else "") for p in root.iterdir())[:8]
+            raise ConfigError(
+                f"local run {name!r}: no checkpoints in {root}; expected subfolders named"
+                f" {' or '.join(cls.patterns)} (N = the optimizer step)"
+                + (f"; found: {listing(seen)}" if seen else "; the folder is empty")
+            )
+        chosen = select_steps(steps, list(found), f"the checkpoints of {name} in {root}")
+        out = []
+        for step in chosen:
+            folder = found[step]
+            tokens = step * tokens_per_step if tokens_per_step is not None else cls._trainer_tokens(folder)
+            out.append(
+                Checkpoint(
+                    family=cls.family,
+                    model=name,
+                    step=step,
+                    tokens_seen=tokens,
+                    seed=seed,
+                    path=str(folder),
+                    tokenizer=None if tokenizer is None else str(tokenizer),
+                )
+            )
+        return out
+
+
+FAMILY = "local"
+
+
+_STEP = "step"
+
+
+def extract_names() -> list[str]:
+    return [*(f"{name}.parquet" for name in EXTRACT_TABLES), "extract.json"]
+
+
+def default_path(name: str) -> Path:
+    """Where AnisweepCallback(results="results") writes run `name`: the workflow's own results folder for it."""
+    return Path("results") / FAMILY / name
+
+
+def run_folder(entry: dict) -> Path:
+    return Path(str(entry["path"])).expanduser() if entry.get("path") else default_path(str(entry["name"]))
+
+
+def _hint(step: int) -> str:
+    return f"run AnisweepCallback (or analyse_live) at step {step}, or leave step {step} out of the entry's steps"
+
+
+def resolve_live(name: str, path: Any, steps: Any, tokens_per_step: Any = None, seed: Any = None) -> list[Checkpoint]:
+    """The analysed steps of a live local run: `steps: all` / `final` among the step{N}/ folders holding an
+    extract.json; a listed step whose folder lacks extract's files is a ConfigError. tokens_seen and seed are the
+    ones the callback wrote (extract.json's checkpoint), else step * tokens_per_step and the entry's seed."""
+    check_name(name, FAMILY)
+    root = run_folder({"name": name, "path": path})
+    where = f"local run {name!r} (live)"
+    if not root.is_dir():
+        raise ConfigError(
+            f"{where}: {root} is not a folder; analyse the run with anisweep.live's AnisweepCallback "
+            f"(results=..., run_name={name!r}) first, or set the entry's path to the folder it wrote"
+        )
+    if tokens_per_step is not None:
+        tokens_per_step = as_int(tokens_per_step, "tokens_per_step")
+    if seed is not None:
+        seed = as_int(seed, "seed")
+    folders = LocalRun.discover(root)
+    analysed = [step for step, folder in folders.items() if (folder / "extract.json").is_file()]
+    if not analysed:
+        raise ConfigError(
+            f"{where}: no step{{N}}/ folder of {root} holds an extract.json; run AnisweepCallback (or analyse_live) "
+            "at the steps to sweep, or set the entry's path to the folder it wrote"
+        )
+    word = steps.strip().lower() if isinstance(steps, str) else None
+    grid = analysed if word in ("all", "final", "last") else list(folders)
+    chosen = select_steps(steps, grid, f"the analysed steps of {name} in {root}")
+    out = []
+    for step in chosen:
+        folder = folders[step]
+        missing = [n for n in extract_names() if not (folder / n).is_file()]
+        if missing:
+            raise ConfigError(f"{where}: {folder} lacks {', '.join(missing)}; {_hint(step)}")
+        written = _written_identity(folder / "extract.json")
+        tokens = written.get("tokens_seen")
+        if tokens is None and tokens_per_step is not None:
+            tokens = step * tokens_per_step
+        out.append(
+            Checkpoint(
+                family=FAMILY,
+                model=name,
+                step=step,
+                tokens_seen=tokens,
+                seed=seed if seed is not None else written.get("seed"),
+                path=str(folder),
+            )
+        )
+    return out
+
+
+def _written_identity(info: Path) -> dict:
+    try:
+        checkpoint = json.loads(info.read_text()).get("checkpoint") or {}
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{info} cannot be read ({error}); run the callback at that step again") from None
+    return checkpoint if isinstance(checkpoint, dict) else {}
+
+
+def missing_gradients(checkpoints: Sequence[Checkpoint], steps: Sequence[int] | None) -> list[Path]:
+    """The step folders among `checkpoints` the gradient analysis covers (`gradients.steps`, all when None)
+    that hold no gradients.parquet."""
+    return [
+        Path(c.path)
+        for c in checkpoints
+        if (steps is None or c.step in steps) and not (Path(c.path) / "gradients.parquet").is_file()
+    ]

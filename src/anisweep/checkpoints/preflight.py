@@ -1,0 +1,81 @@
+"""What a checkpoint's config.json and tokenizer (kilobytes) can tell is checked before its weights are
+downloaded or read: the model's positions against `extract.seq_len`, its width against the hidden-state
+sample, the tokenizer's presence, and the corpus against `n_sequences x seq_len` with that tokenizer.
+Each failure is a PreflightError that names the key, folder or file to change.
+
+fetch runs these checks between the small files and the weights; extract runs them again on what it
+loads (cheap) and uses the evaluation batch they build.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+class PreflightError(ValueError):
+    pass
+
+
+def check_model_config(hf_config: dict[str, Any], settings: Any, where: str) -> None:
+    """`settings` is an ExtractSettings (seq_len, n_sequences, sample_tokens); `where` names the checkpoint."""
+    key = next((k for k in ("max_position_embeddings", "n_positions") if hf_config.get(k)), None)  # GPT-2: n_positions
+    positions = hf_config.get(key) if key else None
+    if positions and settings.seq_len > positions:
+        raise PreflightError(
+            f"{where}: extract.seq_len = {settings.seq_len} is longer than the {positions} positions the model has "
+            f"({key}); set extract.seq_len to at most {positions}"
+        )
+    d_model = hf_config.get("hidden_size") or hf_config.get("n_embd")
+    sampled = min(settings.sample_tokens, settings.n_sequences * settings.seq_len)
+    if d_model and sampled < d_model:
+        cause = (
+            f"extract.sample_tokens = {settings.sample_tokens}"
+            if settings.sample_tokens < d_model
+            else f"the evaluation batch (n_sequences x seq_len = {settings.n_sequences * settings.seq_len} tokens)"
+        )
+        raise PreflightError(
+            f"{where}: {cause} keeps fewer hidden-state samples than d_model = {d_model}: IsoScore and the spectra "
+            f"need at least d_model points per site; raise extract.sample_tokens (and the batch) to at least {d_model}"
+        )
+
+
+def load_tokenizer(source: str | Path | None, model_dir: str | Path, where: str):
+    """The tokenizer at `source` (a folder or a Hub id); none at all is an error, never an empty tokenizer
+    that maps every word to the unknown token."""
+    if source is None:
+        folder = Path(model_dir)
+        raise PreflightError(
+            f"{where}: no tokenizer files in {folder} or {folder.parent} (tokenizer.json, vocab.txt, ...): copy the "
+            "run's tokenizer into the run folder, or name one in its models entry: `tokenizer: <folder or Hub id>`"
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(source))
+    except (OSError, ValueError) as error:
+        raise PreflightError(f"{where}: cannot load the tokenizer {source}: {error}") from None
+    if len(tokenizer) < 2:
+        raise PreflightError(f"{where}: the tokenizer at {source} has an empty vocabulary")
+    return tokenizer
+
+
+def evaluation_batch(
+    model_dir: str | Path, tokenizer_source: str | Path | None, settings: Any, texts: Sequence[str], where: str
+) -> dict:
+    """Every check, then the evaluation batch (`input_ids`, `attention_mask`) the checkpoint will run on."""
+    from anisweep.corpus import make_batch
+
+    config_path = Path(model_dir) / "config.json"
+    try:
+        hf_config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as error:
+        raise PreflightError(f"{where}: cannot read {config_path}: {error}") from None
+    check_model_config(hf_config, settings, where)
+    tokenizer = load_tokenizer(tokenizer_source, model_dir, where)
+    try:
+        return make_batch(tokenizer, texts, settings.n_sequences, settings.seq_len, settings.seed)
+    except ValueError as error:
+        raise PreflightError(f"{where}: {error} (the config's corpus and extract sections)") from None

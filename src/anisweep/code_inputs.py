@@ -1,0 +1,87 @@
+"""The package's own source files a module runs: the rules' code inputs, derived from the import graph.
+
+A rule names the module its command runs (`measures.metrics`); its code input is that module's file and the
+file of every anisweep module it imports, directly or through others, at the top or inside a function. Editing
+any of them reruns the rule (Snakemake's mtime trigger); editing anything else does not.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+PACKAGE = "anisweep"
+ROOT = Path(__file__).resolve().parent
+
+
+def module_file(module: str) -> Path:
+    """`measures.metrics` -> .../anisweep/measures/metrics.py; a package -> its __init__.py."""
+    path = ROOT.joinpath(*module.split("."))
+    if path.is_dir():
+        return path / "__init__.py"
+    file = path.with_suffix(".py")
+    if not file.is_file():
+        raise ModuleNotFoundError(f"{PACKAGE}.{module} has no source file under {ROOT}")
+    return file
+
+
+def _is_module(module: str) -> bool:
+    path = ROOT.joinpath(*module.split("."))
+    return path.is_dir() or path.with_suffix(".py").is_file()
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node but those under `if TYPE_CHECKING:` (imports for annotations only never run)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from (child for orelse in node.orelse for child in [orelse, *_runtime_nodes(orelse)])
+            continue
+        yield node
+        yield from _runtime_nodes(node)
+
+
+@functools.cache
+def direct_imports(module: str) -> frozenset[str]:
+    """The anisweep modules `module` imports (relative to the package: `extract.model`)."""
+    file = module_file(module)
+    package = module if file.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in _runtime_nodes(ast.parse(file.read_text(), str(file))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if package else []
+                parent = ".".join([PACKAGE, *filter(None, base), *([node.module] if node.module else [])])
+            else:
+                parent = node.module or ""
+            names = [parent] + [f"{parent}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name == PACKAGE or not name.startswith(PACKAGE + "."):
+                continue
+            relative = name[len(PACKAGE) + 1 :]
+            if _is_module(relative):
+                found.add(relative)
+    found.discard(module)
+    return frozenset(found)
+
+
+def closure(*modules: str) -> list[str]:
+    """`modules` and every anisweep module they import, transitively, sorted."""
+    seen: set[str] = set()
+    todo = list(modules)
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        todo.extend(direct_imports(module) - seen)
+    return sorted(seen)
+
+
+def code_inputs(*modules: str) -> list[str]:
+    """The source files of `modules` and of everything they import: a rule's `code` input."""
+    return [str(module_file(m)) for m in closure(*modules)]

@@ -1,0 +1,107 @@
+"""One forward pass of the base model per checkpoint, with streaming reductions (anisweep.extract.recorder) and
+the tables they give (anisweep.extract.tables).
+
+Attention runs through a registered attention function (`anisweep`) that sees post-rotary q and k and
+computes the probabilities one layer at a time, so no layer's attention map outlives its own forward.
+Residual-stream and LayerNorm sites are read by forward hooks; the adapter says where they are.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from anisweep.atomic import write_text
+from anisweep.checkpoints import preflight
+from anisweep.extract.attention_torch import Workers
+from anisweep.extract.model import ExtractSettings, LoadedModel, load_model
+from anisweep.extract.qk_sample import QKSample
+from anisweep.extract.recorder import (
+    Hooks,
+    Recorder,
+    Sample,
+    attention_kernel,
+    recording,
+)
+from anisweep.extract.score_hist import ScoreHistogram
+from anisweep.extract.tables import tables
+from anisweep.tables import write_atomic
+
+
+@torch.inference_mode()
+def run(loaded: LoadedModel, batch: dict, settings: ExtractSettings, progress: bool = True) -> Recorder:
+    """Stream the evaluation batch through the base model in mini-batches and return the accumulators."""
+    device = next(loaded.model.parameters()).device
+    input_ids, mask = batch["input_ids"], batch["attention_mask"].bool()
+    sample = Sample.draw(input_ids, mask, settings.sample_tokens, settings.seed)
+    workers = Workers(torch.get_num_threads() if device.type == "cpu" else 1)
+    g = loaded.geometry
+    ropes = ("pre", "post") if g.rotary_dims else ("pre",)
+    qk_sample = QKSample(
+        sample,
+        settings.qk_sample_tokens,
+        settings.seed,
+        g.n_heads,
+        g.d_head,
+        [(i, r) for i in range(g.n_layers) for r in ropes],
+        device,
+    )
+    bins = settings.score_bins
+    score_hist = None if bins is None else ScoreHistogram(g.n_layers, bins["low"], bins["high"], bins["n"], device)
+    recorder = Recorder(
+        g,
+        sample,
+        device,
+        workers,
+        attention_kernel(settings.attention, device),
+        qk_sample=qk_sample,
+        score_hist=score_hist,
+    )
+    try:
+        with recording(recorder), Hooks(loaded.adapter, loaded.base, loaded.geometry, recorder):
+            starts = range(0, input_ids.shape[0], settings.batch_size)
+            for start in tqdm(starts, desc="extract", unit="batch", disable=not progress, leave=False):
+                ids = input_ids[start : start + settings.batch_size].to(device)
+                valid = mask[start : start + settings.batch_size].to(device)
+                recorder.begin_batch(valid, start, host_valid=mask[start : start + settings.batch_size])
+                loaded.base(input_ids=ids, attention_mask=valid.long())
+            recorder.finish()
+    finally:
+        workers.close()
+    return recorder
+
+
+def extract_checkpoint(
+    manifest: dict, texts: list[str], settings: ExtractSettings, out_dir: Path, progress: bool = True
+) -> dict:
+    """Load the checkpoint a fetch manifest names, run it over the evaluation batch, write every table."""
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    where = f"{manifest['family']}/{manifest['model']}/step{manifest['step']}"
+    target = settings.torch_device()
+    batch = preflight.evaluation_batch(manifest["path"], manifest.get("tokenizer_path"), settings, texts, where)
+    loaded = load_model(manifest["path"], settings.dtype, target)
+    started = time.perf_counter()
+    recorder = run(loaded, batch, settings, progress=progress)
+    seconds = time.perf_counter() - started
+    ident = {key: manifest.get(key) for key in ("family", "model", "seed", "step", "tokens_seen")}
+    out_dir = Path(out_dir)
+    for name, df in tables(recorder, loaded, ident).items():
+        write_atomic(df, out_dir / f"{name}.parquet")
+    n_valid = int(batch["attention_mask"].sum())
+    info = {
+        "checkpoint": manifest,
+        "settings": asdict(settings),
+        "device": str(target),
+        "n_valid_tokens": n_valid,
+        "forward_seconds": seconds,
+        "tokens_per_second": n_valid / seconds if seconds else None,
+        "nonfinite_tokens": sum(s.n_nonfinite for s in recorder.vectors.values()),
+    }
+    write_text(json.dumps(info, indent=2, default=str), out_dir / "extract.json")
+    return info

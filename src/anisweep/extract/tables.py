@@ -1,0 +1,242 @@
+"""extract's tables of one checkpoint, built from a Recorder's accumulators and the model's weights
+(anisweep.tables names them and holds what the tables share)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import polars as pl
+from torch import nn
+
+from anisweep.adapters import Adapter
+from anisweep.adapters.base import norm_parameters
+from anisweep.extract.recorder import Recorder
+from anisweep.measures import geometry
+from anisweep.tables import ATTENTION_STATISTICS, EXTRACT_TABLES, with_identity
+
+if TYPE_CHECKING:
+    from anisweep.extract.model import LoadedModel
+
+
+def _f32_lists(array: np.ndarray) -> pl.Series:
+    return pl.Series(array.astype(np.float32).tolist(), dtype=pl.List(pl.Float32))
+
+
+def qk_table(recorder: Recorder) -> pl.DataFrame:
+    """One row per query head: its mean q, and the mean k of the key head it attends with (`kv_head`; the
+    same index unless the model has grouped-query attention, where k_mean and k_norm_mean repeat over the
+    query heads that share a key head)."""
+    group = recorder.geometry.group
+    rows = []
+    for (layer, rope), q_stats in sorted(recorder.q.items()):
+        k_stats = recorder.k[(layer, rope)]
+        n = max(q_stats.n, 1)
+        q_mean = (q_stats.sum_x / n).cpu().numpy()
+        k_mean = (k_stats.sum_x / n).cpu().numpy()
+        for head in range(q_mean.shape[0]):
+            kv_head = head // group
+            cos, score = geometry.qk_alignment(q_mean[head], k_mean[kv_head])
+            rows.append(
+                {
+                    "layer": layer,
+                    "head": head,
+                    "kv_head": kv_head,
+                    "rope": rope,
+                    "n_tokens": q_stats.n,
+                    "q_mean": q_mean[head],
+                    "k_mean": k_mean[kv_head],
+                    "q_norm_mean": float(q_stats.sum_norm[head]) / n,
+                    "k_norm_mean": float(k_stats.sum_norm[kv_head]) / n,
+                    "qk_cos": cos,
+                    "qk_mean_score": score,
+                }
+            )
+    df = pl.DataFrame([{k: v for k, v in r.items() if k not in ("q_mean", "k_mean")} for r in rows])
+    return df.with_columns(
+        _f32_lists(np.stack([r["q_mean"] for r in rows])).alias("q_mean"),
+        _f32_lists(np.stack([r["k_mean"] for r in rows])).alias("k_mean"),
+    ).select(
+        "layer",
+        "head",
+        "kv_head",
+        "rope",
+        "n_tokens",
+        "q_mean",
+        "k_mean",
+        "q_norm_mean",
+        "k_norm_mean",
+        "qk_cos",
+        "qk_mean_score",
+    )
+
+
+def attention_table(recorder: Recorder) -> pl.DataFrame:
+    rows = []
+    for layer, stats in sorted(recorder.attention.items()):
+        means = {name: value.cpu().numpy() for name, value in stats.means().items()}
+        for head in range(recorder.geometry.n_heads):
+            rows.append(
+                {
+                    "layer": layer,
+                    "head": head,
+                    "n_rows": stats.n_rows,
+                    **{name: float(value[head]) for name, value in means.items()},
+                }
+            )
+    return pl.DataFrame(rows).select("layer", "head", "n_rows", *ATTENTION_STATISTICS)
+
+
+def hidden_stats_table(recorder: Recorder) -> pl.DataFrame:
+    rows = []
+    for (layer, site), s in sorted(recorder.vectors.items()):
+        rows.append(
+            {
+                "layer": layer,
+                "site": site,
+                "n": s.n,
+                "n_nonfinite": s.n_nonfinite,
+                "n_zero": s.n_zero,
+                "d": s.sum_x.numel(),
+                "sum_norm": s.sum_norm,
+                "sum_norm_sq": s.sum_norm_sq,
+                "norm_min": s.norm_min if s.n else None,
+                "norm_max": s.norm_max if s.n else None,
+            }
+        )
+    df = pl.DataFrame(rows)
+    sums = lambda attr: pl.Series(  # noqa: E731
+        [getattr(s, attr).cpu().numpy().tolist() for _, s in sorted(recorder.vectors.items())],
+        dtype=pl.List(pl.Float64),
+    )
+    return df.with_columns(sums("sum_x").alias("sum_x"), sums("sum_unit").alias("sum_unit"))
+
+
+def hidden_table(recorder: Recorder) -> pl.DataFrame:
+    frames = []
+    sample = recorder.sample
+    for (layer, site), vectors in sorted(recorder.samples.items()):
+        vectors = vectors.numpy()
+        frames.append(
+            pl.DataFrame(
+                {
+                    "layer": np.full(len(vectors), layer, dtype=np.int64),
+                    "site": [site] * len(vectors),
+                    "seq": sample.seq.numpy().astype(np.int64),
+                    "position": sample.position.numpy().astype(np.int64),
+                    "token_id": sample.token_id.numpy().astype(np.int64),
+                }
+            ).with_columns(pl.Series("vector", vectors.astype(np.float32)).cast(pl.List(pl.Float32)))
+        )
+    return pl.concat(frames)
+
+
+def _by_head(x: np.ndarray) -> np.ndarray:
+    """(tokens, heads, d) -> (heads * tokens, d), head-major."""
+    return x.transpose(1, 0, 2).reshape(-1, x.shape[2]).astype(np.float32)
+
+
+def qk_sample_table(recorder: Recorder) -> pl.DataFrame:
+    """The sampled tokens' q and k vectors, one row per (layer, rope, head, token)."""
+    sample = recorder.qk_sample
+    n, frames = len(sample), []
+    for layer, rope in sorted({(layer, rope) for layer, rope, _ in sample.vectors}):
+        q, k = (sample.vectors[(layer, rope, which)].numpy() for which in ("q", "k"))
+        n_heads = q.shape[1]
+        frames.append(
+            pl.DataFrame(
+                {
+                    "layer": np.full(n_heads * n, layer, dtype=np.int64),
+                    "head": np.repeat(np.arange(n_heads, dtype=np.int64), n),
+                    "rope": [rope] * (n_heads * n),
+                    "seq": np.tile(sample.seq.numpy().astype(np.int64), n_heads),
+                    "position": np.tile(sample.position.numpy().astype(np.int64), n_heads),
+                    "token_id": np.tile(sample.token_id.numpy().astype(np.int64), n_heads),
+                }
+            ).with_columns(
+                pl.Series("q", _by_head(q)).cast(pl.List(pl.Float32)),
+                pl.Series("k", _by_head(k)).cast(pl.List(pl.Float32)),
+            )
+        )
+    return pl.concat(frames)
+
+
+def score_hist_table(recorder: Recorder) -> pl.DataFrame:
+    """Counts of pre-softmax scores per layer and bin; the first and last bins are the under- and overflow. No
+    rows when extract.score_bins is null."""
+    if recorder.score_hist is None:
+        schema = {"layer": pl.Int64, "bin": pl.Int64, "bin_lo": pl.Float64, "bin_hi": pl.Float64, "count": pl.Int64}
+        return pl.DataFrame(schema=schema)
+    edges = recorder.score_hist.edges.numpy()
+    lo = np.concatenate([[-np.inf], edges])
+    hi = np.concatenate([edges, [np.inf]])
+    frames = [
+        pl.DataFrame(
+            {
+                "layer": np.full(len(lo), layer, dtype=np.int64),
+                "bin": np.arange(len(lo), dtype=np.int64),
+                "bin_lo": lo,
+                "bin_hi": hi,
+                "count": counts.cpu().numpy().astype(np.int64),
+            }
+        )
+        for layer, counts in sorted(recorder.score_hist.counts.items())
+    ]
+    return pl.concat(frames)
+
+
+def layernorm_table(adapter: Adapter, base: nn.Module) -> pl.DataFrame:
+    """Each norm's parameters; gain and bias are null where the norm has none (RMSNorm: no bias; OLMo's
+    LayerNorm: neither), eps null where the module does not store it."""
+    rows = []
+    for site in adapter.layernorm_sites(base):
+        eps, gain, bias = norm_parameters(site.module)
+        as_list = lambda p: None if p is None else p.detach().float().cpu().numpy().tolist()  # noqa: E731
+        rows.append({"layer": site.layer, "site": site.site, "eps": eps, "gain": as_list(gain), "bias": as_list(bias)})
+    return pl.DataFrame(
+        rows,
+        schema={
+            "layer": pl.Int64,
+            "site": pl.String,
+            "eps": pl.Float64,
+            "gain": pl.List(pl.Float32),
+            "bias": pl.List(pl.Float32),
+        },
+    )
+
+
+def embeddings_table(adapter: Adapter, model: nn.Module) -> pl.DataFrame:
+    """I(W) of the embedding matrices, here because the matrices never leave extract."""
+    matrices = adapter.embedding_matrices(model)
+    tied = "embed_out" in matrices and matrices["embed_out"].data_ptr() == matrices["embed_in"].data_ptr()
+    rows = []
+    for name, weight in matrices.items():
+        w = weight.detach().float().cpu().numpy()
+        for centre in (False, True):
+            rows += [
+                {
+                    "matrix": name,
+                    "tied": tied,
+                    "n_rows": w.shape[0],
+                    "d": w.shape[1],
+                    "metric": f"{metric}_centred" if centre else metric,
+                    "value": value,
+                }
+                for metric, value in geometry.partition_isotropies(w, centre=centre).items()
+            ]
+    return pl.DataFrame(rows)
+
+
+def tables(recorder: Recorder, loaded: LoadedModel, ident: dict) -> dict[str, pl.DataFrame]:
+    """Every table of `tables.EXTRACT_TABLES`, in that order, with the identity columns."""
+    build = {
+        "qk": lambda: qk_table(recorder),
+        "attention": lambda: attention_table(recorder),
+        "hidden": lambda: hidden_table(recorder),
+        "hidden_stats": lambda: hidden_stats_table(recorder),
+        "layernorm": lambda: layernorm_table(loaded.adapter, loaded.base),
+        "embeddings": lambda: embeddings_table(loaded.adapter, loaded.model),
+        "qk_sample": lambda: qk_sample_table(recorder),
+        "score_hist": lambda: score_hist_table(recorder),
+    }
+    return {name: with_identity(build[name](), ident) for name in EXTRACT_TABLES}

@@ -1,0 +1,12 @@
+"""Analysis while a model trains: a Trainer callback (AnisweepCallback) or analyse_live in a hand-written
+loop write a checkpoint's tables without saving weights; the workflow takes the steps they wrote.
+"""
+
+
+def __getattr__(name: str):
+    # `from anisweep.live import AnisweepCallback` without importing torch for the workflow's `take` step.
+    if name in ("AnisweepCallback", "analyse_live", "live_ident"):
+        from anisweep.live import callback
+
+        return getattr(callback, name)
+    raise AttributeError(f"module 'anisweep.live' has no attribute {name!r}")

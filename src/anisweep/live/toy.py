@@ -1,0 +1,87 @@
+"""A toy model analysed while it trains (`toy.<name>.live`): at each of its steps, extract's tables and the
+gradient tables of the model in memory (anisweep.live) instead of a saved checkpoint.
+
+`train-toy` with a live spec writes every step into `results/toy/{model}/live/step{N}/`; the workflow's
+`extract_live` / `gradients_live` rules then `take` step N's files into `results/toy/{model}/step{N}/`, where
+extract and gradients put a saved checkpoint's, so metrics, sweep and figures run on them unchanged. The
+evaluation batch is the one extract builds for the saved checkpoint: the same texts and settings, tokenized by
+the toy's tokenizer as it is read back from disk, so the numbers equal a saved-checkpoint run's.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from anisweep.atomic import copy_files
+from anisweep.extract.model import DTYPES, ExtractSettings
+from anisweep.live.callback import analyse_live
+from anisweep.tangent.settings import GradientSettings
+
+
+def live_ident(name: str, seed: int, step: int, tokens_per_step: int) -> dict:
+    """The identity columns a saved toy checkpoint's rows carry (sources.Toy)."""
+    return {"family": "toy", "model": name, "seed": seed, "step": step, "tokens_seen": step * tokens_per_step}
+
+
+class LiveAnalysis:
+    """train_toy's `analyse`: step N of toy `name` into `out_dir/step{N}/`. The gradient tables at the steps
+    `gradients.steps` names (all when None), when `gradients.enabled`."""
+
+    def __init__(
+        self,
+        name: str,
+        seed: int,
+        tokens_per_step: int,
+        texts: Sequence[str],
+        settings: ExtractSettings,
+        gradients: GradientSettings,
+        out_dir: str | Path,
+    ):
+        self.name, self.seed, self.tokens_per_step = name, seed, tokens_per_step
+        self.texts, self.settings, self.gradients = list(texts), settings, gradients
+        self.out_dir = Path(out_dir)
+        self.batch = self.tokenizer = None
+
+    def _prepare(self, tokenizer) -> None:
+        """The tokenizer as extract reads it from a saved checkpoint, and the evaluation batch it makes."""
+        from anisweep.checkpoints.preflight import PreflightError, load_tokenizer
+        from anisweep.corpus import make_batch
+
+        where = f"toy/{self.name}"
+        with tempfile.TemporaryDirectory(prefix="anisweep-toy-tokenizer-") as folder:
+            tokenizer.save_pretrained(folder)
+            self.tokenizer = load_tokenizer(folder, folder, where)
+        s = self.settings
+        try:
+            self.batch = make_batch(self.tokenizer, self.texts, s.n_sequences, s.seq_len, s.seed)
+        except ValueError as error:
+            raise PreflightError(f"{where}: {error} (the config's corpus and extract sections)") from None
+
+    def __call__(self, step: int, model: torch.nn.Module, tokenizer) -> None:
+        if self.batch is None:
+            self._prepare(tokenizer)
+        g = self.gradients
+        gradients = g if g.enabled and (g.steps is None or step in g.steps) else GradientSettings(enabled=False)
+        target = model
+        if self.settings.dtype != "float32":  # as extract loads the checkpoint: cast, on a copy
+            target = copy.deepcopy(model).to(DTYPES[self.settings.dtype])
+        ident = live_ident(self.name, self.seed, step, self.tokens_per_step)
+        analyse_live(target, self.batch, self.tokenizer, self.out_dir / f"step{step}", ident, self.settings, gradients)
+
+
+def take(live_dir: str | Path, step: int, names: Sequence[str], out_dir: str | Path) -> None:
+    """Copy step `step`'s files `names` of a live toy's analysis (`live_dir/step{N}/`) into `out_dir`, each
+    written whole under a temporary name and then renamed."""
+    source = Path(live_dir) / f"step{step}"
+    missing = [name for name in names if not (source / name).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{source} lacks {', '.join(missing)}: the live toy did not analyse step {step} (with the gradient "
+            f"analysis, when gradients.parquet is missing); delete {live_dir} to train and analyse it again"
+        )
+    copy_files(source, names, out_dir)

@@ -1,0 +1,1 @@
+"""Mechanism analyses: the untrained-block experiment (Machina & Mercer) and the q/k SVD trajectories."""

@@ -1,0 +1,137 @@
+"""Queries and keys across training, projected on a few singular directions (Godey et al. 2024, Sec. 5 and
+App. C): per head, one SVD of the union of every step's sampled q and k vectors (`common`; the paper's
+Fig. 11/12), or of the keys only (`k`; Fig. 19/21) or the queries only (`q`; Fig. 20/22), computed on a seeded
+share of those vectors (the paper's 20%), and each step's mean query and mean key projected on the first two
+directions. The SVD is not centred: the directions describe the drift away from the origin, which is the point.
+
+Reads extract's qk_sample.parquet (the vectors) and qk.parquet (the exact means over every valid token) of
+every step of one model; writes qk_svd.parquet and the arrow plots of the heads the config names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from anisweep.tables import IDENTITY
+
+BASES = ("common", "q", "k")
+FIGURES = tuple(f"qk_svd_{basis}.png" for basis in BASES)
+N_COMPONENTS = 2
+
+
+def directions(x: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(first N_COMPONENTS right singular vectors as rows, every singular value, rows used) of a seeded share of
+    the rows of x, uncentred. Each direction's sign puts its largest-magnitude coordinate positive, so that a
+    rerun gives the same picture."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x).all(axis=1)]
+    n = len(x)
+    if n < N_COMPONENTS:
+        raise ValueError(f"the SVD needs at least {N_COMPONENTS} finite vectors, got {n}")
+    m = min(n, max(N_COMPONENTS, int(np.ceil(fraction * n))))
+    rows = np.sort(np.random.default_rng(seed).choice(n, size=m, replace=False))
+    _, singular, vt = np.linalg.svd(x[rows], full_matrices=False)
+    v = vt[:N_COMPONENTS]
+    signs = np.sign(v[np.arange(len(v)), np.abs(v).argmax(axis=1)])
+    return v * signs[:, None], singular, m
+
+
+def head_rows(
+    q_by_step: dict[int, np.ndarray],
+    k_by_step: dict[int, np.ndarray],
+    q_means: dict[int, np.ndarray],
+    k_means: dict[int, np.ndarray],
+    fraction: float,
+    seed: int,
+) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """One head's rows (basis, step, projections of the step's mean q and mean k, singular values) and the
+    directions of each basis."""
+    steps = sorted(q_by_step)
+    q_all = np.concatenate([q_by_step[s] for s in steps])
+    k_all = np.concatenate([k_by_step[s] for s in steps])
+    data = {"common": np.concatenate([q_all, k_all]), "q": q_all, "k": k_all}
+    rows, bases = [], {}
+    for basis in BASES:
+        v, singular, used = directions(data[basis], fraction, seed)
+        bases[basis] = v
+        share = singular / singular.sum() if singular.sum() > 0 else np.full_like(singular, np.nan)
+        for step in steps:
+            q, k = v @ q_means[step], v @ k_means[step]
+            rows.append(
+                {
+                    "basis": basis,
+                    "step": step,
+                    **{f"q_{i + 1}": float(q[i]) for i in range(N_COMPONENTS)},
+                    **{f"k_{i + 1}": float(k[i]) for i in range(N_COMPONENTS)},
+                    **{f"sv_{i + 1}": float(singular[i]) for i in range(N_COMPONENTS)},
+                    **{f"sv_share_{i + 1}": float(share[i]) for i in range(N_COMPONENTS)},
+                    "n_svd": used,
+                }
+            )
+    return rows, bases
+
+
+def select_heads(final_qk: pl.DataFrame, heads) -> list[tuple[int, int]]:
+    """`heads` as (layer, head) pairs; `auto`: per layer the head with the largest final qk_cos and the one with
+    the most negative (one head when they coincide), on the rope the attention scores use."""
+    if heads != "auto":
+        known = set(final_qk.select("layer", "head").iter_rows())
+        missing = [tuple(h) for h in heads if tuple(h) not in known]
+        if missing:
+            raise ValueError(
+                f"qk_svd.heads: {missing} are not (layer, head) pairs of this model; "
+                f"layers 0..{final_qk['layer'].max()}, heads 0..{final_qk['head'].max()}"
+            )
+        return [tuple(h) for h in heads]
+    rope = "post" if "post" in final_qk["rope"].to_list() else "pre"
+    chosen = []
+    for layer in sorted(final_qk["layer"].unique().to_list()):
+        part = final_qk.filter((pl.col("layer") == layer) & (pl.col("rope") == rope)).sort("qk_cos", "head")
+        for head in dict.fromkeys([part["head"][-1], part["head"][0]]):
+            chosen.append((layer, head))
+    return chosen
+
+
+def _read(paths: list[Path], columns: list[str]) -> pl.DataFrame:
+    return pl.concat([pl.read_parquet(p, columns=columns) for p in paths])
+
+
+def qk_svd(extract_dirs: list[Path], fraction: float, seed: int) -> tuple[pl.DataFrame, dict]:
+    """qk_svd.parquet's rows for every (layer, head, rope) of one model, and what the figures need: the
+    directions, and a seeded share of the sampled vectors per head."""
+    dirs = [Path(d) for d in extract_dirs]
+    means = _read([d / "qk.parquet" for d in dirs], [*IDENTITY, "layer", "head", "rope", "q_mean", "k_mean", "qk_cos"])
+    if means["step"].n_unique() != len(dirs):
+        raise ValueError(f"qk_svd: {len(dirs)} extract folders hold {means['step'].n_unique()} distinct steps")
+    ident = {key: means[key][0] for key in ("family", "model", "seed")}
+    tokens_seen = dict(means.select("step", "tokens_seen").unique().iter_rows())
+    sample_paths = [d / "qk_sample.parquet" for d in dirs]
+    rows, extras = [], {}
+    for layer in sorted(means["layer"].unique().to_list()):
+        samples = pl.concat(
+            [
+                pl.scan_parquet(p).filter(pl.col("layer") == layer).select("step", "head", "rope", "q", "k")
+                for p in sample_paths
+            ]
+        ).collect()
+        layer_means = means.filter(pl.col("layer") == layer)
+        for (head, rope), group in sorted(samples.group_by("head", "rope"), key=lambda g: g[0]):
+            q_by_step, k_by_step = {}, {}
+            for (step,), part in sorted(group.group_by("step"), key=lambda g: g[0]):
+                q_by_step[step] = np.stack(part["q"].to_list()).astype(np.float64)
+                k_by_step[step] = np.stack(part["k"].to_list()).astype(np.float64)
+            head_means = layer_means.filter((pl.col("head") == head) & (pl.col("rope") == rope))
+            q_means = {s: np.asarray(m, np.float64) for s, m in head_means.select("step", "q_mean").iter_rows()}
+            k_means = {s: np.asarray(m, np.float64) for s, m in head_means.select("step", "k_mean").iter_rows()}
+            head_table, bases = head_rows(q_by_step, k_by_step, q_means, k_means, fraction, seed)
+            rows += [{"layer": layer, "head": head, "rope": rope, **r} for r in head_table]
+            extras[(layer, head, rope)] = (bases, q_by_step, k_by_step)
+    table = pl.DataFrame(rows).with_columns(
+        pl.col("step").replace_strict(tokens_seen, return_dtype=pl.Int64).alias("tokens_seen"),
+        *[pl.lit(v).alias(k) for k, v in ident.items()],
+    )
+    table = table.select(*IDENTITY, *[c for c in table.columns if c not in IDENTITY])
+    final = means.filter(pl.col("step") == means["step"].max())
+    return table.sort("layer", "head", "rope", "basis", "step"), {"vectors": extras, "final_qk": final}

@@ -1,0 +1,305 @@
+"""Figures of one sweep (per model) and of a family (models compared), from sweep.parquet only.
+
+The x axis is the optimizer step, symlog-scaled when the grid spans orders of magnitude (step 0 stays
+on the axis), with tokens seen on a secondary axis on top.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from anisweep.measures.sweep import analysed
+from anisweep.plots.kit import (
+    lines_by,
+    lines_per_layer,
+    not_measured,
+    panel_grid,
+    per_head_panels,
+    pyplot,
+    qk_sites,
+    save_figure,
+    select_rows,
+    step_axis,
+    sweep_title,
+)
+
+ISOTROPY_METRICS = ("avg_cos", "centred_avg_cos", "drift_ratio", "isoscore", "top_eig_share")
+
+
+def qk_alignment(sweep: pl.DataFrame, path: Path) -> None:
+    """A panel per layer (and per rope variant), a line per head: signed cos(q_mean, k_mean) vs step."""
+    spec = [("qk_cos", site, "cos(mean q, mean k)") for site in qk_sites(sweep)]
+    per_head_panels(sweep, path, spec, "query-key mean alignment per head")
+
+
+def qk_mean_dot(sweep: pl.DataFrame, path: Path) -> None:
+    """Per head: the unscaled <mean q, mean k> (Godey Fig. 14) and the same over sqrt(d_head)."""
+    spec = []
+    for site in qk_sites(sweep):
+        spec += [("qk_mean_dot", site, "<mean q, mean k>"), ("qk_mean_score", site, "<mean q, mean k> / sqrt(d_head)")]
+    per_head_panels(sweep, path, spec, "scalar product of the mean query and mean key per head")
+
+
+def qk_cos_concat(sweep: pl.DataFrame, path: Path) -> None:
+    """Per layer: cos of the mean queries and keys concatenated over heads (Godey Fig. 23), pre/post rotary."""
+    sites = [site for site in qk_sites(sweep) if select_rows(sweep, "qk_cos_concat", site).height]
+    if not sites:
+        not_measured(sweep, path, "qk_cos_concat")
+        return
+    fig, axes = panel_grid(len(sites), len(sites), size=(4.2, 3.2))
+    for ax, site in zip(axes, sites):
+        lines_by(ax, select_rows(sweep, "qk_cos_concat", site), "layer", "layer {}")
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set_ylim(-1.05, 1.05)
+        ax.set_title(f"{site.removeprefix('qk_')}-rotary" if len(sites) > 1 else "", fontsize=9)
+        ax.set_ylabel("cos(concat mean q, concat mean k)")
+        step_axis(ax, sweep)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{sweep_title(sweep)}: mean query vs mean key, heads concatenated, per layer")
+    save_figure(fig, path)
+
+
+def attention_entropy(sweep: pl.DataFrame, path: Path) -> None:
+    panels = {"entropy_mean": "entropy (nats)", "entropy_norm_mean": "entropy / log(visible keys)"}
+    lines_per_layer(sweep, path, "attention", panels, "attention entropy per layer (mean over heads)", ncols=2)
+
+
+def attention_softmax(sweep: pl.DataFrame, path: Path) -> None:
+    panels = {
+        "p_max_mean": "p max",
+        "p_median_mean": "p median",
+        "p_min_mean": "p min",
+        "score_mean": "score mean",
+        "score_std": "score std",
+    }
+    lines_per_layer(
+        sweep,
+        path,
+        "attention",
+        panels,
+        "softmax max / median / min and pre-softmax scores",
+        log_y=("p_max_mean", "p_median_mean", "p_min_mean"),
+    )
+
+
+def isotropy(sweep: pl.DataFrame, path: Path) -> None:
+    from anisweep.measures.geometry import (
+        isotropic_cos_spread,  # here: geometry imports scipy, and the Snakefile imports plots
+    )
+
+    panels = {metric: metric for metric in ISOTROPY_METRICS}
+    dims = select_rows(sweep, "dim", "resid")["value"].drop_nulls()
+    bands = {}
+    if len(dims):  # the cosine spread of an isotropic normal cloud of the residual stream's dimension
+        spread = isotropic_cos_spread(int(dims.max()))
+        band = (-spread, spread, f"isotropic N(0, I_d): cos 0 +- 1/sqrt(d), d = {int(dims.max())}")
+        bands = {"avg_cos": band, "centred_avg_cos": band}
+    lines_per_layer(
+        sweep, path, "resid", panels, "isotropy of the residual stream per layer (0 = embeddings)", bands=bands
+    )
+
+
+def isotropy_heatmap(sweep: pl.DataFrame, path: Path) -> None:
+    fig, axes = panel_grid(2, 2, size=(4.2, 3.2))
+    for ax, metric in zip(axes, ("avg_cos", "drift_ratio")):
+        rows = select_rows(sweep, metric, "resid")
+        table = rows.pivot(on="step", index="layer", values="value", aggregate_function="first").sort("layer")
+        steps = [c for c in table.columns if c != "layer"]
+        image = ax.imshow(table.select(steps).to_numpy(), aspect="auto", origin="lower", cmap="magma")
+        ax.set_xticks(range(len(steps)), steps, rotation=90, fontsize=7)
+        ax.set_yticks(range(table.height), table["layer"].to_list())
+        ax.set_xlabel("optimizer step (checkpoints, evenly spaced)")
+        ax.set_ylabel("layer")
+        ax.set_title(metric)
+        fig.colorbar(image, ax=ax)
+    fig.suptitle(f"{sweep_title(sweep)}: layer x checkpoint")
+    save_figure(fig, path)
+
+
+def final_layernorm(sweep: pl.DataFrame, path: Path) -> None:
+    fig, axes = panel_grid(len(ISOTROPY_METRICS), 3)
+    for ax, metric in zip(axes, ISOTROPY_METRICS):
+        for site, style, label in (("final_ln_in", "--", "before final LN"), ("final_ln_out", "-", "after final LN")):
+            rows = select_rows(sweep, metric, site)
+            ax.plot(rows["step"], rows["value"], style, marker=".", label=label)
+        ax.set_ylabel(metric)
+        step_axis(ax, sweep)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{sweep_title(sweep)}: the residual stream just before and after the final LayerNorm")
+    save_figure(fig, path)
+
+
+def layernorm_params(sweep: pl.DataFrame, path: Path) -> None:
+    panels = [("final_ln", m) for m in ("gain_mean", "gain_std", "bias_norm", "bias_drift_share")]
+    fig, axes = panel_grid(len(panels) + 1, 3)
+    for ax, (site, metric) in zip(axes, panels):
+        rows = select_rows(sweep, metric, site)
+        ax.plot(rows["step"], rows["value"], marker=".")
+        ax.set_ylabel(f"final LN {metric.replace('_', ' ')}")
+        step_axis(ax, sweep)
+    ax = axes[len(panels)]
+    for site in ("embed_in", "embed_out"):
+        for metric, style, label in (
+            ("partition_isotropy", "-", ""),
+            ("partition_isotropy_centred", "--", " centred"),
+            ("partition_isotropy_mm", ":", " one-sign (M&M)"),
+            ("partition_isotropy_mm_centred", "-.", " centred one-sign (M&M)"),
+        ):
+            rows = select_rows(sweep, metric, site)
+            if rows.height:
+                ax.plot(rows["step"], rows["value"], style, marker=".", label=site + label)
+    ax.set_yscale("log")
+    ax.set_ylabel("I(W)")
+    ax.legend(fontsize=7)
+    step_axis(ax, sweep)
+    fig.suptitle(f"{sweep_title(sweep)}: final LayerNorm parameters and embedding isotropy I(W)")
+    save_figure(fig, path)
+
+
+def drift_vs_anisotropy(sweep: pl.DataFrame, path: Path) -> None:
+    fig, axes = panel_grid(3, 3, size=(4.2, 3.2))
+    ax = axes[0]
+    for name in ("spearman", "pearson"):
+        rows = select_rows(sweep, f"drift_avg_cos_{name}_r", "resid")
+        ax.plot(rows["step"], rows["value"], marker=".", label=name)
+    ax.set_ylabel("correlation over layers")
+    ax.set_ylim(-1.05, 1.05)
+    ax.legend(fontsize=7)
+    step_axis(ax, sweep)
+    ax = axes[1]
+    for name in ("spearman", "pearson"):
+        rows = select_rows(sweep, f"drift_avg_cos_{name}_p", "resid")
+        ax.plot(rows["step"], rows["value"], marker=".", label=name)
+    ax.axhline(0.05, color="red", lw=0.8, ls="--", label="p = 0.05")
+    ax.set_yscale("log")
+    ax.set_ylabel("two-sided permutation p")
+    ax.legend(fontsize=7)
+    step_axis(ax, sweep)
+    ax = axes[2]
+    drift = select_rows(sweep, "drift_norm", "resid").select("step", "layer", pl.col("value").alias("drift"))
+    cos = select_rows(sweep, "avg_cos", "resid").select("step", "layer", pl.col("value").alias("avg_cos"))
+    joined = drift.join(cos, on=["step", "layer"])
+    steps = sorted(joined["step"].unique().to_list())
+    plt = pyplot()
+    picks = sorted({steps[0], steps[len(steps) // 2], steps[-1]})
+    for colour, step in zip(plt.get_cmap("viridis")(np.linspace(0, 0.9, len(picks))), picks):
+        part = joined.filter(pl.col("step") == step).sort("layer")
+        ax.plot(part["drift"], part["avg_cos"], "-o", color=colour, ms=3, label=f"step {step}")
+    ax.set_xlabel("drift norm ||mean x||")
+    ax.set_ylabel("avg cos")
+    ax.legend(fontsize=7)
+    fig.suptitle(f"{sweep_title(sweep)}: drift vs anisotropy across layers")
+    save_figure(fig, path)
+
+
+def norms(sweep: pl.DataFrame, path: Path) -> None:
+    """Spread of token norms (std / mean) just before and after each LayerNorm, averaged over layers."""
+    around_layernorm = pl.col("site").str.starts_with("ln_") | pl.col("site").str.starts_with("final_ln")
+    rows = sweep.filter((pl.col("metric") == "norm_cv") & around_layernorm)
+    fig, axes = panel_grid(2, 2)
+    for ax, suffix, title in zip(axes, ("_in", "_out"), ("before each LayerNorm", "after each LayerNorm")):
+        part = rows.filter(pl.col("site").str.ends_with(suffix)).group_by("step", "site").agg(pl.col("value").mean())
+        part = part.with_columns(pl.col("site").str.strip_suffix(suffix))
+        lines_by(ax, part, "site", "{}", "tab10")
+        ax.set_ylabel("norm std / mean")
+        ax.set_title(title, fontsize=9)
+        step_axis(ax, sweep)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{sweep_title(sweep)}: the hypersphere: spread of token norms around each LayerNorm")
+    save_figure(fig, path)
+
+
+PLOTTERS = {
+    "qk_alignment.png": qk_alignment,
+    "qk_mean_dot.png": qk_mean_dot,
+    "qk_cos_concat.png": qk_cos_concat,
+    "attention_entropy.png": attention_entropy,
+    "attention_softmax.png": attention_softmax,
+    "isotropy.png": isotropy,
+    "isotropy_heatmap.png": isotropy_heatmap,
+    "final_layernorm.png": final_layernorm,
+    "layernorm_params.png": layernorm_params,
+    "drift_vs_anisotropy.png": drift_vs_anisotropy,
+    "norms.png": norms,
+}
+
+
+MODEL_FIGURES = tuple(PLOTTERS)  # per model, drawn in this order; the plot rules' outputs
+
+
+def plot_model(sweep: pl.DataFrame, out_dir: Path) -> list[Path]:
+    sweep = analysed(sweep)
+    paths = []
+    for name, plotter in PLOTTERS.items():
+        plotter(sweep, Path(out_dir) / name)
+        paths.append(Path(out_dir) / name)
+    return paths
+
+
+FAMILY_SITES = {"final_ln_in": "before the final LayerNorm", "final_ln_out": "after the final LayerNorm"}
+
+
+def plot_family(sweeps: pl.DataFrame, path: Path) -> None:
+    """Models of one family side by side against tokens seen (steps when a model has no token count).
+
+    Every panel shows one named site, the same for every model: the last residual layer is before the final
+    LayerNorm in GPT-NeoX and after it in BERT, so the panels use final_ln_in / final_ln_out instead.
+    Query-key alignment is pre-rotary (solid) for every model, post-rotary (dashed) where it exists.
+    """
+    sweeps = analysed(sweeps)
+
+    def at_site(metric: str, site: str):
+        return lambda s: s.filter((pl.col("metric") == metric) & (pl.col("site") == site) & pl.col("head").is_null())
+
+    def mean_over_layers(metric: str, site: str):
+        return lambda s: at_site(metric, site)(s).group_by("model", "step", "tokens_seen").agg(pl.col("value").mean())
+
+    panels = [
+        (f"{label} at {site}\n({where})", [(at_site(metric, site), "-", "")])
+        for metric, label in (("avg_cos", "avg cos"), ("isoscore", "IsoScore"))
+        for site, where in FAMILY_SITES.items()
+    ]
+    panels += [
+        (
+            "normalised attention entropy\n(mean over heads and layers)",
+            [(mean_over_layers("entropy_norm_mean", "attention"), "-", "")],
+        ),
+        (
+            "|qk cos|, mean over heads and layers\n(qk_pre: pre-rotary, qk_post: post-rotary)",
+            [
+                (mean_over_layers("qk_cos_abs_mean", "qk_pre"), "-", " qk_pre"),
+                (mean_over_layers("qk_cos_abs_mean", "qk_post"), "--", " qk_post"),
+            ],
+        ),
+        (
+            "cos of the means concatenated over heads\n(mean over layers; across seeds: Godey Fig. 23)",
+            [
+                (mean_over_layers("qk_cos_concat", "qk_pre"), "-", " qk_pre"),
+                (mean_over_layers("qk_cos_concat", "qk_post"), "--", " qk_post"),
+            ],
+        ),
+    ]
+    plt = pyplot()
+    models = sorted(sweeps["model"].unique().to_list())
+    colours = dict(zip(models, plt.get_cmap("tab10")(np.arange(len(models)) % 10)))
+    fig, axes = panel_grid(len(panels), 2, size=(4.2, 3.2))
+    for ax, (label, lines) in zip(axes, panels):
+        for model in models:
+            for pick, style, suffix in lines:
+                rows = pick(sweeps.filter(pl.col("model") == model)).sort("step")
+                if rows.height == 0:
+                    continue
+                x = rows["tokens_seen"] if rows["tokens_seen"].null_count() == 0 else rows["step"]
+                ax.plot(x, rows["value"], style, marker=".", color=colours[model], label=model + suffix)
+        ax.set_xscale(
+            "symlog", linthresh=max(1.0, float(sweeps.filter(pl.col("tokens_seen") > 0)["tokens_seen"].min() or 1))
+        )
+        ax.set_xlabel("tokens seen")
+        ax.set_ylabel(label, fontsize=8)
+    axes[0].legend(fontsize=7)
+    axes[len(panels) - 1].legend(fontsize=6)
+    fig.suptitle(f"{sweeps['family'][0]}: models compared over training, each panel at one named site")
+    save_figure(fig, path)

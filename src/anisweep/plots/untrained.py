@@ -1,0 +1,172 @@
+"""Figures of the untrained-block experiment (anisweep.mechanism.untrained), from its tables only: one row of panels per
+init, the bias norm N on a symlog x axis (N = 0 stays on it), lines the mean over seeds, bands their min-max."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from anisweep.plots.kit import pyplot, save_figure
+
+SITE_COLOURS = {"input": "tab:blue", "output": "tab:red", "q": "tab:green", "k": "tab:purple"}
+P_COLOURS = {"p_max_mean": "tab:red", "p_median_mean": "tab:orange", "p_min_mean": "tab:blue"}
+
+
+def _axes(summary: pl.DataFrame, n_panels: int):
+    plt = pyplot()
+    inits = summary["init"].unique(maintain_order=True).to_list()
+    fig, axes = plt.subplots(
+        len(inits), n_panels, figsize=(3.8 * n_panels, 3.0 * len(inits)), squeeze=False, constrained_layout=True
+    )
+    return fig, list(zip(inits, axes))
+
+
+def _norm_axis(ax, summary: pl.DataFrame) -> None:
+    norms = [n for n in summary["norm"].drop_nulls().unique().to_list() if n > 0]
+    ax.set_xscale("symlog", linthresh=min(norms) if norms else 1.0)
+    ax.set_xlim(0, max(norms) * 1.3 if norms else 1.0)
+    ax.set_xlabel("bias norm N")
+
+
+def _band(ax, summary: pl.DataFrame, init: str, site: str, metric: str, label: str, colour: str) -> None:
+    part = summary.filter(
+        (pl.col("init") == init) & (pl.col("site") == site) & (pl.col("metric") == metric) & pl.col("head").is_null()
+    )
+    part = part.filter(pl.col("norm").is_not_null()).sort("norm")
+    if part.height == 0:
+        return
+    ax.plot(part["norm"], part["mean"], marker=".", color=colour, label=label)
+    ax.fill_between(part["norm"], part["min"], part["max"], color=colour, alpha=0.2, linewidth=0)
+
+
+def norms(summary: pl.DataFrame, path: Path) -> None:
+    """Fig. 6: avg_cos and mean norm of the block's input x + b and output T(x + b); N* marked."""
+    fig, rows = _axes(summary, 2)
+    for init, (cos_ax, norm_ax) in rows:
+        for site in ("input", "output"):
+            _band(cos_ax, summary, init, site, "avg_cos", site, SITE_COLOURS[site])
+            _band(norm_ax, summary, init, site, "norm_mean", site, SITE_COLOURS[site])
+        star = summary.filter((pl.col("init") == init) & (pl.col("metric") == "fixed_point_norm"))
+        if star.height and np.isfinite(star["mean"][0]):
+            mean, std = star["mean"][0], star["std"][0]
+            label = f"N* = {mean:.3g}" + (f" ± {std:.2g}" if std is not None and np.isfinite(std) else "")
+            norm_ax.axvline(mean, color="grey", linestyle="--", label=label)
+            norm_ax.axvspan(star["min"][0], star["max"][0], color="grey", alpha=0.15, linewidth=0)
+        norm_ax.set_yscale("log")
+        cos_ax.set_ylabel("avg_cos")
+        norm_ax.set_ylabel("mean ||x||")
+        cos_ax.set_title(f"{init}: anisotropy in and out", fontsize=9)
+        norm_ax.set_title(f"{init}: norm in and out", fontsize=9)
+        for ax in (cos_ax, norm_ax):
+            _norm_axis(ax, summary)
+            ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def scores(histogram: pl.DataFrame, path: Path) -> None:
+    """Fig. 7: the pre-softmax score distribution per N, pooled over heads and seeds: the share of the visible
+    pairs in each bin (bins log-spaced in |score|, so the curve is a density in log |score|); the open-ended
+    outer bins are left out of the curve and their share is given in the legend."""
+    plt = pyplot()
+    inits = histogram["init"].unique(maintain_order=True).to_list()
+    fig, axes = plt.subplots(1, len(inits), figsize=(5.0 * len(inits), 3.4), squeeze=False, constrained_layout=True)
+    for init, ax in zip(inits, axes[0]):
+        part = histogram.filter(pl.col("init") == init)
+        pooled = part.group_by(["norm", "bin_lo", "bin_hi"]).agg(pl.col("count").sum()).sort("norm", "bin_lo")
+        norms = pooled["norm"].unique().sort().to_list()
+        colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(norms)))
+        inner_edges = pooled.filter(pl.col("bin_lo").is_finite() & pl.col("bin_hi").is_finite())
+        for colour, norm in zip(colours, norms):
+            h = pooled.filter(pl.col("norm") == norm)
+            total = h["count"].sum()
+            inner = h.filter(pl.col("bin_lo").is_finite() & pl.col("bin_hi").is_finite())
+            outside = (total - inner["count"].sum()) / total
+            centres = 0.5 * (inner["bin_lo"] + inner["bin_hi"]).to_numpy()
+            label = f"N = {norm:g}" + (f" ({outside:.1%} beyond the edges)" if outside else "")
+            ax.plot(centres, inner["count"].to_numpy() / total, color=colour, marker=".", markersize=3, label=label)
+        smallest = float(inner_edges["bin_hi"].filter(inner_edges["bin_hi"] > 0).min())
+        largest = float(inner_edges["bin_hi"].max())
+        ax.set_xscale("symlog", linthresh=smallest)
+        decades = np.arange(np.ceil(np.log10(smallest)), np.log10(largest) + 1e-9)
+        ticks = 10.0 ** decades[:: max(1, int(np.ceil(len(decades) / 4)))]
+        ax.set_xticks([*(-ticks[::-1]), 0.0, *ticks])
+        ax.tick_params(axis="x", labelsize=7)
+        ax.set_xlabel("score q.k / sqrt(d_head)")
+        ax.set_ylabel("share of visible pairs per bin")
+        ax.set_title(f"{init}: pre-softmax scores", fontsize=9)
+        ax.legend(fontsize=6, ncol=2)
+    save_figure(fig, path)
+
+
+def qk(summary: pl.DataFrame, path: Path) -> None:
+    """Fig. 8: avg_cos and mean norm of the queries and keys (mean over heads)."""
+    fig, rows = _axes(summary, 2)
+    for init, (cos_ax, norm_ax) in rows:
+        for site in ("q", "k"):
+            _band(cos_ax, summary, init, site, "avg_cos", site, SITE_COLOURS[site])
+            _band(norm_ax, summary, init, site, "norm_mean", site, SITE_COLOURS[site])
+        norm_ax.set_yscale("log")
+        cos_ax.set_ylabel("avg_cos (mean over heads)")
+        norm_ax.set_ylabel("mean ||q||, ||k||")
+        cos_ax.set_title(f"{init}: query/key anisotropy", fontsize=9)
+        norm_ax.set_title(f"{init}: query/key norm", fontsize=9)
+        for ax in (cos_ax, norm_ax):
+            _norm_axis(ax, summary)
+            ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def softmax(summary: pl.DataFrame, path: Path) -> None:
+    """Fig. 9: per query row the max, median and min probability, averaged over rows, heads and sequences."""
+    fig, rows = _axes(summary, 1)
+    for init, (ax,) in rows:
+        for metric, colour in P_COLOURS.items():
+            _band(ax, summary, init, "attention", metric, metric.removesuffix("_mean").replace("p_", ""), colour)
+        ax.set_yscale("log")
+        ax.set_ylabel("softmax value (row mean)")
+        ax.set_title(f"{init}: attention probabilities", fontsize=9)
+        _norm_axis(ax, summary)
+        ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def extremes(summary: pl.DataFrame, path: Path) -> None:
+    """Fig. 10: each sequence's largest and smallest probability (over all its heads and rows), averaged over
+    the sequences."""
+    fig, rows = _axes(summary, 2)
+    for init, (max_ax, min_ax) in rows:
+        _band(max_ax, summary, init, "attention", "seq_p_max_mean", "max", "tab:red")
+        _band(min_ax, summary, init, "attention", "seq_p_min_mean", "min", "tab:blue")
+        min_ax.set_yscale("log")
+        max_ax.set_ylabel("sequence max of p (mean)")
+        min_ax.set_ylabel("sequence min of p (mean)")
+        max_ax.set_title(f"{init}: maximum", fontsize=9)
+        min_ax.set_title(f"{init}: minimum", fontsize=9)
+        for ax in (max_ax, min_ax):
+            _norm_axis(ax, summary)
+    save_figure(fig, path)
+
+
+PLOTTERS = {
+    "untrained_norms.png": ("summary", norms),
+    "untrained_scores.png": ("histogram", scores),
+    "untrained_qk.png": ("summary", qk),
+    "untrained_softmax.png": ("summary", softmax),
+    "untrained_extremes.png": ("summary", extremes),
+}
+#: The figures, drawn in this order: the plot_untrained rule's outputs, each with a caption
+#: workflow/report/{name without .png}.rst.
+UNTRAINED_FIGURES = tuple(PLOTTERS)
+
+
+def plot_untrained(tables_dir: Path, out_dir: Path) -> list[Path]:
+    tables_dir, out_dir = Path(tables_dir), Path(out_dir)
+    tables = {name: pl.read_parquet(tables_dir / f"{name}.parquet") for name in ("summary", "histogram")}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, (table, plotter) in PLOTTERS.items():
+        plotter(tables[table], out_dir / name)
+        written.append(out_dir / name)
+    return written

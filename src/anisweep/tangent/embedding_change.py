@@ -1,0 +1,175 @@
+"""Alignment of the token embeddings' change over training with the activation subspaces (config
+`gradients.embedding_change`).
+
+Per analysed checkpoint, the gradients rule keeps the input-embedding rows (the raw table,
+`get_input_embeddings().weight`) of a bounded set of the evaluation batch's token ids, and the orthonormal
+bases fitted at the embedding-output site (layer 0). The ids: every distinct valid id of the batch, by its
+frequency stratum (anisweep.tangent.batch.frequency_strata: the count of the id in the batch); where a stratum
+holds more than its share of `embedding_tokens` (a third, the remainder to the first strata), a seeded sample
+of it. The batch, the strata and the sample are the same at every step, so the rows of two steps pair up.
+
+For consecutive analysed steps t1 < t2, with ΔE = E(t2) - E(t1) over those rows and P the projector on a
+rank-k basis U at t1 (per-checkpoint) or the fixed one:
+
+    share = sum_i w_i ||ΔE_i U||^2 / sum_i w_i ||ΔE_i||^2
+
+per stratum (w_i = 1) and over all strata (w_i = the stratum's distinct ids / its sampled ids, so that `all`
+estimates the share over every distinct id of the batch; exact when nothing is sampled). Chance: k / d. The
+controls are the gradient analysis's matched-rank random subspaces (same seed), mean, sd (ddof=1) and z.
+
+For BERT the layer-0 site is the embedding output AFTER the embeddings' LayerNorm (and the position and
+token-type embeddings), while ΔE lives in the raw token-embedding table's space.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+STRATUM_NAMES = ("frequent", "middle", "rare")
+
+EMBEDDING_SCHEMA = {
+    "token_id": pl.Int64,
+    "stratum": pl.String,
+    "count": pl.Int64,
+    "weight": pl.Float64,
+    "vector": pl.List(pl.Float32),
+}
+
+
+def sample_ids(token_ids, valid, cap: int, seed: int) -> pl.DataFrame:
+    """The kept ids: token_id, stratum, count (in the batch), weight (see the module's docstring)."""
+    from anisweep.tangent.batch import frequency_strata
+
+    strata, _ = frequency_strata(token_ids, valid)
+    ids, strata = token_ids[valid].numpy(), strata[valid].numpy()
+    distinct, first, counts = np.unique(ids, return_index=True, return_counts=True)
+    id_strata = strata[first]  # an id's stratum depends on its count alone
+    rng = np.random.default_rng(seed)
+    quota = [cap // 3 + (1 if i < cap % 3 else 0) for i in range(3)]
+    rows = []
+    for index, name in enumerate(STRATUM_NAMES):
+        members = np.flatnonzero(id_strata == index)
+        chosen = members if len(members) <= quota[index] else np.sort(rng.choice(members, quota[index], replace=False))
+        weight = len(members) / len(chosen) if len(chosen) else float("nan")
+        rows += [
+            {"token_id": int(distinct[i]), "stratum": name, "count": int(counts[i]), "weight": weight} for i in chosen
+        ]
+    return pl.DataFrame(rows, schema={k: EMBEDDING_SCHEMA[k] for k in ("token_id", "stratum", "count", "weight")})
+
+
+def embedding_rows(table: np.ndarray, kept: pl.DataFrame) -> pl.DataFrame:
+    """The kept ids' rows of the embedding table (vocab x d), float32 (the loaded weights' precision or less)."""
+    vectors = np.asarray(table, np.float32)[kept["token_id"].to_numpy()]
+    return kept.with_columns(pl.Series("vector", vectors).cast(pl.List(pl.Float32)))
+
+
+def weighted_share(delta: np.ndarray, weight: np.ndarray, basis: np.ndarray) -> float:
+    """sum_i w_i ||delta_i U||^2 / sum_i w_i ||delta_i||^2 (U orthonormal)."""
+    total = float(weight @ (delta**2).sum(1))
+    return float(weight @ ((delta @ basis) ** 2).sum(1) / total) if total > 0 else float("nan")
+
+
+def _pair(rows1: pl.DataFrame, rows2: pl.DataFrame, steps: tuple[int, int]) -> pl.DataFrame:
+    a, b = rows1.sort("token_id"), rows2.sort("token_id")
+    if a["token_id"].to_list() != b["token_id"].to_list() or a["stratum"].to_list() != b["stratum"].to_list():
+        raise ValueError(
+            f"embedding change: steps {steps[0]} and {steps[1]} kept different token ids; both must come from the "
+            "same evaluation batch and gradients.embedding_tokens / seed (rerun their gradients rules)"
+        )
+    return a.with_columns(delta=pl.Series(np.stack(b["vector"].to_list()) - np.stack(a["vector"].to_list())))
+
+
+def change_rows(
+    rows1: pl.DataFrame,
+    rows2: pl.DataFrame,
+    bases: dict[str, dict[tuple[str, int], np.ndarray]],
+    n_random: int,
+    seed: int,
+    steps: tuple[int, int],
+) -> list[dict]:
+    """The share of ΔE = E(t2) - E(t1) in each basis, per stratum and over all, against random controls.
+    `bases`: {fit: {(subspace, rank): U}} (the per-checkpoint ones at t1, the fixed ones)."""
+    from anisweep.tangent.shares import control_stats, random_bases
+
+    paired = _pair(rows1, rows2, steps)
+    delta = np.stack(paired["delta"].to_list()).astype(np.float64)
+    weight, stratum = paired["weight"].to_numpy(), paired["stratum"].to_numpy()
+    d = delta.shape[1]
+    ranks = sorted({rank for by in bases.values() for _, rank in by})
+    controls = {rank: random_bases(d, rank, n_random, seed + rank) for rank in ranks}
+    old = np.stack(paired["vector"].to_list()).astype(np.float64)
+    rows = []
+    for name in ("all", *STRATUM_NAMES):
+        keep = np.ones(len(delta), bool) if name == "all" else stratum == name
+        if not keep.any():
+            continue
+        dx, w = delta[keep], weight[keep] if name == "all" else np.ones(keep.sum())
+        where = {"layer": 0, "site": "resid", "stratum": name, "n_tokens": int(keep.sum()), "step_from": steps[0]}
+        relative = np.sqrt((w @ (dx**2).sum(1)) / max(float(w @ (old[keep] ** 2).sum(1)), 1e-300))
+        rows.append({**where, "measure": "embedding_change_relative", "value": float(relative)})
+        for rank in ranks:
+            control = np.array([weighted_share(dx, w, u) for u in controls[rank]])
+            for fit, by in bases.items():
+                for (subspace, r), basis in sorted(by.items()):
+                    if r != rank:
+                        continue
+                    if basis.shape[0] != d:
+                        raise ValueError(f"embedding change: a {basis.shape[0]}-d basis for {d}-d embeddings")
+                    value = weighted_share(dx, w, basis)
+                    rows.append(
+                        {
+                            **where,
+                            "subspace": subspace,
+                            "fit": fit,
+                            "rank": rank,
+                            "measure": "embedding_change_share",
+                            "value": value,
+                            "chance": rank / d,
+                            **control_stats(value, control),
+                        }
+                    )
+            rows.append(
+                {
+                    **where,
+                    "subspace": "random",
+                    "rank": rank,
+                    "measure": "embedding_change_share",
+                    "value": float(control.mean()),
+                    "chance": rank / d,
+                    **control_stats(float(control.mean()), control),
+                    "z": 0.0,
+                }
+            )
+    return rows
+
+
+def layer0_bases(frame: pl.DataFrame) -> dict[tuple[str, int], np.ndarray]:
+    """{(subspace, rank): U} of the embedding-output site (layer 0, resid) of a bases table."""
+    from anisweep.tangent.fixed import bases_from_frame
+
+    bases = bases_from_frame(frame.filter((pl.col("layer") == 0) & (pl.col("site") == "resid")))
+    return {(method, rank): u for (_, _, rank), by in bases.items() for method, u in by.items()}
+
+
+def sweep_rows(
+    steps: list[int],
+    embeddings: dict[int, pl.DataFrame],
+    checkpoint_bases: dict[int, pl.DataFrame],
+    fixed_bases: pl.DataFrame | None,
+    n_random: int,
+    seed: int,
+    per_checkpoint: bool = True,
+) -> list[dict]:
+    """change_rows for every consecutive pair of `steps`, the per-checkpoint bases taken at the earlier step."""
+    steps = sorted(steps)
+    fixed = layer0_bases(fixed_bases) if fixed_bases is not None else None
+    rows = []
+    for t1, t2 in zip(steps, steps[1:], strict=False):
+        bases = {"checkpoint": layer0_bases(checkpoint_bases[t1])} if per_checkpoint else {}
+        if fixed is not None:
+            bases["fixed"] = fixed
+        rows += [
+            {**r, "step": t2} for r in change_rows(embeddings[t1], embeddings[t2], bases, n_random, seed, (t1, t2))
+        ]
+    return rows

@@ -1,0 +1,1 @@
+"""The toy models the default config trains offline: tokenizers and the training loop."""

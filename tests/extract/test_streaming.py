@@ -1,0 +1,149 @@
+"""VectorStats: both ways of summing a site (the CPU's branches, the GPU's masks that never read a value back)
+against float64 numpy on the valid, finite tokens."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+
+from anisweep.extract.streaming import VectorStats
+
+
+def batches(seed: int = 0):
+    """Three mini-batches of (x, valid): padding, a zero vector, a NaN token, an inf token, a finite token whose
+    float32 norm overflows, and a batch whose every valid token is non-finite."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for b in range(3):
+        x = torch.randn(2, 7, 5, generator=g) + 0.5
+        valid = torch.rand(2, 7, generator=g) > 0.25
+        valid[0, 0] = True
+        if b == 0:
+            x[1, 5] = 0.0  # no direction: in n, out of avg_cos
+            valid[1, 5] = True
+        if b == 1:
+            x[0, 0, 2] = float("nan")
+            x[1, 3, 0] = float("inf")
+            valid[1, 3] = True
+            x[1, 4] = 3e19  # finite, but sum of squares > float32's max
+            valid[1, 4] = True
+        if b == 2:
+            x[valid] = float("nan")
+        out.append((x, valid))
+    return out
+
+
+def expected(parts) -> dict:
+    rows = [x.reshape(-1, x.shape[-1]).double().numpy()[v.reshape(-1).numpy()] for x, v in parts]
+    rows = np.concatenate(rows)
+    finite = np.isfinite(rows).all(axis=1)
+    kept = rows[finite]
+    norms = np.linalg.norm(kept, axis=1)
+    nonzero = norms > 0
+    return {
+        "n": len(kept),
+        "n_nonfinite": int((~finite).sum()),
+        "n_zero": int((~nonzero).sum()),
+        "sum_x": kept.sum(axis=0),
+        "sum_unit": (kept[nonzero] / norms[nonzero, None]).sum(axis=0),
+        "sum_norm": norms.sum(),
+        "sum_norm_sq": (norms**2).sum(),
+        "norm_min": norms.min(),
+        "norm_max": norms.max(),
+    }
+
+
+@contextlib.contextmanager
+def no_host_reads():
+    """Fail on any read of a tensor's value into Python (what makes a GPU caller wait)."""
+    names = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "numpy", "cpu")
+    saved = {name: getattr(torch.Tensor, name) for name in names}
+
+    def refuse(name):
+        def method(self, *args, **kwargs):
+            raise AssertionError(f"Tensor.{name} read a value back to the host")
+
+        return method
+
+    try:
+        for name in names:
+            setattr(torch.Tensor, name, refuse(name))
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+
+
+@pytest.mark.parametrize("wait_free", [False, True])
+def test_sums_match_numpy_on_valid_finite_tokens(wait_free):
+    parts = batches()
+    stats = VectorStats(5)
+    for x, valid in parts:
+        stats.add(VectorStats.partial(x, valid, wait_free=wait_free))
+    want = expected(parts)
+    assert stats.n == want["n"] and stats.n_nonfinite == want["n_nonfinite"] == 2 + int(parts[2][1].sum())
+    assert stats.n_zero == want["n_zero"] == 1
+    for name in ("sum_x", "sum_unit"):
+        np.testing.assert_allclose(getattr(stats, name).numpy(), want[name], rtol=1e-5, atol=1e-5)
+    for name in ("sum_norm", "sum_norm_sq", "norm_min", "norm_max"):
+        assert getattr(stats, name) == pytest.approx(want[name], rel=1e-6)
+
+
+def test_the_wait_free_sums_never_read_a_value_back():
+    stats = VectorStats(5)
+    parts = [VectorStats.partial(x, valid, wait_free=True) for x, valid in batches()]
+    with no_host_reads():
+        for x, valid in batches():
+            stats.add(VectorStats.partial(x, valid, wait_free=True))
+        with pytest.raises(AssertionError, match="read a value back"):
+            VectorStats.partial(*batches()[1], wait_free=False)  # the CPU's branches do read, so the check bites
+    assert stats.n == sum(int(p["counts"][0]) for p in parts)
+
+
+def test_no_valid_token_leaves_empty_sums():
+    stats = VectorStats(3)
+    x, valid = torch.randn(1, 4, 3), torch.zeros(1, 4, dtype=torch.bool)
+    for wait_free in (False, True):
+        stats.add(VectorStats.partial(x, valid, wait_free=wait_free))
+    assert (stats.n, stats.n_nonfinite, stats.sum_norm) == (0, 0, 0.0)
+    assert (stats.norm_min, stats.norm_max) == (float("inf"), float("-inf"))
+    assert not stats.sum_x.any()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_begin_batch_never_reads_the_device_mask(causal):
+    """The batch's masks and counts come from the mask's CPU copy: with the device copy on `meta`, whose values
+    cannot be read at all, begin_batch gives the same counts as a CPU run, and the torch path's blocks equal
+    those built on the CPU."""
+    from anisweep.adapters.base import Geometry
+    from anisweep.extract.recorder import Recorder, Sample
+
+    geometry = Geometry(n_layers=1, n_heads=2, d_model=8, d_head=4, rotary_dims=0, causal=causal)
+    valid = torch.tensor([[True] * 6 + [False] * 2, [True] * 8])
+    ids = torch.arange(16).reshape(2, 8)
+    sample = Sample.draw(ids, valid, 5, seed=0)
+    on_cpu = Recorder(geometry, sample, torch.device("cpu"))
+    on_cpu.begin_batch(valid, 0)
+    on_meta = Recorder(geometry, sample, torch.device("meta"))
+    on_meta.begin_batch(valid.to("meta"), 0, host_valid=valid)
+    assert on_meta.n_valid == on_cpu.n_valid == 14
+    assert on_meta.row_counts == on_cpu.row_counts
+    assert on_meta.n_visible.device.type == "meta"
+    assert on_meta.blocks()[0][1][0].index.device.type == "meta"
+    expected_pairs = sum(range(1, 7)) + sum(range(1, 9)) if causal else 6 * 6 + 8 * 8
+    assert on_cpu.row_counts[2] == expected_pairs
+
+
+def test_avg_cos_from_the_sums_leaves_zero_vectors_out_as_the_point_cloud_does():
+    from anisweep.measures import geometry
+
+    x = torch.randn(1, 9, 6, generator=torch.Generator().manual_seed(3)) + 1.0
+    x[0, 4] = 0.0
+    stats = VectorStats(6)
+    stats.add(VectorStats.partial(x, torch.ones(1, 9, dtype=torch.bool)))
+    streamed = geometry.avg_cos_from_sums(stats.sum_unit.numpy(), stats.n - stats.n_zero)
+    assert streamed == pytest.approx(geometry.avg_cos(x[0].double().numpy()), rel=1e-6)
+    assert stats.n == 9 and stats.n_zero == 1

@@ -1,0 +1,98 @@
+"""The analysis of a model while it trains (anisweep.live) equals extracting its saved checkpoint, and leaves
+the training untouched."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import polars as pl
+import torch
+from transformers import GPTNeoXForCausalLM
+
+from anisweep.corpus import load_texts
+from anisweep.extract import tables as extract_tables
+from anisweep.extract.model import ExtractSettings, load_model
+from anisweep.extract.run import run
+from anisweep.live.callback import AnisweepCallback, analyse_live, live_ident
+from anisweep.tangent.backward import load_lm
+from anisweep.tangent.checkpoint import analyse_model
+from anisweep.tangent.settings import GradientSettings
+from anisweep.toy.tokenizers import build_neox_tokenizer
+
+from conftest import neox_config
+
+
+def _config(vocab_size: int):
+    config = neox_config()
+    config.vocab_size = vocab_size
+    return config
+
+
+def _assert_tables_equal(a: pl.DataFrame, b: pl.DataFrame, name: str) -> None:
+    assert a.columns == b.columns, name
+    assert a.height == b.height, name
+    for column in a.columns:
+        x, y = a[column], b[column]
+        if x.dtype in (pl.Float32, pl.Float64) or isinstance(x.dtype, pl.List):
+            xs = np.array(x.to_list(), dtype=np.float64) if x.null_count() == 0 else None
+            if xs is not None:
+                np.testing.assert_allclose(xs, np.array(y.to_list(), np.float64), rtol=1e-5, atol=1e-7, err_msg=name)
+                continue
+        assert x.to_list() == y.to_list(), f"{name}.{column}"
+
+
+def test_live_analysis_equals_the_saved_checkpoint_and_leaves_training_alone(tmp_path):
+    texts = load_texts({"source": "builtin"})[:300]
+    tokenizer = build_neox_tokenizer(texts, 200)
+    torch.manual_seed(0)
+    model = GPTNeoXForCausalLM(_config(len(tokenizer)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    settings = ExtractSettings(n_sequences=4, seq_len=16, batch_size=2, sample_tokens=64, device="cpu")
+    grads = GradientSettings(enabled=True, rank=4, n_random=5, sample_tokens=64)
+    callback = AnisweepCallback([2], texts, tokenizer, "run", tmp_path / "results", settings, grads)
+    ids = callback.batch["input_ids"]
+    for step in (1, 2, 3):
+        model.train()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        if step == 2:
+            rng, weights = torch.get_rng_state(), {k: v.clone() for k, v in model.state_dict().items()}
+            kept_grads = [p.grad.clone() for p in model.parameters()]
+            state = dict(optimizer.state_dict()["state"][0])
+            callback.on_step_end(SimpleNamespace(seed=0), SimpleNamespace(global_step=2), None, model=model)
+            assert torch.equal(torch.get_rng_state(), rng)
+            assert model.training and model.config._attn_implementation != "anisweep"
+            assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())
+            assert all(torch.equal(a, p.grad) for a, p in zip(kept_grads, model.parameters(), strict=True))
+            assert all(torch.equal(v, optimizer.state_dict()["state"][0][k]) for k, v in state.items())
+            model.save_pretrained(tmp_path / "step2")
+            tokenizer.save_pretrained(tmp_path / "step2")
+        optimizer.zero_grad()
+    out = tmp_path / "results" / "local" / "run" / "step2"
+    assert callback.written == [out]
+
+    loaded = load_model(tmp_path / "step2", device="cpu")
+    recorder = run(loaded, callback.batch, settings, progress=False)
+    expected = extract_tables.tables(recorder, loaded, live_ident("run", 2, seed=0))
+    for name, df in expected.items():
+        _assert_tables_equal(pl.read_parquet(out / f"{name}.parquet"), df, name)
+    lm, adapter = load_lm(tmp_path / "step2")
+    table = analyse_model(lm, adapter, callback.batch, tokenizer, grads, settings.batch_size, progress=False)
+    live = pl.read_parquet(out / "gradients.parquet")
+    assert live.height == table.height > 0
+    np.testing.assert_allclose(live["value"].to_numpy(), table["value"].to_numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_analyse_live_without_gradients_writes_extract_tables_only(tmp_path):
+    texts = load_texts({"source": "builtin"})[:200]
+    tokenizer = build_neox_tokenizer(texts, 200)
+    model = GPTNeoXForCausalLM(_config(len(tokenizer)))
+    from anisweep.corpus import make_batch
+
+    batch = make_batch(tokenizer, texts, 2, 16, 0)
+    settings = ExtractSettings(n_sequences=2, seq_len=16, batch_size=2, sample_tokens=32, device="cpu")
+    out = analyse_live(model, batch, tokenizer, tmp_path, live_ident("r", 0), settings, GradientSettings())
+    assert (out / "qk.parquet").exists() and not (out / "gradients.parquet").exists()
+    assert model(input_ids=batch["input_ids"]).logits.isfinite().all()

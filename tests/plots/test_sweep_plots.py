@@ -1,0 +1,207 @@
+"""Sweep aggregation (duplicates and missing checkpoints flagged) and the figures drawn from it."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib
+import polars as pl
+import pytest
+
+from anisweep.measures.sweep import aggregate, analysed
+from anisweep.plots.families import PANELS, panel_rows, plot_families
+from anisweep.plots.kit import log_spaced
+from anisweep.plots.sweep import MODEL_FIGURES, plot_family, plot_model
+from anisweep.tables import metric_rows, write_atomic
+
+matplotlib.use("Agg")
+
+
+def fake_checkpoint(root, step, sha, tokens_per_step=100, model="m", family="fam"):
+    """A metrics.parquet and extract.json as extract/metrics write them, with made-up values."""
+    ident = {"family": family, "model": model, "seed": 0, "step": step, "tokens_seen": step * tokens_per_step}
+    rows = []
+    for layer in range(3):
+        for metric in (
+            "avg_cos",
+            "drift_norm",
+            "drift_ratio",
+            "centred_avg_cos",
+            "isoscore",
+            "top_eig_share",
+            "norm_cv",
+        ):
+            rows.append({"layer": layer, "site": "resid", "metric": metric, "value": 0.1 * layer + step / 1000})
+        for site in ("final_ln_in", "final_ln_out", "ln_attn_in", "ln_attn_out"):
+            for metric in ("avg_cos", "drift_ratio", "centred_avg_cos", "isoscore", "top_eig_share", "norm_cv"):
+                rows.append({"layer": layer, "site": site, "metric": metric, "value": 0.2 + step / 2000})
+        for head in range(2):
+            for site in ("qk_pre", "qk_post"):
+                for metric in ("qk_cos", "qk_mean_score", "qk_mean_dot"):
+                    rows.append({"layer": layer, "head": head, "site": site, "metric": metric, "value": 0.5 - head})
+            rows.append({"layer": layer, "head": head, "site": "attention", "metric": "entropy_mean", "value": 1.0})
+        for metric in (
+            "entropy_mean",
+            "entropy_norm_mean",
+            "p_max_mean",
+            "p_median_mean",
+            "p_min_mean",
+            "score_mean",
+            "score_std",
+        ):
+            rows.append({"layer": layer, "site": "attention", "metric": metric, "value": 0.5 + layer / 10})
+        for site in ("qk_pre", "qk_post"):
+            rows.append({"layer": layer, "site": site, "metric": "qk_cos_abs_mean", "value": 0.3})
+            rows.append({"layer": layer, "site": site, "metric": "qk_cos_concat", "value": 0.2 * layer})
+    for metric in ("gain_mean", "gain_std", "bias_norm", "bias_drift_share"):
+        rows.append({"layer": 2, "site": "final_ln", "metric": metric, "value": 1.0})
+    for site in ("embed_in", "embed_out"):
+        rows += [
+            {"site": site, "metric": "partition_isotropy", "value": 0.5},
+            {"site": site, "metric": "partition_isotropy_centred", "value": 0.9},
+            {"site": site, "metric": "partition_isotropy_mm", "value": 0.7},
+            {"site": site, "metric": "partition_isotropy_mm_centred", "value": 0.95},
+        ]
+    for name in ("spearman_r", "pearson_r", "spearman_p", "pearson_p"):
+        rows.append({"site": "resid", "metric": f"drift_avg_cos_{name}", "value": 0.8})
+    folder = root / family / model / f"step{step}"
+    write_atomic(metric_rows(ident, rows), folder / "metrics.parquet")
+    (folder / "extract.json").write_text(json.dumps({"checkpoint": {"step": step, "weights_sha256": sha}}))
+    return folder / "metrics.parquet"
+
+
+def test_duplicate_weights_are_flagged_not_analysed(tmp_path):
+    paths = [fake_checkpoint(tmp_path, step, sha) for step, sha in [(0, "a"), (1, "z"), (2, "b"), (512, "z")]]
+    with pytest.warns(UserWarning, match="step 1 has byte-identical weights to step 512"):
+        sweep = aggregate(paths, final_step=512)
+    status = dict(sweep.select("step", "status").unique().iter_rows())
+    assert status == {0: "ok", 1: "duplicate", 2: "ok", 512: "ok"}
+    assert sweep.filter(pl.col("step") == 1)["duplicate_of_step"].unique().to_list() == [512]
+    assert 1 not in analysed(sweep)["step"].to_list()
+
+
+def test_a_duplicate_group_without_the_final_step_is_flagged_whole(tmp_path):
+    paths = [fake_checkpoint(tmp_path, step, sha) for step, sha in [(0, "a"), (100, "z"), (200, "z"), (300, "b")]]
+    with pytest.warns(UserWarning, match="byte-identical"):
+        sweep = aggregate(paths, final_step=143000)
+    status = dict(sweep.select("step", "status").unique().iter_rows())
+    assert status == {0: "ok", 100: "duplicate", 200: "duplicate", 300: "ok"}
+    assert dict(
+        sweep.filter(pl.col("status") == "duplicate").select("step", "duplicate_of_step").unique().iter_rows()
+    ) == {100: 200, 200: 100}
+
+
+def test_missing_checkpoints_are_listed(tmp_path):
+    paths = [fake_checkpoint(tmp_path, step, str(step)) for step in (0, 4)]
+    with pytest.warns(UserWarning, match=r"steps \[2\]"):
+        sweep = aggregate(paths + [tmp_path / "m" / "step2" / "metrics.parquet"], expected_steps=[0, 2, 4])
+    missing = sweep.filter(pl.col("status") == "missing")
+    assert missing["step"].to_list() == [2] and missing["metric"].is_null().all()
+    assert missing["model"].to_list() == ["m"]
+
+
+def test_log_spaced_detection():
+    assert log_spaced([0, 1, 2, 4, 8, 16, 128, 143000])
+    assert not log_spaced([0, 1000, 2000, 3000, 4000])
+
+
+@pytest.mark.parametrize("steps", [[0, 1, 2, 4, 64, 512], [0, 100, 200, 300]], ids=["log-grid", "linear-grid"])
+def test_every_model_figure_is_drawn(tmp_path, steps):
+    sweep = aggregate([fake_checkpoint(tmp_path, step, str(step)) for step in steps])
+    paths = plot_model(sweep, tmp_path / "figures")
+    assert sorted(p.name for p in paths) == sorted(MODEL_FIGURES)
+    for path in paths:
+        assert path.stat().st_size > 10_000
+    assert not list((tmp_path / "figures").glob(".*tmp*"))
+
+
+def test_family_figure_handles_models_without_token_counts(tmp_path):
+    first = aggregate([fake_checkpoint(tmp_path, s, f"a{s}", model="a") for s in (0, 10, 100)])
+    second = aggregate([fake_checkpoint(tmp_path, s, f"b{s}", model="b") for s in (0, 10, 100)])
+    second = second.with_columns(pl.lit(None, pl.Int64).alias("tokens_seen"))
+    plot_family(pl.concat([first, second]), tmp_path / "compare.png")
+    assert (tmp_path / "compare.png").stat().st_size > 10_000
+
+
+def test_families_figure_compares_one_site_per_panel(tmp_path):
+    """Each panel's rows come from the one site it names (final_ln_in differs from final_ln_out in the fake
+    values below), per-layer values are averaged over layers, duplicates are left out."""
+    pythia = aggregate([fake_checkpoint(tmp_path, s, f"p{s}", family="pythia", model="p") for s in (0, 10, 100)])
+    olmo = aggregate([fake_checkpoint(tmp_path, s, f"o{s}", family="olmo", model="o") for s in (0, 10, 100)])
+    sweeps = pl.concat([pythia, olmo]).with_columns(
+        pl.when(pl.col("site") == "final_ln_in").then(pl.col("value") + 10).otherwise(pl.col("value")).alias("value")
+    )
+    before = panel_rows(sweeps, "final_ln_in", "avg_cos")
+    after = panel_rows(sweeps, "final_ln_out", "avg_cos")
+    assert before.height == after.height == 6
+    assert (before["value"] - after["value"]).to_list() == pytest.approx([10.0] * 6)
+    entropy = panel_rows(sweeps, "attention", "entropy_norm_mean").filter(pl.col("step") == 10)
+    assert entropy["value"].to_list() == pytest.approx([0.6, 0.6])  # mean of 0.5, 0.6, 0.7 over the three layers
+    assert {site for _, site, _ in PANELS} <= set(sweeps["site"].unique()) | {"qk_pre"}
+    plot_families(sweeps, tmp_path / "compare_families.png")
+    assert (tmp_path / "compare_families.png").stat().st_size > 10_000
+
+
+def test_family_figure_compares_the_same_named_site_and_rotary_variant(tmp_path, monkeypatch):
+    import anisweep.plots.sweep as plots
+
+    neox = aggregate([fake_checkpoint(tmp_path, s, f"a{s}", model="neox") for s in (0, 10, 100)])
+    bert = aggregate([fake_checkpoint(tmp_path, s, f"b{s}", model="bert") for s in (0, 10, 100)])
+    bert = bert.filter(pl.col("site") != "qk_post")  # no rotary
+    sweeps = pl.concat([neox, bert])
+    # distinct values per site and model, so a panel showing the wrong one is caught
+    code = {"final_ln_in": 1.0, "final_ln_out": 2.0, "resid": 3.0, "qk_pre": 4.0, "qk_post": 5.0}
+    site_code = pl.DataFrame({"site": list(code), "code": list(code.values())})
+    sweeps = (
+        sweeps.join(site_code, on="site", how="left")
+        .with_columns(
+            (pl.col("code").fill_null(0.0) + pl.when(pl.col("model") == "bert").then(0.5).otherwise(0.0)).alias("value")
+        )
+        .drop("code")
+    )
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.append(fig))
+    plot_family(sweeps, tmp_path / "compare.png")
+    panels = {ax.get_ylabel(): ax for ax in figures[0].axes if ax.get_visible() and ax.get_ylabel()}
+    for metric in ("avg cos", "IsoScore"):
+        for site in ("final_ln_in", "final_ln_out"):
+            ax = next(a for label, a in panels.items() if label.startswith(f"{metric} at {site}"))
+            lines = {line.get_label(): set(line.get_ydata()) for line in ax.get_lines()}
+            assert lines == {"neox": {code[site]}, "bert": {code[site] + 0.5}}
+    ax = next(a for label, a in panels.items() if label.startswith("|qk cos|"))
+    lines = {line.get_label(): (set(line.get_ydata()), line.get_linestyle()) for line in ax.get_lines()}
+    assert lines == {
+        "neox qk_pre": ({4.0}, "-"),
+        "neox qk_post": ({5.0}, "--"),
+        "bert qk_pre": ({4.5}, "-"),
+    }
+    ax = next(a for label, a in panels.items() if label.startswith("cos of the means concatenated"))
+    lines = {line.get_label(): (set(line.get_ydata()), line.get_linestyle()) for line in ax.get_lines()}
+    assert lines == {"neox qk_pre": ({4.0}, "-"), "neox qk_post": ({5.0}, "--"), "bert qk_pre": ({4.5}, "-")}
+
+
+def test_drift_figure_shows_p_against_005_and_qk_figures_show_each_metric(tmp_path, monkeypatch):
+    import anisweep.plots.kit as kit
+    import anisweep.plots.sweep as plots
+
+    sweep = aggregate([fake_checkpoint(tmp_path, s, str(s)) for s in (0, 10, 100)])
+    p_of = {"drift_avg_cos_spearman_p": 0.3, "drift_avg_cos_pearson_p": 0.01}
+    sweep = sweep.with_columns(pl.col("metric").replace_strict(p_of, default=None, return_dtype=pl.Float64).alias("p"))
+    sweep = sweep.with_columns(pl.coalesce("p", "value").alias("value")).drop("p")
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.append(fig))
+    monkeypatch.setattr(kit, "save_figure", lambda fig, path: figures.append(fig))
+    plots.drift_vs_anisotropy(sweep, tmp_path / "d.png")
+    ax = next(a for a in figures[0].axes if a.get_ylabel() == "two-sided permutation p")
+    assert ax.get_yscale() == "log"
+    lines = {line.get_label(): set(line.get_ydata()) for line in ax.get_lines()}
+    assert lines == {"spearman": {0.3}, "pearson": {0.01}, "p = 0.05": {0.05}}
+    plots.qk_mean_dot(sweep, tmp_path / "q.png")
+    labels = [a.get_ylabel() for a in figures[1].axes if a.get_ylabel()]
+    assert labels == ["<mean q, mean k>", "<mean q, mean k> / sqrt(d_head)"] * 2  # pre-rotary rows, then post
+    plots.qk_cos_concat(sweep, tmp_path / "c.png")
+    concat = [a for a in figures[2].axes if a.get_ylabel()]
+    assert [a.get_title() for a in concat] == ["pre-rotary", "post-rotary"]
+    assert {
+        line.get_label(): tuple(line.get_ydata()) for line in concat[0].get_lines() if "layer" in line.get_label()
+    } == {f"layer {layer}": (0.2 * layer,) * 3 for layer in range(3)}

@@ -1,0 +1,265 @@
+"""Gradient analysis (anisweep.tangent, anisweep.tangent.seminmf) against independent computations: planted
+factorisations, an alternating least-squares reference, brute-force shares, and torch.autograd on tiny models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertForMaskedLM, GPTNeoXForCausalLM
+
+from anisweep.adapters import adapter_for
+from anisweep.tangent.backward import SiteSums, gradient_pass, gradient_sites, load_lm
+from anisweep.tangent.batch import LMBatch, causal_lm_batch, frequency_strata, masked_lm_batch
+from anisweep.tangent.checkpoint import analyse
+from anisweep.tangent.seminmf import orthonormal_basis, principal_angles, semi_nmf, semi_nmf_als
+from anisweep.tangent.settings import GradientSettings
+from anisweep.tangent.shares import (
+    STRATA,
+    anisotropy_share,
+    energy_share,
+    moments,
+    pca_basis,
+    random_bases,
+    share_rows,
+    top_eigenpairs,
+)
+
+from conftest import bert_config, neox_config, padded_batch, saved
+
+
+def planted(n=400, d=30, k=5, seed=1):
+    rng = np.random.default_rng(seed)
+    f = rng.normal(size=(d, k))
+    g = np.maximum(rng.normal(size=(n, k)), 0)
+    return g @ f.T, f, g
+
+
+# --------------------------------------------------------------------------- semi-NMF
+def test_semi_nmf_recovers_a_planted_factorisation():
+    x, f, _ = planted()
+    fit = semi_nmf(x, 5, seed=0, max_iter=2000, tol=1e-10)
+    assert fit.error < 1e-3
+    assert np.degrees(principal_angles(fit.F, f)).max() < 0.5
+    assert (fit.G >= 0).all()
+    np.testing.assert_allclose(fit.error, np.linalg.norm(x - fit.G @ fit.F.T) / np.linalg.norm(x))
+
+
+def test_semi_nmf_matches_alternating_least_squares():
+    x, _, _ = planted()
+    x = x + 0.1 * np.random.default_rng(2).normal(size=x.shape)
+    fit, reference = semi_nmf(x, 5, seed=0, max_iter=2000, tol=1e-9), semi_nmf_als(x, 5, seed=0)
+    assert reference.error <= fit.error + 1e-9  # exact block minimisation is never worse
+    assert fit.error < reference.error * 1.01
+    assert np.degrees(principal_angles(fit.F, reference.F)).max() < 1.0
+
+
+def test_semi_nmf_is_seeded_and_never_increases_the_error():
+    x = np.random.default_rng(3).normal(size=(200, 12))
+    a, b = semi_nmf(x, 4, seed=5, max_iter=30), semi_nmf(x, 4, seed=5, max_iter=30)
+    np.testing.assert_array_equal(a.F, b.F)
+    errors = [semi_nmf(x, 4, seed=5, max_iter=i, tol=-1).error for i in (1, 5, 20, 60)]
+    assert all(later <= earlier + 1e-12 for earlier, later in zip(errors, errors[1:], strict=False))
+
+
+def test_semi_nmf_rejects_bad_input():
+    with pytest.raises(ValueError, match="rank 40"):
+        semi_nmf(np.ones((10, 5)), 40)
+    with pytest.raises(ValueError, match="NaN"):
+        semi_nmf(np.full((10, 5), np.nan), 2)
+
+
+# --------------------------------------------------------------------------- shares
+def brute_force_shares(g: np.ndarray, basis: np.ndarray, m: int) -> tuple[float, float]:
+    projector = basis @ np.linalg.pinv(basis)  # the orthogonal projector on span(basis), built independently
+    energy = sum(np.sum((projector @ v) ** 2) for v in g) / sum(np.sum(v**2) for v in g)
+    covariance = np.cov(g.T, bias=True)
+    values, vectors = np.linalg.eigh(covariance)
+    top = np.argsort(values)[::-1][:m]
+    captured = [np.sum((projector @ vectors[:, i]) ** 2) for i in top]
+    return energy, float(np.dot(values[top], captured) / values[top].sum())
+
+
+def site_sums(act, grad, strata):
+    sums = SiteSums(act.shape[1])
+    sums.add(torch.from_numpy(act), torch.from_numpy(grad), torch.from_numpy(strata))
+    return sums.finish()
+
+
+def test_shares_against_brute_force():
+    rng = np.random.default_rng(0)
+    g = rng.normal(size=(300, 10)) * np.linspace(3, 0.5, 10) + 0.3
+    basis = rng.normal(size=(10, 3))
+    sums = site_sums(g, g, np.random.default_rng(1).integers(0, 3, 300))
+    second, covariance = moments(sums, 0)
+    values, vectors = top_eigenpairs(covariance, 3)
+    u = orthonormal_basis(basis)
+    energy, anisotropy = brute_force_shares(g, basis, 3)
+    assert energy_share(u, second) == pytest.approx(energy, rel=1e-10)
+    assert anisotropy_share(u, values, vectors) == pytest.approx(anisotropy, rel=1e-10)
+    # per stratum: the sums of each stratum are those of its rows alone
+    strata = rng.integers(0, 3, 300)
+    sums = site_sums(g, g, strata)
+    for i in range(3):
+        rows = strata == i
+        np.testing.assert_allclose(sums.grad_second[i + 1], g[rows].T @ g[rows])
+        assert sums.n[i + 1] == rows.sum()
+    np.testing.assert_allclose(sums.grad_second[0], g.T @ g)  # `all`: every token
+    assert sums.n[0] == 300
+
+
+def test_a_planted_subspace_is_found_and_a_random_one_is_not():
+    rng = np.random.default_rng(4)
+    n, d, k = 1500, 24, 4
+    tangent = np.linalg.qr(rng.normal(size=(d, k)))[0]
+    act = np.maximum(rng.normal(size=(n, k)), 0) @ tangent.T * 3 + 0.05 * rng.normal(size=(n, d))
+    grad = rng.normal(size=(n, k)) * [4, 3, 2, 1] @ tangent.T + 0.2 * rng.normal(size=(n, d))
+    sums = site_sums(act, grad, rng.integers(0, 3, n))
+    fitted = orthonormal_basis(semi_nmf(act, k, seed=0).F)
+    other = np.linalg.qr(rng.normal(size=(d, k)))[0]
+    controls = random_bases(d, k, 20, seed=1)
+    rows = share_rows({"seminmf": fitted, "pca": pca_basis(act, k), "other": other}, controls, sums, k)
+    by = {(r["stratum"], r["subspace"], r["measure"]): r for r in rows}
+    for stratum in STRATA:
+        for measure in ("energy_share", "anisotropy_share"):
+            for found in ("seminmf", "pca"):
+                assert by[(stratum, found, measure)]["value"] > 0.9
+                assert by[(stratum, found, measure)]["z"] > 5
+            assert abs(by[(stratum, "other", measure)]["z"]) < 4
+            assert by[(stratum, "random", measure)]["value"] == pytest.approx(k / d, abs=0.1)
+
+
+def test_frequency_strata_split_tokens_at_the_count_terciles():
+    ids = torch.tensor([[1, 1, 1, 1, 1, 1, 2, 2, 2], [3, 3, 4, 5, 6, 2, 0, 0, 0]])
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    valid[1, 6:] = False
+    strata, info = frequency_strata(ids, valid)
+    counts = {1: 6, 2: 4, 3: 2, 4: 1, 5: 1, 6: 1}
+    per_token = np.array([counts[int(i)] for i in ids[valid]])
+    q1, q2 = np.quantile(per_token, [1 / 3, 2 / 3])
+    expected = [0 if c >= q2 else 1 if c > q1 else 2 for c in per_token]
+    assert strata[valid].tolist() == expected
+    assert (strata[~valid] == -1).all()
+    assert info == {"count_q1": q1, "count_q2": q2}
+    assert strata[0, 0] == 0 and strata[0, 6] == 1 and strata[1, 3] == 2
+
+
+# --------------------------------------------------------------------------- the gradient pass
+def reference_gradients(model, lm: LMBatch):
+    """Independently: one full-batch forward with output_hidden_states, retain_grad, loss.backward()."""
+    model.zero_grad()
+    out = model(input_ids=lm.input_ids, attention_mask=lm.valid.long(), output_hidden_states=True)
+    for h in out.hidden_states:
+        h.retain_grad()
+    loss = torch.nn.functional.cross_entropy(
+        out.logits.reshape(-1, out.logits.shape[-1]), lm.labels.reshape(-1), ignore_index=-100
+    )
+    loss.backward()
+    model.zero_grad()
+    return float(loss.detach()), [h.grad for h in out.hidden_states]
+
+
+@pytest.mark.parametrize("arch", ["bert", "neox"])
+def test_per_token_gradients_equal_full_backward(tmp_path, arch):
+    cls, cfg = (BertForMaskedLM, bert_config()) if arch == "bert" else (GPTNeoXForCausalLM, neox_config())
+    model = cls.from_pretrained(saved(tmp_path, cls, cfg, arch), attn_implementation="eager").eval()
+    adapter = adapter_for(model.config)
+    batch = padded_batch()
+    valid = batch["attention_mask"].bool()
+    if arch == "bert":
+        lm = masked_lm_batch(batch["input_ids"], valid, 4, [0, 1, 2, 3, 4], 60, probability=0.3, seed=0)
+        labels = lm.labels
+    else:
+        lm = causal_lm_batch(batch["input_ids"], valid)
+        labels = torch.where(valid, batch["input_ids"], -100)  # HF shifts the labels itself
+    settings = GradientSettings(layers=[0, 1, 2], sample_tokens=10_000)
+    rng_before = torch.get_rng_state()
+    result = gradient_pass(model, adapter, 32, 2, lm, settings, batch_size=2, progress=False)
+    assert torch.equal(torch.get_rng_state(), rng_before)
+    assert all(p.grad is None for p in model.parameters())
+    loss, hidden_grads = reference_gradients(model, lm)
+    assert result.loss == pytest.approx(loss, rel=1e-5)
+    hf_loss = float(model(input_ids=lm.input_ids, attention_mask=lm.valid.long(), labels=labels).loss.detach())
+    assert result.loss == pytest.approx(hf_loss, rel=1e-5)
+    seqs, positions = valid.nonzero(as_tuple=True)
+    assert len(result.grad_sample[(0, "resid")]) == len(seqs)
+    n_layers = 2
+    expected = {(layer, "resid"): hidden_grads[layer] for layer in range(n_layers + 1)}
+    if arch == "neox":  # hidden_states[-1] is after the final LayerNorm; its input is block 2's output
+        expected[(2, "final_ln_out")] = hidden_grads[-1]
+        del expected[(2, "resid")]
+    else:  # BERT: the last block's output LayerNorm is the final one
+        expected[(2, "final_ln_out")] = hidden_grads[-1]
+    for key, grad in expected.items():
+        torch.testing.assert_close(
+            torch.from_numpy(result.grad_sample[key]), grad[seqs, positions], rtol=1e-4, atol=1e-7, msg=str(key)
+        )
+        assert np.abs(result.grad_sample[key]).max() > 0
+    # the exact sums over every token equal the sample's (here every token is sampled)
+    g = result.grad_sample[(1, "resid")].astype(np.float64)
+    np.testing.assert_allclose(result.sums[(1, "resid")].grad_second[0], g.T @ g, rtol=1e-5, atol=1e-12)
+    table = analyse(result, GradientSettings(rank=[2, 4], n_random=5), 32, progress=False)
+    shares = table.filter(table["measure"] == "energy_share")
+    assert set(shares["subspace"]) == {"seminmf", "pca", "random"}
+    assert {"all", "frequent", "rare"} <= set(shares["stratum"]) <= set(STRATA)  # random ids: middle may be empty
+    assert set(shares["rank"]) == {2, 4}
+    assert shares["value"].is_between(0, 1).all()
+
+
+def test_the_gradient_pass_does_not_depend_on_the_mini_batch_size(tmp_path):
+    model = GPTNeoXForCausalLM.from_pretrained(saved(tmp_path, GPTNeoXForCausalLM, neox_config(), "n")).eval()
+    batch = padded_batch()
+    lm = causal_lm_batch(batch["input_ids"], batch["attention_mask"].bool())
+    settings = GradientSettings(sample_tokens=20)
+    adapter = adapter_for(model.config)
+    a = gradient_pass(model, adapter, 32, 2, lm, settings, batch_size=1, progress=False)
+    b = gradient_pass(model, adapter, 32, 2, lm, settings, batch_size=5, progress=False)
+    assert a.loss == pytest.approx(b.loss, rel=1e-6)
+    for key in a.sums:
+        np.testing.assert_allclose(a.grad_sample[key], b.grad_sample[key], rtol=1e-4, atol=1e-8)
+        np.testing.assert_allclose(a.sums[key].grad_second, b.sums[key].grad_second, rtol=1e-4, atol=1e-14)
+
+
+def test_unknown_layers_and_base_models_are_named(tmp_path):
+    model = GPTNeoXForCausalLM(neox_config())
+    adapter = adapter_for(model.config)
+    with pytest.raises(ValueError, match=r"gradients.layers: \[7\]"):
+        gradient_sites(adapter, model.gpt_neox, 2, GradientSettings(layers=[1, 7]))
+    from transformers import GPTNeoXModel
+
+    GPTNeoXModel(neox_config()).save_pretrained(tmp_path / "base")
+    with pytest.raises(ValueError, match="LM head|not one of"):
+        load_lm(tmp_path / "base")
+
+
+def test_default_sites_read_the_last_layer_once():
+    model = GPTNeoXForCausalLM(neox_config())
+    adapter = adapter_for(model.config)
+    sites = gradient_sites(adapter, model.gpt_neox, 2, GradientSettings())
+    assert [(s.layer, s.site) for s in sites] == [(0, "resid"), (1, "resid"), (2, "final_ln_in"), (2, "final_ln_out")]
+    sites = gradient_sites(adapter, model.gpt_neox, 2, GradientSettings(final_ln=False))
+    assert [(s.layer, s.site) for s in sites] == [(0, "resid"), (1, "resid"), (2, "resid")]
+
+
+def test_gradient_sweep_and_figures_from_checkpoint_tables(tmp_path):
+    from anisweep.plots.gradients import GRADIENT_FIGURES, plot_gradients
+    from anisweep.tables import with_identity, write_atomic
+    from anisweep.tangent.sweep import gradients_sweep
+
+    model = GPTNeoXForCausalLM.from_pretrained(saved(tmp_path, GPTNeoXForCausalLM, neox_config(), "n")).eval()
+    adapter = adapter_for(model.config)
+    batch = padded_batch()
+    lm = causal_lm_batch(batch["input_ids"], batch["attention_mask"].bool())
+    settings = GradientSettings(rank=2, n_random=4)
+    result = gradient_pass(model, adapter, 32, 2, lm, settings, batch_size=5, progress=False)
+    table = analyse(result, settings, 32, progress=False)
+    paths = []
+    for step in (0, 10, 100):
+        ident = {"family": "toy", "model": "m", "seed": 0, "step": step, "tokens_seen": step * 64}
+        paths.append(tmp_path / f"step{step}.parquet")
+        write_atomic(with_identity(table, ident), paths[-1])
+    sweep = gradients_sweep(paths[::-1])
+    assert sweep["step"].is_sorted() and sweep.height == 3 * table.height
+    written = plot_gradients(sweep, tmp_path / "figures")
+    assert [p.name for p in written] == list(GRADIENT_FIGURES)
+    assert all(p.stat().st_size > 10_000 for p in written)

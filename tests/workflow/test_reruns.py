@@ -1,0 +1,484 @@
+"""Partial reruns and failure handling: one checkpoint at a time, nothing lost (docs/reruns.md).
+
+One small sweep (toy-neox, checkpoints 0, 8 and 32) is run once for the module; dry runs (`-n`) show what a
+change would schedule, and the tests that break things (corrupt weights, SIGKILL) work on copies of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import polars as pl
+import psutil  # a dependency of snakemake
+import pytest
+import yaml
+
+import anisweep.extract.run
+from anisweep import cli
+from anisweep.measures.sweep import aggregate, analysed
+
+from conftest import snakemake_command
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text())
+PACKAGE = Path(anisweep.__file__).parent  # where the workflow reads the analysis sources from
+NEOX = "results/toy/toy-neox"
+STEPS = [0, 8, 32]  # swept by the module run
+GRID = [0, 4, 8, 32]  # saved by the toy run: step 4 is there to grow the sweep
+EXTRACT = TINY["extract"]
+
+pytestmark = pytest.mark.slow  # the whole DAG, then reruns of it
+
+
+def write_config(path: Path, models: list[dict]) -> Path:
+    config = {**TINY, "models": models, "toy": {name: {**spec, "steps": GRID} for name, spec in TINY["toy"].items()}}
+    config["gradients"] = {"enabled": False}  # reruns of the sweep itself; tests/tangent/test_gradients.py has the rest
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def neox(steps=STEPS) -> dict:
+    return {"family": "toy", "name": "toy-neox", "steps": steps}
+
+
+def snakemake(workdir: Path, configfile: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(command(workdir, configfile, *args), capture_output=True, text=True, timeout=timeout)
+
+
+def command(workdir: Path, configfile: Path, *args: str) -> list[str]:
+    return snakemake_command(workdir, "--configfile", str(configfile), "--cores", "2", *args)
+
+
+def jobs(done: subprocess.CompletedProcess) -> dict[str, int]:
+    """Snakemake's `Job stats` table (what a run or a dry run schedules), without `all` and `total`."""
+    text = done.stdout + done.stderr
+    if "Job stats:" not in text:
+        assert "Nothing to be done" in text, text[-3000:]
+        return {}
+    table = text.split("Job stats:", 1)[1].splitlines()[3:]
+    counts = {}
+    for line in table:
+        name, count = line.split()
+        if name == "total":
+            break
+        counts[name] = int(count)
+    counts.pop("all", None)
+    return counts
+
+
+def planned(workdir: Path, configfile: Path, *args: str) -> dict[str, int]:
+    done = snakemake(workdir, configfile, "-n", *args, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return jobs(done)
+
+
+def mtimes(folder: Path) -> dict[str, int]:
+    return {p.relative_to(folder).as_posix(): p.stat().st_mtime_ns for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def copy_run(run: dict, tmp_path: Path) -> Path:
+    """A copy of the module's finished run (results, toy checkpoints, Snakemake's metadata), mtimes kept."""
+    workdir = tmp_path / "work"
+    shutil.copytree(run["workdir"], workdir, symlinks=True)
+    return workdir
+
+
+def statuses(sweep: Path) -> dict[int, str]:
+    return dict(pl.read_parquet(sweep).select("step", "status").unique().iter_rows())
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("reruns")
+    workdir = root / "work"
+    workdir.mkdir()
+    configfile = write_config(root / "sweep.yaml", [neox()])
+    done = snakemake(workdir, configfile)
+    assert done.returncode == 0, done.stderr[-5000:]
+    return {"root": root, "workdir": workdir, "config": configfile}
+
+
+# ---------------------------------------------------------------------------------------------- disk
+
+
+def test_weights_on_disk_are_only_those_in_flight(run):
+    """extract outranks fetch: with 2 cores, at most 2 checkpoints' weights exist at any time, never the
+    whole sweep's (Snakemake alone runs every fetch first); none is left once the sweep is done."""
+    log = max((run["workdir"] / ".snakemake" / "log").glob("*.snakemake.log")).read_text().splitlines()
+    on_disk, most, rule = set(), 0, None
+    for line in log:
+        if m := re.match(r"(?:local)?rule (\w+):", line):
+            rule = m[1]
+        elif rule == "fetch" and (m := re.match(r"\s+output: (weights/\S+)", line)):
+            on_disk.add(m[1])
+            most = max(most, len(on_disk))
+        elif m := re.match(r"Removing temporary output (weights/\S+)\.", line):
+            on_disk.discard(m[1])
+    assert most <= 2 < len(STEPS), log
+    assert not on_disk
+    assert not [p for p in (run["workdir"] / "weights").rglob("*") if p.is_file()]
+
+
+# ---------------------------------------------------------------------------------------------- reruns
+
+
+def test_one_checkpoint_alone_then_the_sweep_tables(run):
+    """`snakemake .../step8/metrics.parquet --forcerun extract` redoes that checkpoint only; the next plain run
+    redoes the sweep tables and figures, not another checkpoint."""
+    workdir, configfile = run["workdir"], run["config"]
+    before = mtimes(workdir / NEOX)
+    done = snakemake(workdir, configfile, f"{NEOX}/step8/metrics.parquet", "--forcerun", "extract")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert jobs(done) == {"fetch": 1, "extract": 1, "metrics": 1}
+    after = mtimes(workdir / NEOX)
+    changed = {name for name in after if after[name] != before.get(name)}
+    assert {"step8/metrics.parquet", "step8/qk.parquet", "step8/extract.json"} <= changed
+    assert all(name.startswith("step8/") for name in changed), changed
+
+    # Then the sweep tables: a plain run re-aggregates if the metrics changed (Snakemake compares the checksums
+    # of small inputs, and this deterministic toy rerun wrote the same bytes), never another checkpoint.
+    assert not {"train_toy", "fetch", "extract", "metrics"} & set(planned(workdir, configfile))
+    at_once = planned(workdir, configfile, "--forcerun", f"{NEOX}/step8/extract.json")  # both in one command
+    per_model = {"sweep": 1, "plot_model": 1, "plot_family": 1, "qk_svd": 1, "plot_score_hist": 1, "plot_spectra": 1}
+    assert at_once == {"fetch": 1, "extract": 1, "metrics": 1, **per_model}
+
+
+def test_growing_the_sweep_schedules_only_the_new_checkpoints(run):
+    root, workdir = run["root"], run["workdir"]
+    base = planned(workdir, run["config"])
+
+    more_steps = planned(workdir, write_config(root / "steps.yaml", [neox(GRID)]))
+    assert more_steps.get("fetch", 0) - base.get("fetch", 0) == 1
+    assert more_steps.get("extract", 0) - base.get("extract", 0) == 1
+    assert "train_toy" not in more_steps and more_steps["sweep"] == 1 and more_steps["plot_model"] == 1
+
+    bert = {"family": "toy", "name": "toy-bert", "steps": [0, 32]}
+    more_models = planned(workdir, write_config(root / "models.yaml", [neox(), bert]))
+    assert more_models["train_toy"] == 1
+    assert more_models["extract"] - base.get("extract", 0) == 2
+    assert more_models["sweep"] - base.get("sweep", 0) == 1  # toy-bert's: toy-neox's sweep stands
+    assert more_models["plot_family"] == 1
+
+
+@pytest.mark.parametrize(
+    ("module", "reruns", "never"),
+    [
+        ("metrics.py", {"metrics": 3, "sweep": 1, "plot_model": 1, "plot_family": 1}, ()),
+        ("sweep.py", {"sweep": 1, "plot_model": 1, "plot_family": 1}, ("metrics",)),
+        ("plots.py", {"plot_model": 1, "plot_family": 1}, ("metrics", "sweep")),
+    ],
+)
+def test_analysis_code_reruns_metrics_and_figures_never_extract(run, module, reruns, never):
+    """The analysis sources are inputs of the rules that run them, extract does not depend on them. An edit
+    makes a source newer than the outputs, with another checksum (Snakemake reruns a job on a newer input
+    only if its checksum changed, for files under --max-checksum-file-size): the test stands an edit in by
+    touching a real source file with the checksum comparison off, and restores the file's times."""
+    workdir, configfile = run["workdir"], run["config"]
+    mtime_only = ("--max-checksum-file-size", "0")
+    if "mtime_only" not in run:  # what the run would redo anyway, by mtime alone
+        run["mtime_only"] = planned(workdir, configfile, *mtime_only)
+    base = run["mtime_only"]
+    source = PACKAGE / module
+    stat, touched = source.stat(), time.time_ns()
+    try:
+        os.utime(source, ns=(stat.st_atime_ns, touched))
+        after = planned(workdir, configfile, *mtime_only)
+    finally:
+        if source.stat().st_mtime_ns == touched:  # unless someone saved the file meanwhile
+            os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    for rule, count in reruns.items():
+        assert after.get(rule) == count, after
+    for rule in ("train_toy", "fetch", "extract", *never):
+        assert after.get(rule, 0) == base.get(rule, 0), (rule, after)
+
+
+# ---------------------------------------------------------------------------------------------- failures
+
+
+def test_failing_checkpoints_fail_alone_and_the_sweep_lists_them(run, tmp_path):
+    """Three failures in one --keep-going run, each alone, named with its cause on the console: corrupt
+    weights (toy-neox step 4), a checkpoint folder without weights (local my-run step 8) and an extract
+    killed by SIGKILL as the out-of-memory killer does (my-run step 32). The rest completes; each sweep table
+    lists the failed checkpoints as missing; no weights stay on disk; the next run retries them."""
+    workdir = copy_run(run, tmp_path)
+    weights = workdir / "resources" / "toy" / "toy-neox" / "step4" / "model.safetensors"
+    original = weights.read_bytes()
+    weights.write_bytes(original[:1000])
+    local = tmp_path / "my-run"
+    for step in (0, 8, 32):
+        shutil.copytree(workdir / "resources" / "toy" / "toy-neox" / f"step{step}", local / f"step{step}")
+    (local / "step8" / "model.safetensors").unlink()
+    my_run = {"family": "local", "name": "my-run", "path": str(local), "steps": "all"}
+    configfile = write_config(tmp_path / "grown.yaml", [neox(GRID), my_run])
+
+    log = tmp_path / "snakemake.out"
+    with log.open("w") as out:
+        snake = subprocess.Popen(
+            command(workdir, configfile, "--keep-going"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            wait_for(lambda: extract_process(snake, "weights/local/my-run/step32/")).kill()
+            snake.wait(timeout=300)
+        finally:
+            kill_tree(snake)
+    output = log.read_text()
+    assert snake.returncode != 0
+    for cause in (
+        r"toy/toy-neox/step4: SafetensorError: .*header",
+        r"local/my-run/step8: FetchError: .*no \*\.safetensors",
+        r"local/my-run/step32: killed by signal 9",
+    ):
+        assert re.search(f"^{cause}", output, re.M), (cause, output[-5000:])
+    assert "SafetensorError" in (workdir / "logs" / "extract" / "toy" / "toy-neox" / "step4.log").read_text()
+    assert (workdir / "results" / "local" / "my-run" / "step0" / "metrics.parquet").exists()  # the rest completed
+    assert not list((workdir / "results" / "local" / "my-run" / "step32").glob("*"))  # a failed job's outputs go
+    assert statuses(workdir / NEOX / "sweep.parquet") == {0: "ok", 4: "missing", 8: "ok", 32: "ok"}
+    assert statuses(workdir / "results" / "local" / "my-run" / "sweep.parquet") == {
+        0: "ok",
+        8: "missing",
+        32: "missing",
+    }
+    assert not [p for p in (workdir / "weights").rglob("*") if p.is_file()]
+
+    weights.write_bytes(original)  # fixed: the next run retries them and re-aggregates both sweeps
+    retry = planned(workdir, configfile)
+    assert retry["extract"] == 3 and retry["sweep"] == 2
+    # a partial sweep is never taken for an up-to-date one, whatever becomes of the failed checkpoints
+    assert planned(workdir, run["config"]).get("sweep") == 1
+
+
+def test_a_run_killed_mid_write_resumes_with_rerun_incomplete(run, tmp_path):
+    """SIGKILL of the whole run (Snakemake and extract) while extract writes its tables: the tables present
+    are whole (atomic writes), Snakemake refuses to let metrics read the incomplete checkpoint, and after
+    --unlock a rerun with --rerun-incomplete completes it."""
+    workdir = copy_run(run, tmp_path)
+    configfile, step8 = run["config"], workdir / NEOX / "step8"
+    target = f"{NEOX}/step8/metrics.parquet"
+    old_metrics = (step8 / "metrics.parquet").read_bytes()
+
+    started = time.time_ns()
+    snake = subprocess.Popen(
+        command(workdir, configfile, target, "--forcerun", "extract"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(stall_after_first_table(tmp_path))},
+    )
+    try:  # the first table written whole, the next ones not yet: kill everything
+        wait_for(lambda: newer(step8 / "qk.parquet", started), poll=0.01)
+    finally:
+        kill_tree(snake)
+    assert not (step8 / "extract.json").exists()
+    for table in step8.glob("*.parquet"):
+        pl.read_parquet(table)  # whole, or absent: never half a file under a table's name
+    refused = snakemake(workdir, configfile, target)
+    output = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "IncompleteFilesException" in output, output[-3000:]
+    assert f"{NEOX}/step8/qk.parquet" in output.split("Incomplete files:")[1]
+    assert (step8 / "metrics.parquet").read_bytes() == old_metrics  # metrics never read the partial tables
+
+    started = time.time_ns()  # a killed Snakemake leaves its lock: --unlock, then --rerun-incomplete
+    assert snakemake(workdir, configfile, "--unlock").returncode == 0
+    done = snakemake(workdir, configfile, target, "--rerun-incomplete")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not list(step8.glob(".*.tmp"))  # the orphan of the killed write is gone
+    for table in [*step8.glob("*.parquet"), step8 / "extract.json"]:
+        assert table.stat().st_mtime_ns > started
+    assert pl.read_parquet(step8 / "metrics.parquet").height > 0
+
+
+def stall_after_first_table(tmp_path: Path) -> Path:
+    """A sitecustomize for the killed run's processes: once qk.parquet is renamed into place, the writer
+    sleeps, so the kill always lands between two tables (extract writes them all within milliseconds)."""
+    folder = tmp_path / "stall"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(
+        "import os, time\n"
+        "_replace = os.replace\n"
+        "def replace(src, dst, *args, **kwargs):\n"
+        "    _replace(src, dst, *args, **kwargs)\n"
+        "    if str(dst).endswith(os.sep + 'qk.parquet'):\n"
+        "        time.sleep(600)\n"
+        "os.replace = replace\n"
+    )
+    return folder
+
+
+def newer(path: Path, than_ns: int) -> bool:
+    try:
+        return path.stat().st_mtime_ns > than_ns
+    except FileNotFoundError:
+        return False
+
+
+def extract_process(snake: subprocess.Popen, weights: str):
+    """The `anisweep extract` process of one checkpoint under the Snakemake process this test started."""
+    try:
+        for proc in psutil.Process(snake.pid).children(recursive=True):
+            cmdline = proc.cmdline()
+            if "extract" in cmdline and any(arg.startswith(weights) for arg in cmdline):
+                return proc
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass
+    return None
+
+
+def wait_for(condition, timeout: float = 120, poll: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(poll)
+    raise TimeoutError("condition not met")
+
+
+def kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL the Snakemake process this test started and every process under it, by pid."""
+    try:
+        procs = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        procs = []
+    for proc in [psutil.Process(process.pid), *procs] if process.poll() is None else procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    process.wait(timeout=60)
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+def local_config(tmp_path: Path, run_dir: Path) -> Path:
+    return write_config(
+        tmp_path / "local.yaml", [{"family": "local", "name": "my-run", "path": str(run_dir), "steps": "all"}]
+    )
+
+
+def test_local_folder_without_checkpoints_stops_before_any_work(tmp_path):
+    (tmp_path / "empty-run" / "logs").mkdir(parents=True)
+    done = snakemake(tmp_path, local_config(tmp_path, tmp_path / "empty-run"), timeout=120)
+    assert done.returncode != 0
+    assert "no checkpoints in" in done.stderr and "step{N}/ or checkpoint-{N}/" in done.stderr, done.stderr[-3000:]
+    assert not (tmp_path / "results").exists() and not (tmp_path / "weights").exists()
+
+
+def test_unknown_architecture_of_a_local_run_stops_before_any_work(tmp_path):
+    """A local run's config.json is on disk: an architecture no adapter knows stops the DAG, naming them."""
+    step = tmp_path / "mamba-run" / "step0"
+    step.mkdir(parents=True)
+    (step / "config.json").write_text(json.dumps({"model_type": "mamba", "architectures": ["MambaForCausalLM"]}))
+    done = snakemake(tmp_path, local_config(tmp_path, tmp_path / "mamba-run"), timeout=120)
+    assert done.returncode != 0
+    assert "local/my-run/step0" in done.stderr and "MambaForCausalLM" in done.stderr
+    assert "supported: BertForMaskedLM" in done.stderr and "GPTNeoXForCausalLM" in done.stderr, done.stderr[-3000:]
+    assert not (tmp_path / "results").exists() and not (tmp_path / "weights").exists()
+
+
+def manifest(run: dict, tmp_path: Path, path: Path, step: int = 32) -> Path:
+    tokenizer = run["workdir"] / "resources" / "toy" / "toy-neox" / f"step{step}"
+    file = tmp_path / "checkpoint.json"
+    file.write_text(
+        json.dumps(
+            {
+                "family": "toy",
+                "model": "toy-neox",
+                "step": step,
+                "tokens_seen": step * 256,
+                "seed": 0,
+                "path": str(path),
+                "tokenizer_path": str(tokenizer),
+            }
+        )
+    )
+    return file
+
+
+def test_too_short_corpus_fails_before_the_model_loads(run, tmp_path, monkeypatch, capsys):
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(anisweep.extract.run.run, "load_model", never)
+    short = tmp_path / "short.txt"
+    short.write_text("Only a few words here.\n")
+    checkpoint = run["workdir"] / "resources" / "toy" / "toy-neox" / "step32"
+    status = cli.main(
+        [
+            "extract",
+            "--manifest",
+            str(manifest(run, tmp_path, checkpoint)),
+            "--out",
+            str(tmp_path / "out"),
+            "--corpus",
+            json.dumps({"source": "text", "paths": [str(short)]}),
+            "--settings",
+            json.dumps(EXTRACT),
+        ]
+    )
+    assert status == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("toy/toy-neox/step32: PreflightError: evaluation corpus too short"), last
+    assert "n_sequences x seq_len = 8 x 32" in last
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_nonfinite_activations_are_flagged_not_averaged(run, tmp_path):
+    """A NaN in one weight of block 0's MLP: every later activation is NaN. Extract and metrics complete; the
+    NaN token vectors are counted and left out of the sums, q/k and attention statistics of block 1 are NaN
+    (not a number averaged over the finite ones), and the sweep flags the checkpoint, which no figure shows."""
+    from safetensors.torch import load_file, save_file
+
+    checkpoint = tmp_path / "nan-step32"
+    shutil.copytree(run["workdir"] / "resources" / "toy" / "toy-neox" / "step32", checkpoint)
+    tensors = load_file(checkpoint / "model.safetensors")
+    tensors["gpt_neox.layers.0.mlp.dense_4h_to_h.weight"][0, 0] = float("nan")
+    save_file(tensors, checkpoint / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / "out"
+    assert (
+        cli.main(
+            [
+                "extract",
+                "--manifest",
+                str(manifest(run, tmp_path, checkpoint)),
+                "--out",
+                str(out),
+                "--settings",
+                json.dumps(EXTRACT),
+            ]
+        )
+        == 0
+    )
+    assert cli.main(["metrics", "--extract-dir", str(out), "--out", str(out / "metrics.parquet")]) == 0
+
+    stats = pl.read_parquet(out / "hidden_stats.parquet").filter(pl.col("site") == "resid").sort("layer")
+    assert stats["n_nonfinite"].to_list() == [0, 256, 256] and stats["n"].to_list() == [256, 0, 0]
+    assert json.loads((out / "extract.json").read_text())["nonfinite_tokens"] > 0
+    for table, column in (("qk", "qk_cos"), ("attention", "entropy_mean")):
+        values = pl.read_parquet(out / f"{table}.parquet")
+        assert values.filter(pl.col("layer") == 0)[column].is_finite().all()
+        assert values.filter(pl.col("layer") == 1)[column].is_nan().all()
+    metrics = pl.read_parquet(out / "metrics.parquet")
+    flagged = metrics.filter((pl.col("metric") == "n_nonfinite") & (pl.col("site") == "resid"))
+    assert flagged.sort("layer")["value"].to_list() == [0, 256, 256]
+
+    clean = run["workdir"] / NEOX / "step0" / "metrics.parquet"
+    with pytest.warns(UserWarning, match=r"steps \[32\] have non-finite activations"):
+        sweep = aggregate([clean, out / "metrics.parquet"])
+    assert statuses_of(sweep) == {0: "ok", 32: "nonfinite"}
+    assert analysed(sweep)["step"].unique().to_list() == [0]
+
+
+def statuses_of(sweep: pl.DataFrame) -> dict[int, str]:
+    return dict(sweep.select("step", "status").unique().iter_rows())
