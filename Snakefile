@@ -17,17 +17,16 @@ report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
-include: "workflow/rules/toy.smk"
+include: "workflow/rules/tangent_inputs.smk"
 include: "workflow/rules/corpus.smk"
-include: "workflow/rules/fetch.smk"
+include: "workflow/rules/toy.smk"
+include: "workflow/rules/checkpoints.smk"
 include: "workflow/rules/extract.smk"
-include: "workflow/rules/metrics.smk"
+include: "workflow/rules/tangent.smk"
+include: "workflow/rules/measures.smk"
+include: "workflow/rules/mechanism.smk"
 include: "workflow/rules/plots.smk"
-include: "workflow/rules/untrained.smk"
-include: "workflow/rules/distributions.smk"
-include: "workflow/rules/gradients.smk"
-include: "workflow/rules/toy_live.smk"
-include: "workflow/rules/live_local.smk"
+include: "workflow/rules/live.smk"
 
 
 # A failed run (a checkpoint that cannot be fetched, loaded or run) still leaves each sweep it was making, from

@@ -1,25 +1,7 @@
 """The command line each Snakemake rule calls; every step also runs by hand, on a node or from a notebook.
 
-anisweep train-toy  --spec JSON --out DIR           train a toy model, save checkpoints step{N}/
-                                                   (a live toy: analyse them into DIR/step{N}/ instead)
-anisweep take-live  --live DIR --step N --names ... copy one step of a live toy's analysis
-anisweep take-live-local --name NAME --source DIR --step N --names ... --out DIR   check (or copy) a live run's step
-anisweep fetch      --checkpoint JSON --out DIR     get a checkpoint's weights, write DIR/checkpoint.json
-anisweep corpus     --corpus JSON --out FILE       read the evaluation texts once
-anisweep extract    --manifest FILE --out DIR       one forward pass, write the per-checkpoint Parquet
-anisweep metrics    --extract-dir DIR --out FILE    every metric of one checkpoint
-anisweep gradients  --manifest FILE --out FILE      LM-loss gradients against activation subspaces
-anisweep gradient-fixed-bases --out FILE HIDDEN...  subspaces fitted once on an early window of steps
-anisweep gradients-sweep --out FILE TABLES...       one model's gradient tables in one
-anisweep plot-gradients --sweep FILE --out-dir DIR  the gradient figures of one model
-anisweep sweep      --out FILE METRICS...           one tidy table per model's sweep
-anisweep plot       --sweep FILE --out-dir DIR      the figures of one model
-anisweep plot-family --out FILE SWEEPS...           one figure across the models of a family
-anisweep plot-families --out FILE SWEEPS...         one figure across families, like with like
-anisweep checkpoints --configfile FILE              list the checkpoints a config names
-anisweep untrained  --settings JSON --out-dir DIR   the untrained block with an injected bias (Godey Sec. 4)
-anisweep plot-untrained --tables-dir DIR --out-dir DIR   its figures
-anisweep plot-spectra --out PNG SPECTRA...   one model's singular-value spectra over training
+`anisweep --help` lists every command with what it does (one per rule: train-toy, fetch, extract, metrics, sweep,
+plot, ...); `anisweep COMMAND --help` gives its arguments.
 """
 
 from __future__ import annotations
@@ -78,7 +60,7 @@ def _live_analysis(args, seed: int, spec):
 
 
 def cmd_take_live(args) -> None:
-    from anisweep.live.toy import take
+    from anisweep.live.take import take
 
     take(args.live, args.step, args.names.split(","), args.out)
 
@@ -86,7 +68,7 @@ def cmd_take_live(args) -> None:
 def cmd_take_live_local(args) -> None:
     from anisweep.live.take import take
 
-    take(args.name, args.source, args.step, args.names.split(","), args.out)
+    take(args.source, args.step, args.names.split(","), args.out, run=args.name)
 
 
 def cmd_fetch(args) -> None:

@@ -103,18 +103,6 @@ def test_a_failing_rule_without_a_checkpoint_names_its_cause_on_the_console(tmp_
     assert str(bad) in line and "not UTF-8: byte 0xe9 at byte offset 3" in line and "re-encode it to UTF-8" in line
 
 
-def test_lint_passes(tmp_path):
-    configfile = tmp_path / "tiny.yaml"
-    configfile.write_text(yaml.safe_dump(TINY))
-    done = snakemake(tmp_path, "--configfile", str(configfile), "--lint")
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-
-
-def test_snakefmt_leaves_the_workflow_unchanged():
-    done = subprocess.run([sys.executable, "-m", "snakefmt", "--check", "."], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
 def test_a_dry_run_imports_no_torch(tmp_path):
     """Parsing the Snakefile (every `snakemake -n`) needs neither torch nor scipy: the rules import them in their
     own processes."""

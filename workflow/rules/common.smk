@@ -11,8 +11,6 @@ from anisweep.checkpoints.catalogue import final_step, params_millions
 from anisweep.code_inputs import code_inputs
 from anisweep.adapters import UnsupportedArchitecture, adapter_for
 from anisweep.measures.partial import Sweep, remove_stranded_weights, write_partial_sweeps
-from anisweep.plots.gradients import gradient_figures
-from anisweep.tangent.fixed import check_config as check_gradient_config, window_steps
 from anisweep.plots.sweep import MODEL_FIGURES
 from anisweep.tables import UNTRAINED_TABLES
 from anisweep.plots.untrained import UNTRAINED_FIGURES
@@ -176,8 +174,27 @@ def model_checkpoints(family, model):
     return [c for c in CHECKPOINTS.values() if c.family == family and c.model == model]
 
 
-def model_metrics(wildcards):
-    return [f"results/{c.key}/metrics.parquet" for c in model_checkpoints(wildcards.family, wildcards.model)]
+def per_checkpoint(name, checkpoints=None):
+    """Input function: the file `name` of every checkpoint of the wildcards' model, in step order (of those
+    `checkpoints(family, model)` chooses; all of the model's by default)."""
+
+    def files(wildcards):
+        chosen = (checkpoints or model_checkpoints)(wildcards.family, wildcards.model)
+        return [f"results/{c.key}/{name}" for c in chosen]
+
+    return files
+
+
+def model_figures(names, folder="results/{family}/{model}/figures", **where):
+    """A figure rule's outputs: each figure a report() entry keyed by its name without .png, with the caption
+    workflow/report/<name>.rst, filed under the family and model (or `where`)."""
+    where = where or {"category": "{family}", "subcategory": "{model}"}
+    return {
+        name.removesuffix(".png"): report(
+            f"{folder}/{name}", caption=f"../report/{name.removesuffix('.png')}.rst", **where
+        )
+        for name in names
+    }
 
 
 def figures(family, model):
@@ -186,10 +203,7 @@ def figures(family, model):
 
 def distribution_outputs(family, model):
     """The q/k SVD table and figures of one model, its spectra figure, and its score histogram figure where extract counts the scores
-    (`extract.score_bins`; workflow/rules/distributions.smk)."""
-    from anisweep.plots.spectra import SPECTRA_FIGURES
-    from anisweep.mechanism.qk_svd import FIGURES as QK_SVD_FIGURES
-
+    (`extract.score_bins`; workflow/rules/mechanism.smk, plots.smk)."""
     names = [*QK_SVD_FIGURES, *SPECTRA_FIGURES, *(["score_hist.png"] if config["extract"]["score_bins"] else [])]
     return [f"results/{family}/{model}/qk_svd.parquet", *(f"results/{family}/{model}/figures/{n}" for n in names)]
 
@@ -237,111 +251,3 @@ def extract_mem_mb(wildcards, attempt):
 def extract_runtime(wildcards, attempt):
     params_per_minute = 200 if EXTRACT_GPU else 50  # millions of parameters through the forward passes a minute
     return int((15 + extract_params_m(wildcards) / params_per_minute) * attempt)
-
-
-# The gradient analysis (config `gradients`, workflow/rules/gradients.smk): which checkpoints, which targets.
-GRADIENTS = config["gradients"]
-
-
-def gradient_checkpoints(family, model):
-    """The model's checkpoints the gradient analysis runs on: gradients.steps among its swept steps."""
-    steps = GRADIENTS["steps"]
-    return [c for c in model_checkpoints(family, model) if steps is None or c.step in steps]
-
-
-def check_gradient_steps():
-    if not GRADIENTS["enabled"] or GRADIENTS["steps"] is None:
-        return
-    swept = {c.step for c in CHECKPOINTS.values()}
-    unknown = sorted(set(GRADIENTS["steps"]) - swept)
-    if unknown:
-        raise WorkflowError(
-            f"config: gradients.steps {unknown} are not swept steps of any model; choose among {sorted(swept)}"
-        )
-
-
-check_gradient_steps()
-
-
-def gradient_models():
-    return [(family, model) for family, model in MODELS if gradient_checkpoints(family, model)]
-
-
-def fixed_window_checkpoints(family, model):
-    """The model's swept checkpoints whose extract samples fit its fixed subspaces (gradients.fit_window)."""
-    checkpoints = model_checkpoints(family, model)
-    steps = window_steps([c.step for c in checkpoints], GRADIENTS["fit_window"], f"{family}/{model}")
-    return [c for c in checkpoints if c.step in steps]
-
-
-FIXED_SUBSPACES = GRADIENTS["subspaces"] != "per_checkpoint"
-EMBEDDING_CHANGE = GRADIENTS["embedding_change"]
-try:
-    check_gradient_config(
-        GRADIENTS, {f"{f}/{m}": [c.step for c in model_checkpoints(f, m)] for f, m in gradient_models()}
-    )
-except ConfigError as error:
-    raise WorkflowError(f"config: {error}") from None
-
-
-def gradient_inputs(wildcards):
-    fixed = [f"results/{wildcards.family}/{wildcards.model}/gradient_fixed_bases.parquet"] if FIXED_SUBSPACES else []
-    return {"fixed": fixed}
-
-
-def gradient_extra_args(wildcards, input, output):
-    args = f"--fixed-bases {input.fixed}" if input.fixed else ""
-    if EMBEDDING_CHANGE:
-        args += f" --bases-out {output.bases} --embeddings-out {output.embeddings}"
-    return args
-
-
-# With gradients.embedding_change: the layer-0 bases and the kept token-embedding rows, for gradients_sweep.
-GRADIENT_EXTRA_OUTPUTS = (
-    {
-        "bases": "results/{family}/{model}/step{step}/gradient_bases.parquet",
-        "embeddings": "results/{family}/{model}/step{step}/embedding_rows.parquet",
-    }
-    if EMBEDDING_CHANGE
-    else {}
-)
-
-
-def gradient_sweep_inputs(wildcards):
-    checkpoints = gradient_checkpoints(wildcards.family, wildcards.model)
-    inputs = {"tables": [f"results/{c.key}/gradients.parquet" for c in checkpoints]}
-    if EMBEDDING_CHANGE:
-        inputs["bases"] = [f"results/{c.key}/gradient_bases.parquet" for c in checkpoints]
-        inputs["embeddings"] = [f"results/{c.key}/embedding_rows.parquet" for c in checkpoints]
-        if FIXED_SUBSPACES:
-            inputs["fixed"] = f"results/{wildcards.family}/{wildcards.model}/gradient_fixed_bases.parquet"
-    return inputs
-
-
-def gradient_sweep_args(wildcards, input):
-    if not EMBEDDING_CHANGE:
-        return ""
-    args = f"--bases {input.bases} --embeddings {input.embeddings}"
-    return args + (f" --fixed-bases {input.fixed}" if FIXED_SUBSPACES else "")
-
-
-def gradient_table_of(wildcards):
-    """metrics' optional input: the checkpoint's gradients.parquet where the gradient analysis covers it."""
-    if not GRADIENTS["enabled"]:
-        return []
-    covered = {c.step for c in gradient_checkpoints(wildcards.family, wildcards.model)}
-    if int(wildcards.step) not in covered:
-        return []
-    return [f"results/{wildcards.family}/{wildcards.model}/step{wildcards.step}/gradients.parquet"]
-
-
-def gradient_outputs():
-    """The gradient targets of the default target: per model, its table and figures (none unless gradients.enabled)."""
-    if not GRADIENTS["enabled"]:
-        return []
-    outputs = []
-    for family, model in MODELS:
-        if gradient_checkpoints(family, model):
-            outputs.append(f"results/{family}/{model}/gradients_sweep.parquet")
-            outputs += [f"results/{family}/{model}/figures/{name}" for name in gradient_figures(GRADIENTS)]
-    return outputs

@@ -1,8 +1,15 @@
+from anisweep.plots.spectra import SPECTRA_FIGURES
+
+
 # Seconds of work: on the submit host in cluster runs, not a SLURM job each.
 localrules:
     plot_model,
     plot_family,
     plot_families,
+    plot_score_hist,
+    plot_spectra,
+    plot_gradients,
+    plot_untrained,
 
 
 rule plot_model:
@@ -10,15 +17,7 @@ rule plot_model:
         sweep="results/{family}/{model}/sweep.parquet",
         code=ANALYSIS_CODE["plots"],
     output:
-        **{
-            name.removesuffix(".png"): report(
-                f"results/{{family}}/{{model}}/figures/{name}",
-                caption=f"../report/{name.removesuffix('.png')}.rst",
-                category="{family}",
-                subcategory="{model}",
-            )
-            for name in MODEL_FIGURES
-        },
+        **model_figures(MODEL_FIGURES),
     log:
         "logs/plots/{family}/{model}.log",
     conda:
@@ -72,3 +71,82 @@ rule plot_families:
         on_failure=on_failure("plot_families"),
     shell:
         "{params.cli} plot-families --out {output} {input.sweeps} 2> {log} {params.on_failure}"
+
+
+rule plot_score_hist:
+    input:
+        hists=per_checkpoint("score_hist.parquet"),
+        code=ANALYSIS_CODE["score_hist"],
+    output:
+        report(
+            "results/{family}/{model}/figures/score_hist.png",
+            caption="../report/score_hist.rst",
+            category="{family}",
+            subcategory="{model}",
+        ),
+    log:
+        "logs/plots/{family}/{model}.score_hist.log",
+    conda:
+        CONDA_ENV
+    params:
+        cli=ANISWEEP,
+        on_failure=on_failure("plot_score_hist"),
+    shell:
+        "{params.cli} plot-score-hist --out {output} {input.hists} 2> {log} {params.on_failure}"
+
+
+# Per model: the normalised singular-value spectra of the sampled hidden states and q/k over training.
+rule plot_spectra:
+    input:
+        spectra=per_checkpoint("spectra.parquet"),
+        code=ANALYSIS_CODE["spectra"],
+    output:
+        **model_figures(SPECTRA_FIGURES),
+    log:
+        "logs/plots/{family}/{model}.spectra.log",
+    conda:
+        CONDA_ENV
+    params:
+        cli=ANISWEEP,
+        on_failure=on_failure("plot_spectra"),
+    shell:
+        "{params.cli} plot-spectra --out {output} {input.spectra} 2> {log} {params.on_failure}"
+
+
+rule plot_gradients:
+    input:
+        sweep="results/{family}/{model}/gradients_sweep.parquet",
+        code=ANALYSIS_CODE["plot_gradients"],
+    output:
+        **model_figures(gradient_figures(GRADIENTS)),
+    log:
+        "logs/plots/{family}/{model}.gradients.log",
+    conda:
+        CONDA_ENV
+    params:
+        cli=ANISWEEP,
+        on_failure=on_failure("plot_gradients"),
+        out_dir="results/{family}/{model}/figures",
+        figures=" ".join(gradient_figures(GRADIENTS)),
+    shell:
+        "{params.cli} plot-gradients --sweep {input.sweep} --out-dir {params.out_dir} --figures {params.figures} "
+        "2> {log} {params.on_failure}"
+
+
+rule plot_untrained:
+    input:
+        rules.untrained.output.summary,
+        rules.untrained.output.histogram,
+        code=ANALYSIS_CODE["untrained_plots"],
+    output:
+        **model_figures(UNTRAINED_FIGURES, folder="results/untrained/figures", category="untrained block"),
+    log:
+        "logs/plots/untrained.log",
+    conda:
+        CONDA_ENV
+    params:
+        cli=ANISWEEP,
+        on_failure=on_failure("plot_untrained"),
+    shell:
+        "{params.cli} plot-untrained --tables-dir results/untrained --out-dir results/untrained/figures "
+        "2> {log} {params.on_failure}"

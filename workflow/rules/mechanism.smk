@@ -1,8 +1,11 @@
+from anisweep.mechanism.qk_svd import FIGURES as QK_SVD_FIGURES
+
+
 # The untrained block with an injected common bias (Godey et al. 2024, Section 4.1): no checkpoint, no corpus.
 # Seconds to minutes of CPU: on the submit host in cluster runs, not a SLURM job.
 localrules:
     untrained,
-    plot_untrained,
+    qk_svd,
 
 
 # A swept model's init (untrained.inits: {model: ...}) reads its checkpoint's fetched weights: the rule is one of
@@ -34,27 +37,27 @@ rule untrained:
         "{params.weights} 2> {log} {params.on_failure}"
 
 
-rule plot_untrained:
+# Per model, after every checkpoint is extracted: one SVD of the sampled queries and keys of all steps, per head.
+rule qk_svd:
     input:
-        rules.untrained.output.summary,
-        rules.untrained.output.histogram,
-        code=ANALYSIS_CODE["untrained_plots"],
+        samples=per_checkpoint("qk_sample.parquet"),
+        means=per_checkpoint("qk.parquet"),
+        code=ANALYSIS_CODE["qk_svd"],
     output:
-        **{
-            name.removesuffix(".png"): report(
-                f"results/untrained/figures/{name}",
-                caption=f"../report/{name.removesuffix('.png')}.rst",
-                category="untrained block",
-            )
-            for name in UNTRAINED_FIGURES
-        },
+        **model_figures(QK_SVD_FIGURES),
+        table="results/{family}/{model}/qk_svd.parquet",
     log:
-        "logs/plots/untrained.log",
+        "logs/qk_svd/{family}/{model}.log",
     conda:
         CONDA_ENV
     params:
         cli=ANISWEEP,
-        on_failure=on_failure("plot_untrained"),
+        on_failure=on_failure("qk_svd"),
+        dirs=lambda wc: " ".join(f"results/{c.key}" for c in model_checkpoints(wc.family, wc.model)),
+        figures="results/{family}/{model}/figures",
+        fraction=config["qk_svd"]["fraction"],
+        seed=config["qk_svd"]["seed"],
+        heads=json_arg(config["qk_svd"]["heads"]),
     shell:
-        "{params.cli} plot-untrained --tables-dir results/untrained --out-dir results/untrained/figures "
-        "2> {log} {params.on_failure}"
+        "{params.cli} qk-svd --out {output.table} --figures-dir {params.figures} --fraction {params.fraction} "
+        "--seed {params.seed} --heads {params.heads} {params.dirs} 2> {log} {params.on_failure}"

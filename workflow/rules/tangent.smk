@@ -5,7 +5,7 @@
 # samples of the fit window's steps, pooled (anisweep.tangent.fixed), read by every gradients job.
 rule gradient_fixed_bases:
     input:
-        hidden=lambda wc: [f"results/{c.key}/hidden.parquet" for c in fixed_window_checkpoints(wc.family, wc.model)],
+        hidden=per_checkpoint("hidden.parquet", fixed_window_checkpoints),
         code=ANALYSIS_CODE["fixed_bases"],
     output:
         "results/{family}/{model}/gradient_fixed_bases.parquet",
@@ -61,7 +61,6 @@ rule gradients:
 localrules:
     gradient_fixed_bases,
     gradients_sweep,
-    plot_gradients,
 
 
 rule gradients_sweep:
@@ -81,32 +80,4 @@ rule gradients_sweep:
         extra=gradient_sweep_args,
     shell:
         "{params.cli} gradients-sweep --out {output} {input.tables} --gradients {params.gradients} {params.extra} "
-        "2> {log} {params.on_failure}"
-
-
-rule plot_gradients:
-    input:
-        sweep="results/{family}/{model}/gradients_sweep.parquet",
-        code=ANALYSIS_CODE["plot_gradients"],
-    output:
-        **{
-            name.removesuffix(".png"): report(
-                f"results/{{family}}/{{model}}/figures/{name}",
-                caption=f"../report/{name.removesuffix('.png')}.rst",
-                category="{family}",
-                subcategory="{model}",
-            )
-            for name in gradient_figures(GRADIENTS)
-        },
-    log:
-        "logs/plots/{family}/{model}.gradients.log",
-    conda:
-        CONDA_ENV
-    params:
-        cli=ANISWEEP,
-        on_failure=on_failure("plot_gradients"),
-        out_dir="results/{family}/{model}/figures",
-        figures=" ".join(gradient_figures(GRADIENTS)),
-    shell:
-        "{params.cli} plot-gradients --sweep {input.sweep} --out-dir {params.out_dir} --figures {params.figures} "
         "2> {log} {params.on_failure}"

@@ -27,7 +27,7 @@ localrules:
 
 rule sweep:
     input:
-        metrics=model_metrics,
+        metrics=per_checkpoint("metrics.parquet"),
         code=ANALYSIS_CODE["sweep"],
     output:
         "results/{family}/{model}/sweep.parquet",
