@@ -9,14 +9,9 @@ import polars as pl
 
 from anisweep import atomic
 
-IDENTITY = ("family", "model", "seed", "step", "tokens_seen")
-
-#: The tables extract writes per checkpoint, `{name}.parquet` (the extract rule's outputs and
-#: `extract.tables()`'s keys, in this order).
-EXTRACT_TABLES = ("qk", "attention", "hidden", "hidden_stats", "layernorm", "embeddings", "qk_sample", "score_hist")
-
-#: The tables of the untrained-block experiment (anisweep.mechanism.untrained), `results/untrained/{name}.parquet`.
-UNTRAINED_TABLES = ("untrained", "histogram", "summary")
+#: The identity columns every row of a checkpoint's tables carries, first and in this order, with their types.
+IDENTITY_SCHEMA = {"family": pl.String, "model": pl.String, "seed": pl.Int64, "step": pl.Int64, "tokens_seen": pl.Int64}
+IDENTITY = tuple(IDENTITY_SCHEMA)
 
 #: attention.parquet's statistics, one value per (layer, head): what extract writes and metrics reads.
 ATTENTION_STATISTICS = (
@@ -29,6 +24,127 @@ ATTENTION_STATISTICS = (
     "score_std",
 )
 
+_F32_LIST = pl.List(pl.Float32)
+
+#: The tables extract writes per checkpoint, `{name}.parquet` (the extract rule's outputs and `extract.tables()`'s
+#: keys, in this order), each with its columns after the identity columns and their types, in the order written.
+EXTRACT_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
+    "qk": {
+        "layer": pl.Int64,
+        "head": pl.Int64,
+        "kv_head": pl.Int64,
+        "rope": pl.String,
+        "n_tokens": pl.Int64,
+        "q_mean": _F32_LIST,
+        "k_mean": _F32_LIST,
+        "q_norm_mean": pl.Float64,
+        "k_norm_mean": pl.Float64,
+        "qk_cos": pl.Float64,
+        "qk_mean_score": pl.Float64,
+    },
+    "attention": {
+        "layer": pl.Int64,
+        "head": pl.Int64,
+        "n_rows": pl.Int64,
+        **dict.fromkeys(ATTENTION_STATISTICS, pl.Float64),
+    },
+    "hidden": {
+        "layer": pl.Int64,
+        "site": pl.String,
+        "seq": pl.Int64,
+        "position": pl.Int64,
+        "token_id": pl.Int64,
+        "vector": _F32_LIST,
+    },
+    "hidden_stats": {
+        "layer": pl.Int64,
+        "site": pl.String,
+        "n": pl.Int64,
+        "n_nonfinite": pl.Int64,
+        "n_zero": pl.Int64,
+        "d": pl.Int64,
+        "sum_norm": pl.Float64,
+        "sum_norm_sq": pl.Float64,
+        "norm_min": pl.Float64,
+        "norm_max": pl.Float64,
+        "sum_x": pl.List(pl.Float64),
+        "sum_unit": pl.List(pl.Float64),
+    },
+    "layernorm": {"layer": pl.Int64, "site": pl.String, "eps": pl.Float64, "gain": _F32_LIST, "bias": _F32_LIST},
+    "embeddings": {
+        "matrix": pl.String,
+        "tied": pl.Boolean,
+        "n_rows": pl.Int64,
+        "d": pl.Int64,
+        "metric": pl.String,
+        "value": pl.Float64,
+    },
+    "qk_sample": {
+        "layer": pl.Int64,
+        "head": pl.Int64,
+        "rope": pl.String,
+        "seq": pl.Int64,
+        "position": pl.Int64,
+        "token_id": pl.Int64,
+        "q": _F32_LIST,
+        "k": _F32_LIST,
+    },
+    "score_hist": {"layer": pl.Int64, "bin": pl.Int64, "bin_lo": pl.Float64, "bin_hi": pl.Float64, "count": pl.Int64},
+}
+EXTRACT_TABLES = tuple(EXTRACT_SCHEMAS)
+
+#: The tables of the untrained-block experiment (anisweep.mechanism.untrained), `results/untrained/{name}.parquet`,
+#: with their columns and types (no identity columns: an init, seed and bias norm say where a row comes from).
+UNTRAINED_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
+    "untrained": {
+        "init": pl.String,
+        "seed": pl.Int64,
+        "norm": pl.Float64,
+        "layer": pl.Int64,
+        "head": pl.Int64,
+        "site": pl.String,
+        "metric": pl.String,
+        "value": pl.Float64,
+    },
+    "histogram": {
+        "init": pl.String,
+        "seed": pl.Int64,
+        "norm": pl.Float64,
+        "layer": pl.Int64,
+        "head": pl.Int64,
+        "bin_lo": pl.Float64,
+        "bin_hi": pl.Float64,
+        "count": pl.Int64,
+    },
+    "summary": {
+        "init": pl.String,
+        "norm": pl.Float64,
+        "layer": pl.Int64,
+        "head": pl.Int64,
+        "site": pl.String,
+        "metric": pl.String,
+        "mean": pl.Float64,
+        "std": pl.Float64,
+        "min": pl.Float64,
+        "max": pl.Float64,
+        "n_seeds": pl.UInt32,
+    },
+}
+UNTRAINED_TABLES = tuple(UNTRAINED_SCHEMAS)
+
+
+def extract_columns(name: str) -> list[str]:
+    """Every column of extract's table `name`, as written: the identity columns, then the table's own."""
+    return [*IDENTITY, *EXTRACT_SCHEMAS[name]]
+
+
+#: The parameters a metric row may carry besides its place (layer, head, site): the subspace, how it was fitted,
+#: its rank and the token stratum (the gradient metrics'; null elsewhere), in metrics.parquet's own columns.
+METRIC_PARAMETERS = ("subspace", "fit", "rank", "stratum")
+
+#: The columns that, with the identity columns, name one metric row: no two rows of a metric table share them.
+METRIC_KEY = ("layer", "head", "site", "metric", *METRIC_PARAMETERS)
+
 METRIC_SCHEMA = {
     "family": pl.String,
     "model": pl.String,
@@ -39,6 +155,10 @@ METRIC_SCHEMA = {
     "head": pl.Int64,
     "site": pl.String,
     "metric": pl.String,
+    "subspace": pl.String,
+    "fit": pl.String,
+    "rank": pl.Int64,
+    "stratum": pl.String,
     "value": pl.Float64,
 }
 
@@ -46,11 +166,8 @@ METRIC_SCHEMA = {
 def with_identity(df: pl.DataFrame, ident: dict) -> pl.DataFrame:
     """Prepend family, model, seed, step, tokens_seen to every row."""
     columns = [
-        pl.lit(ident["family"], pl.String).alias("family"),
-        pl.lit(ident["model"], pl.String).alias("model"),
-        pl.lit(ident.get("seed"), pl.Int64).alias("seed"),
-        pl.lit(ident["step"], pl.Int64).alias("step"),
-        pl.lit(ident.get("tokens_seen"), pl.Int64).alias("tokens_seen"),
+        pl.lit(ident.get(key) if key in ("seed", "tokens_seen") else ident[key], dtype).alias(key)
+        for key, dtype in IDENTITY_SCHEMA.items()
     ]
     return df.select([*columns, *[c for c in df.columns if c not in IDENTITY]])
 
@@ -64,21 +181,36 @@ def empty_metrics() -> pl.DataFrame:
     return pl.DataFrame(schema=METRIC_SCHEMA)
 
 
+def metric_key_duplicates(df: pl.DataFrame, key: tuple[str, ...] = METRIC_KEY) -> pl.DataFrame:
+    """The rows of a metric table whose `key` columns (nulls compared as equal) some other row repeats."""
+    return df.filter(df.select(list(key)).is_duplicated())
+
+
+def check_metric_keys(df: pl.DataFrame, key: tuple[str, ...] = METRIC_KEY, where: str = "metrics") -> None:
+    """Raise ValueError when two rows of a metric table share their `key` columns: a metric measured twice at
+    the same place, or a parameter (subspace, fit, rank, stratum) that was left out of a row."""
+    duplicates = metric_key_duplicates(df, key)
+    if not duplicates.is_empty():
+        shown = duplicates.select(list(key)).unique(maintain_order=True).head(5).to_dicts()
+        raise ValueError(f"{where}: {duplicates.height} rows share their key columns {list(key)}, e.g. {shown}")
+
+
 def metric_rows(ident: dict, rows: list[dict]) -> pl.DataFrame:
-    """Tidy metric rows (layer, head, site, metric, value) with the identity columns, in METRIC_SCHEMA."""
+    """Tidy metric rows (layer, head, site, metric, subspace, fit, rank, stratum, value; a missing key is null)
+    with the identity columns, in METRIC_SCHEMA. Raises ValueError when two rows share their METRIC_KEY."""
     if not rows:
         return empty_metrics()
+    columns = ("layer", "head", "site", "metric", *METRIC_PARAMETERS)
     df = pl.DataFrame(
         [
             {
-                "layer": r.get("layer"),
-                "head": r.get("head"),
-                "site": r.get("site"),
+                **{column: r.get(column) for column in columns},
                 "metric": r["metric"],
                 "value": None if r["value"] is None else float(r["value"]),
             }
             for r in rows
         ],
-        schema={k: METRIC_SCHEMA[k] for k in ("layer", "head", "site", "metric", "value")},
+        schema={k: METRIC_SCHEMA[k] for k in (*columns, "value")},
     )
+    check_metric_keys(df)
     return with_identity(df, ident).cast(METRIC_SCHEMA)

@@ -13,6 +13,7 @@ from anisweep.extract import attention_torch
 from anisweep.extract import tables as extract_tables
 from anisweep.extract.model import DTYPES, ExtractSettings, load_model
 from anisweep.extract.run import run
+from anisweep.tables import ATTENTION_STATISTICS, EXTRACT_SCHEMAS, IDENTITY, IDENTITY_SCHEMA
 
 from conftest import (
     bert_config,
@@ -210,23 +211,9 @@ def check_all(tables, ref, batch, causal):
         np.testing.assert_allclose(kept, expected, atol=TOL)
 
 
-@pytest.mark.parametrize("cls", [transformers.BertForMaskedLM, transformers.BertModel])
-def test_bert_matches_eager_reference(tmp_path, cls):
-    path = saved(tmp_path, cls, bert_config(), "bert")
-    batch = padded_batch()
-    tables, _ = run_extract(path, batch)
-    check_all(tables, reference(path, batch, "bert"), batch, causal=False)
-
-
-@pytest.mark.parametrize("cls", [transformers.GPTNeoXForCausalLM, transformers.GPTNeoXModel])
-def test_gpt_neox_matches_eager_reference(tmp_path, cls):
-    path = saved(tmp_path, cls, neox_config(), "neox")
-    batch = padded_batch()
-    tables, _ = run_extract(path, batch)
-    check_all(tables, reference(path, batch, "gpt_neox"), batch, causal=True)
-
-
-DECODERS = {
+ARCHS = {  # kind: the model with its head, the base model, its config
+    "bert": (transformers.BertForMaskedLM, transformers.BertModel, bert_config),
+    "gpt_neox": (transformers.GPTNeoXForCausalLM, transformers.GPTNeoXModel, neox_config),
     "gpt2": (transformers.GPT2LMHeadModel, transformers.GPT2Model, gpt2_config),
     "llama": (transformers.LlamaForCausalLM, transformers.LlamaModel, llama_config),
     "olmo": (transformers.OlmoForCausalLM, transformers.OlmoModel, olmo_config),
@@ -235,15 +222,16 @@ DECODERS = {
 
 
 @pytest.mark.parametrize("head", ["lm", "base"])
-@pytest.mark.parametrize("kind", sorted(DECODERS))
-def test_decoders_match_eager_reference(tmp_path, kind, head):
-    """GPT-2 (Conv1D [Q|K|V], 1/(layer+1) scaling), Llama (RMSNorm, grouped-query attention), OLMo (weightless
-    LayerNorm, clip_qkv) and OLMo 2 (q/k norms, post-sublayer norms) against eager attention and the weights."""
-    lm, base, config = DECODERS[kind]
+@pytest.mark.parametrize("kind", sorted(ARCHS))
+def test_every_architecture_matches_eager_reference(tmp_path, kind, head):
+    """BERT, GPT-NeoX (partial rotary), GPT-2 (Conv1D [Q|K|V], 1/(layer+1) scaling), Llama (RMSNorm,
+    grouped-query attention), OLMo (weightless LayerNorm, clip_qkv) and OLMo 2 (q/k norms, post-sublayer norms),
+    with their heads and without, against eager attention and the weights."""
+    lm, base, config = ARCHS[kind]
     path = saved(tmp_path, lm if head == "lm" else base, config(), kind)
     batch = padded_batch()
     tables, _ = run_extract(path, batch)
-    check_all(tables, reference(path, batch, kind), batch, causal=True)
+    check_all(tables, reference(path, batch, kind), batch, causal=kind != "bert")
 
 
 def test_grouped_query_attention_rows_share_their_key_head(tmp_path):
@@ -272,7 +260,7 @@ def test_olmo_clip_is_applied_before_the_pre_rotary_means(tmp_path):
 @pytest.mark.parametrize("kind", ["olmo", "olmo2", "llama"])
 def test_norm_parameters_are_recorded_as_they_exist(tmp_path, kind):
     """LayerNorm without parameters (OLMo): gain, bias and eps null; RMSNorm: gain and eps, no bias."""
-    lm, _, config = DECODERS[kind]
+    lm, _, config = ARCHS[kind]
     path = saved(tmp_path, lm, config(), kind)
     tables, loaded = run_extract(path, padded_batch())
     ln = tables["layernorm"].sort("layer", "site")
@@ -312,11 +300,21 @@ def test_sample_is_seeded_and_sized(tmp_path):
     assert all(valid[s, p] for s, p in resid0(first).select("seq", "position").iter_rows())
 
 
+@pytest.mark.parametrize("score_bins", [None, {"low": -4.0, "high": 4.0, "n": 6}])
+def test_every_table_has_the_schema_of_tables_py(tmp_path, score_bins):
+    """anisweep.tables is the one schema: every table extract builds has exactly its columns, in order, and types."""
+    path = saved(tmp_path, transformers.GPTNeoXForCausalLM, neox_config(), "neox")
+    tables, _ = run_extract(path, padded_batch(), score_bins=score_bins)
+    assert list(tables) == list(EXTRACT_SCHEMAS)
+    for name, df in tables.items():
+        assert dict(df.schema) == {**IDENTITY_SCHEMA, **EXTRACT_SCHEMAS[name]}, name
+
+
 def test_identity_columns_and_embeddings(tmp_path):
     path = saved(tmp_path, transformers.GPTNeoXForCausalLM, neox_config(), "neox")
     tables, _ = run_extract(path, padded_batch())
     for name, df in tables.items():
-        assert df.columns[:5] == ["family", "model", "seed", "step", "tokens_seen"], name
+        assert df.columns[:5] == list(IDENTITY), name
         assert df["step"].unique().to_list() == ([] if df.is_empty() else [3]), name  # score_hist: off by default
     emb = tables["embeddings"]
     assert set(emb["matrix"]) == {"embed_in", "embed_out"}
@@ -356,13 +354,8 @@ def test_chunks_row_blocks_and_workers_match_eager_reference(tmp_path, monkeypat
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        cls, config = {
-            "bert": (transformers.BertModel, bert_config),
-            "gpt_neox": (transformers.GPTNeoXModel, neox_config),
-            **{name: (base, make) for name, (_, base, make) in DECODERS.items()},
-        }[kind]
-        config = config()
-        path = saved(tmp_path, cls, config, kind)
+        _, cls, config = ARCHS[kind]
+        path = saved(tmp_path, cls, config(), kind)
         batch = padded_batch() if padded else full_batch()
         tables, _ = run_extract(path, batch, batch_size=3)
         assert torch.get_num_threads() == threads  # the pool leaves the job's thread count as it was
@@ -394,15 +387,7 @@ def test_bfloat16_statistics_close_to_float32(tmp_path, cls, config):
         assert next(parts.model.parameters()).dtype == DTYPES[dtype]
         out[dtype] = extract_tables.tables(run(parts, batch, settings, progress=False), parts, ident)
     f32, bf16 = out["float32"], out["bfloat16"]
-    for name in (
-        "entropy_mean",
-        "entropy_norm_mean",
-        "p_max_mean",
-        "p_median_mean",
-        "p_min_mean",
-        "score_mean",
-        "score_std",
-    ):
+    for name in ATTENTION_STATISTICS:
         np.testing.assert_allclose(bf16["attention"][name], f32["attention"][name], atol=1e-2, rtol=2e-2, err_msg=name)
     np.testing.assert_allclose(bf16["qk"]["qk_cos"], f32["qk"]["qk_cos"], atol=2e-2)
     np.testing.assert_allclose(bf16["qk"]["q_norm_mean"], f32["qk"]["q_norm_mean"], rtol=2e-2)

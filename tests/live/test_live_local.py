@@ -159,13 +159,13 @@ def test_what_needs_saved_weights_is_refused_for_a_live_local_run(analysed, chan
 
 def test_take_checks_in_place_copies_from_elsewhere_and_names_what_is_missing(analysed, tmp_path):
     run = analysed / "results" / "local" / "my-run"
-    take("my-run", run, 2, ["qk.parquet", "extract.json"], run / "step2")  # in place: a check
-    take("my-run", run, 2, ["qk.parquet"], tmp_path / "out")
+    take(run, 2, ["qk.parquet", "extract.json"], run / "step2", run="my-run")  # in place: a check
+    take(run, 2, ["qk.parquet"], tmp_path / "out", run="my-run")
     assert (tmp_path / "out" / "qk.parquet").read_bytes() == (run / "step2" / "qk.parquet").read_bytes()
     with pytest.raises(
         FileNotFoundError, match=r"local/my-run/step2: .*step2 lacks gradients.parquet \(the.*at step 2"
     ):
-        take("my-run", run, 2, ["gradients.parquet"], run / "step2")
+        take(run, 2, ["gradients.parquet"], run / "step2", run="my-run")
 
 
 @pytest.mark.slow  # the workflow twice on a live local run

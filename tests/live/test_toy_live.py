@@ -16,8 +16,9 @@ from transformers import GPTNeoXForCausalLM
 from anisweep.corpus import builtin_text, load_texts
 from anisweep.extract.model import ExtractSettings
 from anisweep.extract.run import extract_checkpoint
-from anisweep.live.toy import LiveAnalysis, take
-from anisweep.tables import EXTRACT_TABLES
+from anisweep.live.take import take
+from anisweep.live.toy import LiveAnalysis
+from anisweep.tables import EXTRACT_TABLES, IDENTITY
 from anisweep.tangent.backward import load_lm
 from anisweep.tangent.checkpoint import gradients_checkpoint
 from anisweep.tangent.settings import GradientSettings
@@ -31,7 +32,6 @@ STEPS = [0, 3, 6]
 TINY = ToySpec(d_model=32, n_layers=2, n_heads=4, d_ff=64, seq_len=32, batch_size=8, lr=5e-3, vocab_size=400, warmup=2)
 SETTINGS = ExtractSettings(n_sequences=6, seq_len=24, batch_size=4, sample_tokens=64, device="cpu", seed=0)
 GRADIENTS = GradientSettings(enabled=True, steps=[0, 6], rank=4, n_random=5, sample_tokens=64, max_iter=50)
-IDENTITY = ["family", "model", "seed", "step", "tokens_seen"]
 
 
 @pytest.fixture(scope="module", params=["bert", "gpt_neox"])

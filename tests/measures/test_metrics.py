@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import numpy as np
 import polars as pl
@@ -13,27 +14,58 @@ from IsoScore import IsoScore
 from scipy import stats
 from test_geometry import machina_mercer_iw, naive_partition_isotropy
 
+from anisweep.measures.gradient_metrics import GRADIENT_METRICS
 from anisweep.measures.metrics import checkpoint_metrics
-from anisweep.tables import write_atomic
+from anisweep.tables import IDENTITY, METRIC_KEY, METRIC_SCHEMA, with_identity, write_atomic
+from anisweep.tangent.backward import gradient_pass, load_lm
+from anisweep.tangent.batch import causal_lm_batch, masked_lm_batch
+from anisweep.tangent.checkpoint import analyse
+from anisweep.tangent.settings import GradientSettings
 
 from conftest import bert_config, neox_config, padded_batch, run_extract, saved
 
 TOL = 1e-6
 
 
-@pytest.fixture(scope="module", params=["bert", "gpt_neox"])
-def measured(request, tmp_path_factory):
-    """Extract tables of a tiny model (every valid token sampled) and the metrics computed from them."""
-    tmp_path = tmp_path_factory.mktemp(request.param)
-    if request.param == "bert":
-        path = saved(tmp_path, transformers.BertForMaskedLM, bert_config(), "m")
+def gradients_parquet(path, batch, out, ident) -> None:
+    """gradients.parquet of a saved tiny LM as the gradients rule writes it, with subspaces fitted per checkpoint
+    and held fixed (its own bases as the fixed ones), at two ranks."""
+    model, adapter = load_lm(path)
+    geometry = adapter.geometry(model.config)
+    valid = batch["attention_mask"].bool()
+    if geometry.causal:
+        lm = causal_lm_batch(batch["input_ids"], valid)
     else:
-        path = saved(tmp_path, transformers.GPTNeoXForCausalLM, neox_config(), "m")
+        lm = masked_lm_batch(batch["input_ids"], valid, 4, [0, 1, 2, 3, 4], 60, probability=0.3, seed=0)
+    settings = GradientSettings(rank=[2, 4], n_random=4)
+    result = gradient_pass(model, adapter, geometry.d_model, geometry.n_layers, lm, settings, 5, progress=False)
+    own: dict = {}
+    analyse(result, settings, geometry.d_model, progress=False, bases_out=own)
+    both = GradientSettings(rank=[2, 4], n_random=4, subspaces="both")
+    write_atomic(with_identity(analyse(result, both, geometry.d_model, progress=False, fixed=own), ident), out)
+
+
+def measure_checkpoint(tmp_path, cls, config):
+    """Extract tables of a tiny model (every valid token sampled), its gradients.parquet, and the metrics
+    computed from both as the metrics rule computes them."""
+    path = saved(tmp_path, cls, config, "m")
     batch = padded_batch(n=5, t=12)
     tables, _ = run_extract(path, batch)
     for name, df in tables.items():
         write_atomic(df, tmp_path / f"{name}.parquet")
-    return tables, checkpoint_metrics(tmp_path)
+    ident = {key: tables["qk"][key][0] for key in IDENTITY}
+    gradients_parquet(path, batch, tmp_path / "gradients.parquet", ident)
+    metrics = checkpoint_metrics(tmp_path, tmp_path / "gradients.parquet")
+    return {**tables, "gradients": pl.read_parquet(tmp_path / "gradients.parquet")}, metrics
+
+
+@pytest.fixture(scope="module", params=["bert", "gpt_neox"])
+def measured(request, tmp_path_factory):
+    """Extract tables of a tiny model and the metrics computed from them (with the gradient analysis's rows)."""
+    tmp_path = tmp_path_factory.mktemp(request.param)
+    if request.param == "bert":
+        return measure_checkpoint(tmp_path, transformers.BertForMaskedLM, bert_config())
+    return measure_checkpoint(tmp_path, transformers.GPTNeoXForCausalLM, neox_config())
 
 
 def value(metrics, metric, site, layer=None, head=None):
@@ -180,7 +212,38 @@ def test_identity_and_schema(measured):
         "head",
         "site",
         "metric",
+        "subspace",
+        "fit",
+        "rank",
+        "stratum",
         "value",
     ]
+    assert list(metrics.schema.items()) == list(METRIC_SCHEMA.items())
     assert metrics["step"].unique().to_list() == [3]
     assert metrics.filter(pl.col("metric") == "n_nonfinite")["value"].sum() == 0
+    assert not metrics.select(list(METRIC_KEY)).is_duplicated().any()  # the key columns name every row
+
+
+def test_gradient_metrics_carry_their_parameters_in_columns_not_in_the_name(measured):
+    tables, metrics = measured
+    names = set(metrics["metric"])
+    # the old form put them into the name: grad_energy_share_seminmf_fixed_k16_rare_z
+    assert not [name for name in names if re.search(r"_k\d+_|_k\d+$", name)]
+    grad = metrics.filter(pl.col("metric").str.starts_with("grad_"))
+    assert set(grad["metric"]) == set(GRADIENT_METRICS)
+    assert grad.select("subspace", "fit", "rank", "stratum").null_count().row(0) == (0, 0, 0, 0)
+    assert set(grad["subspace"]) == {"seminmf", "pca"} and set(grad["fit"]) == {"checkpoint", "fixed"}
+    assert set(grad["rank"]) == {2, 4} and "all" in set(grad["stratum"])
+    other = metrics.filter(~pl.col("metric").str.starts_with("grad_"))
+    assert other.select("subspace", "fit", "rank", "stratum").null_count().row(0) == (other.height,) * 4
+    # one row per (site, layer, subspace, fit, rank, stratum) and statistic
+    per = grad.group_by("layer", "site", "subspace", "fit", "rank", "stratum").agg(pl.col("metric").sort())
+    assert all(sorted(m) == sorted(GRADIENT_METRICS) for m in per["metric"])
+    shares = tables["gradients"].filter(pl.col("measure").is_in(["energy_share", "anisotropy_share"]))
+    shares = shares.filter(pl.col("subspace") != "random")
+    assert grad.height == 3 * shares.height > 0
+    for r in shares.iter_rows(named=True):
+        for column, suffix in (("value", ""), ("control_mean", "_control_mean"), ("z", "_z")):
+            where = {k: r[k] for k in ("layer", "site", "subspace", "fit", "rank", "stratum")}
+            row = grad.filter(pl.col("metric") == f"grad_{r['measure']}{suffix}", **where)
+            assert row["value"].to_list() == [r[column]], (where, column)

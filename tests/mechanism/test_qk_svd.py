@@ -13,7 +13,7 @@ from anisweep.measures import spectra as spectra_module
 from anisweep.measures.metrics import checkpoint_metrics, qk_sample_rows
 from anisweep.mechanism import qk_svd
 from anisweep.plots import distributions as plots_distributions
-from anisweep.tables import write_atomic
+from anisweep.tables import IDENTITY, write_atomic
 
 from conftest import neox_config, padded_batch, run_extract, saved
 
@@ -118,7 +118,7 @@ def test_qk_svd_of_a_model_and_its_figures(tmp_path):
     dirs = synthetic_model(tmp_path)
     table, extras = qk_svd.qk_svd(dirs, fraction=0.5, seed=0)
     assert table.height == 2 * 3 * 3 * 3  # layers x heads x bases x steps
-    assert table.columns[:5] == ["family", "model", "seed", "step", "tokens_seen"]
+    assert table.columns[:5] == list(IDENTITY)
     assert table.filter(pl.col("step") == 50)["tokens_seen"].unique().to_list() == [500]
     final = table.filter((pl.col("step") == 50) & (pl.col("basis") == "common"))
     opposite = final.filter(pl.col("head") == 1)
@@ -181,7 +181,7 @@ def test_q_and_k_anisotropy_metrics_match_brute_force(extracted):
 def test_spectra_match_numpy_svd(extracted):
     tables, folder = extracted
     spectra = spectra_module.checkpoint_spectra(folder)
-    assert spectra.columns[:5] == ["family", "model", "seed", "step", "tokens_seen"]
+    assert spectra.columns[:5] == list(IDENTITY)
     hidden = tables["hidden"].filter((pl.col("layer") == 2) & (pl.col("site") == "resid"))
     x = np.stack(hidden["vector"].to_list()).astype(np.float64)
     s = np.linalg.svd(x, compute_uv=False)

@@ -14,6 +14,7 @@ import torch
 
 from anisweep.mechanism import untrained
 from anisweep.mechanism.untrained import UntrainedSettings
+from anisweep.tables import UNTRAINED_SCHEMAS
 
 TINY = dict(
     n_sequences=3,
@@ -238,6 +239,13 @@ def test_histogram_counts_against_brute_force(tiny_run):
         b, t, n_heads = settings.n_sequences, settings.seq_len, block.geometry.n_heads
         pairs = t * t if not block.geometry.causal else t * (t + 1) // 2
         assert got["count"].sum() == b * n_heads * pairs
+
+
+def test_every_table_has_the_schema_of_tables_py(tiny_run):
+    tables = tiny_run[1]
+    assert list(tables) == list(UNTRAINED_SCHEMAS)
+    for name, df in tables.items():
+        assert dict(df.schema) == UNTRAINED_SCHEMAS[name], name
 
 
 def test_entropy_norm_and_summary(tiny_run):

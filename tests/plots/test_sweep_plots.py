@@ -12,7 +12,7 @@ from anisweep.measures.sweep import aggregate, analysed
 from anisweep.plots.families import PANELS, panel_rows, plot_families
 from anisweep.plots.kit import log_spaced
 from anisweep.plots.sweep import MODEL_FIGURES, plot_family, plot_model
-from anisweep.tables import metric_rows, write_atomic
+from anisweep.tables import ATTENTION_STATISTICS, metric_rows, write_atomic
 
 matplotlib.use("Agg")
 
@@ -40,15 +40,7 @@ def fake_checkpoint(root, step, sha, tokens_per_step=100, model="m", family="fam
                 for metric in ("qk_cos", "qk_mean_score", "qk_mean_dot"):
                     rows.append({"layer": layer, "head": head, "site": site, "metric": metric, "value": 0.5 - head})
             rows.append({"layer": layer, "head": head, "site": "attention", "metric": "entropy_mean", "value": 1.0})
-        for metric in (
-            "entropy_mean",
-            "entropy_norm_mean",
-            "p_max_mean",
-            "p_median_mean",
-            "p_min_mean",
-            "score_mean",
-            "score_std",
-        ):
+        for metric in ATTENTION_STATISTICS:
             rows.append({"layer": layer, "site": "attention", "metric": metric, "value": 0.5 + layer / 10})
         for site in ("qk_pre", "qk_post"):
             rows.append({"layer": layer, "site": site, "metric": "qk_cos_abs_mean", "value": 0.3})

@@ -3,6 +3,8 @@ anisweep.tangent.embedding_change, anisweep.measures.gradient_metrics) against b
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import polars as pl
 import pytest
@@ -12,7 +14,7 @@ from transformers import GPTNeoXForCausalLM
 from anisweep import config as anisweep_config
 from anisweep.adapters import adapter_for
 from anisweep.errors import ConfigError
-from anisweep.measures.gradient_metrics import gradient_metric_rows, metric_name, parse_metric
+from anisweep.measures.gradient_metrics import GRADIENT_METRICS, gradient_metric_rows
 from anisweep.tangent import embedding_change as ec
 from anisweep.tangent import fixed as gs
 from anisweep.tangent.backward import gradient_pass
@@ -228,31 +230,57 @@ def test_gradient_metric_rows_equal_the_gradients_table():
         for fit in ("checkpoint", "fixed"):
             for subspace in ("seminmf", "pca", "random"):
                 for stratum in ("all", "rare"):
-                    for measure in ("energy_share", "anisotropy_share"):
-                        v = rng.random(3)
-                        rows.append(
-                            {"layer": layer, "site": site, "stratum": stratum, "subspace": subspace, "fit": fit,
-                             "rank": 16, "measure": measure, "value": v[0], "control_mean": v[1], "z": v[2]}
-                        )  # fmt: skip
+                    for rank in (4, 16):
+                        for measure in ("energy_share", "anisotropy_share"):
+                            v = rng.random(3)
+                            rows.append(
+                                {"layer": layer, "site": site, "stratum": stratum, "subspace": subspace, "fit": fit,
+                                 "rank": rank, "measure": measure, "value": v[0], "control_mean": v[1], "z": v[2]}
+                            )  # fmt: skip
     rows.append({"layer": 0, "site": "resid", "stratum": "all", "subspace": "pca", "fit": "checkpoint", "rank": 16,
                  "measure": "explained_variance", "value": 0.5})  # fmt: skip
     table = pl.DataFrame(rows, schema={k: GRADIENT_SCHEMA[k] for k in GRADIENT_SCHEMA if k in rows[0]})
     metric = gradient_metric_rows(table)
-    assert len(metric) == 3 * 2 * 2 * 2 * 2 * 2  # no random, no fit-quality rows; value, control mean, z
-    by = {(r["layer"], r["site"], r["metric"]): r["value"] for r in metric}
+    assert len(metric) == 3 * 2 * 2 * 2 * 2 * 2 * 2  # no random, no fit-quality rows; value, control mean, z
+    assert {r["metric"] for r in metric} == set(GRADIENT_METRICS) == {
+        "grad_energy_share", "grad_energy_share_control_mean", "grad_energy_share_z",
+        "grad_anisotropy_share", "grad_anisotropy_share_control_mean", "grad_anisotropy_share_z",
+    }  # fmt: skip
+    key = ("layer", "site", "metric", "subspace", "fit", "rank", "stratum")
+    by = {tuple(r[k] for k in key): r["value"] for r in metric}
+    assert len(by) == len(metric)  # the parameter columns tell every row apart
     for r in table.filter(pl.col("measure").is_in(["energy_share", "anisotropy_share"])).iter_rows(named=True):
-        for statistic in ("value", "control_mean", "z"):
-            name = metric_name(r["measure"], r["subspace"], r["fit"], r["rank"], r["stratum"], statistic)
+        for statistic, suffix in (("value", ""), ("control_mean", "_control_mean"), ("z", "_z")):
+            where = (r["layer"], r["site"], f"grad_{r['measure']}{suffix}", r["subspace"], r["fit"], r["rank"])
             if r["subspace"] == "random":
-                assert (r["layer"], r["site"], name) not in by
+                assert (*where, r["stratum"]) not in by
                 continue
-            assert by[(r["layer"], r["site"], name)] == r[statistic]
-            assert parse_metric(name) == {
-                "measure": r["measure"], "subspace": r["subspace"], "fit": r["fit"], "rank": 16,
-                "stratum": r["stratum"], "statistic": statistic,
-            }  # fmt: skip
-    assert "grad_energy_share_seminmf_fixed_k16_rare_z" in {r["metric"] for r in metric}
-    assert parse_metric("avg_cos") is None
+            assert by[(*where, r["stratum"])] == r[statistic]
+    # the parameters are columns, never parts of the name (the old form was grad_energy_share_seminmf_fixed_k16_rare_z)
+    assert not any(re.search(r"_k\d+_|seminmf|pca|fixed|frequent|middle|rare", r["metric"]) for r in metric)
+
+
+def test_gradient_rows_land_in_metrics_parquet_with_their_parameters_as_columns():
+    from anisweep.tables import METRIC_KEY, METRIC_SCHEMA, metric_rows
+
+    row = {"layer": 0, "site": "resid", "stratum": "all", "subspace": "pca", "fit": "fixed", "rank": 4,
+           "measure": "energy_share", "value": 0.25, "control_mean": 0.125, "z": 3.0}  # fmt: skip
+    table = pl.DataFrame([row, {**row, "rank": 8, "value": 0.5}], schema={k: GRADIENT_SCHEMA[k] for k in row})
+    ident = {"family": "toy", "model": "m", "seed": 0, "step": 2, "tokens_seen": 20}
+    other = [{"layer": 0, "site": "resid", "metric": "avg_cos", "value": 0.5}]
+    metrics = metric_rows(ident, other + gradient_metric_rows(table))
+    assert list(metrics.schema.items()) == list(METRIC_SCHEMA.items())
+    assert set(METRIC_KEY) >= {"subspace", "fit", "rank", "stratum"}
+    shares = metrics.filter(pl.col("metric") == "grad_energy_share").sort("rank")
+    assert shares.select("subspace", "fit", "rank", "stratum", "value").rows() == [
+        ("pca", "fixed", 4, "all", 0.25),
+        ("pca", "fixed", 8, "all", 0.5),
+    ]
+    plain = metrics.filter(pl.col("metric") == "avg_cos")
+    assert plain.select("subspace", "fit", "rank", "stratum").rows() == [(None, None, None, None)]
+    # without the parameter columns two ranks' rows would be one key: metric_rows refuses such rows
+    with pytest.raises(ValueError, match="share their key columns"):
+        metric_rows(ident, [{k: v for k, v in r.items() if k != "rank"} for r in gradient_metric_rows(table)])
 
 
 @pytest.mark.slow  # over 10 s

@@ -29,7 +29,7 @@ import yaml
 from anisweep.checkpoints.catalogue import resolve
 from anisweep.checkpoints.fetch import fetch
 from anisweep.measures.sweep import aggregate, find_duplicates
-from anisweep.tables import METRIC_SCHEMA, write_atomic
+from anisweep.tables import METRIC_SCHEMA, extract_columns, write_atomic
 
 from conftest import snakemake_command
 from hubcache import build_hub_cache, offline_hub, repo_cache_dir, save_tiny_bert, save_tiny_decoder, save_tiny_pythia
@@ -41,37 +41,7 @@ MULTIBERTS_TOKENS = 131_072
 TF = b"\x89HDF\r\n\x1a\n" + b"\0" * 64  # a dummy tf_model.h5: never fetched
 
 CONTRACT = {
-    "qk.parquet": [
-        "family",
-        "model",
-        "step",
-        "tokens_seen",
-        "layer",
-        "head",
-        "rope",
-        "n_tokens",
-        "q_mean",
-        "k_mean",
-        "q_norm_mean",
-        "k_norm_mean",
-        "qk_cos",
-        "qk_mean_score",
-    ],
-    "attention.parquet": [
-        "family",
-        "model",
-        "step",
-        "tokens_seen",
-        "layer",
-        "head",
-        "entropy_mean",
-        "entropy_norm_mean",
-        "p_max_mean",
-        "p_median_mean",
-        "p_min_mean",
-        "score_mean",
-        "score_std",
-    ],
+    **{f"{name}.parquet": extract_columns(name) for name in ("qk", "attention")},
     "metrics.parquet": ["family", "model", "step", "tokens_seen", "layer", "head", "site", "metric", "value"],
 }
 

@@ -9,10 +9,12 @@ import polars as pl
 import pytest
 import yaml
 
+from anisweep.measures.gradient_metrics import GRADIENT_METRICS
 from anisweep.mechanism.qk_svd import FIGURES as QK_SVD_FIGURES
 from anisweep.plots.gradients import gradient_figures
 from anisweep.plots.spectra import SPECTRA_FIGURES
 from anisweep.plots.sweep import MODEL_FIGURES
+from anisweep.tables import METRIC_PARAMETERS, extract_columns
 
 from conftest import snakemake_command
 
@@ -22,20 +24,7 @@ TINY = ROOT / "tests" / "configs" / "tiny.yaml"
 pytestmark = pytest.mark.slow  # the whole DAG, and Snakemake started per bad config
 
 CONTRACT = {
-    "qk_sample.parquet": [
-        "family",
-        "model",
-        "step",
-        "tokens_seen",
-        "layer",
-        "head",
-        "rope",
-        "seq",
-        "position",
-        "q",
-        "k",
-    ],
-    "score_hist.parquet": ["family", "model", "step", "tokens_seen", "layer", "bin", "bin_lo", "bin_hi", "count"],
+    **{f"{name}.parquet": extract_columns(name) for name in ("qk_sample", "score_hist", "qk", "attention", "hidden")},
     "spectra.parquet": [
         "family",
         "model",
@@ -48,38 +37,6 @@ CONTRACT = {
         "singular_value",
         "share",
     ],
-    "qk.parquet": [
-        "family",
-        "model",
-        "step",
-        "tokens_seen",
-        "layer",
-        "head",
-        "rope",
-        "n_tokens",
-        "q_mean",
-        "k_mean",
-        "q_norm_mean",
-        "k_norm_mean",
-        "qk_cos",
-        "qk_mean_score",
-    ],
-    "attention.parquet": [
-        "family",
-        "model",
-        "step",
-        "tokens_seen",
-        "layer",
-        "head",
-        "entropy_mean",
-        "entropy_norm_mean",
-        "p_max_mean",
-        "p_median_mean",
-        "p_min_mean",
-        "score_mean",
-        "score_std",
-    ],
-    "hidden.parquet": ["family", "model", "step", "layer", "site", "seq", "position", "token_id", "vector"],
     "metrics.parquet": ["family", "model", "step", "tokens_seen", "layer", "head", "site", "metric", "value"],
 }
 
@@ -148,7 +105,16 @@ def test_every_contract_file_is_written(tiny_run):
         assert change["step"].unique().to_list() == [32] and change["step_from"].unique().to_list() == [0]
         grad_metrics = sweep.filter(pl.col("metric").str.starts_with("grad_"))
         assert sorted(grad_metrics["step"].unique()) == config["gradients"]["steps"]
-        assert "grad_energy_share_seminmf_fixed_k4_all_z" in set(grad_metrics["metric"])
+        assert set(grad_metrics["metric"]) == set(GRADIENT_METRICS)  # parameters in columns, not in the name
+        assert grad_metrics.select(*METRIC_PARAMETERS).null_count().row(0) == (0, 0, 0, 0)
+        fixed_z = grad_metrics.filter(
+            (pl.col("metric") == "grad_energy_share_z")
+            & (pl.col("subspace") == "seminmf")
+            & (pl.col("fit") == "fixed")
+            & (pl.col("rank") == 4)
+            & (pl.col("stratum") == "all")
+        )
+        assert sorted(fixed_z["step"].unique()) == config["gradients"]["steps"]
     assert (tiny_run / "results" / "toy" / "figures" / "compare.png").exists()
     untrained = pl.read_parquet(tiny_run / "results" / "untrained" / "untrained.parquet")
     assert untrained["init"].unique().to_list() == ["toy-neox@step0"]  # the toy decoder's own step-0 block

@@ -134,9 +134,6 @@ class LocalRun:
 FAMILY = "local"
 
 
-_STEP = "step"
-
-
 def extract_names() -> list[str]:
     return [*(f"{name}.parquet" for name in EXTRACT_TABLES), "extract.json"]
 
@@ -150,7 +147,8 @@ def run_folder(entry: dict) -> Path:
     return Path(str(entry["path"])).expanduser() if entry.get("path") else default_path(str(entry["name"]))
 
 
-def _hint(step: int) -> str:
+def missing_step_hint(step: int) -> str:
+    """What to do about a live local run's step whose files are missing."""
     return f"run AnisweepCallback (or analyse_live) at step {step}, or leave step {step} out of the entry's steps"
 
 
@@ -185,7 +183,7 @@ def resolve_live(name: str, path: Any, steps: Any, tokens_per_step: Any = None, 
         folder = folders[step]
         missing = [n for n in extract_names() if not (folder / n).is_file()]
         if missing:
-            raise ConfigError(f"{where}: {folder} lacks {', '.join(missing)}; {_hint(step)}")
+            raise ConfigError(f"{where}: {folder} lacks {', '.join(missing)}; {missing_step_hint(step)}")
         written = _written_identity(folder / "extract.json")
         tokens = written.get("tokens_seen")
         if tokens is None and tokens_per_step is not None:

@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import polars as pl
 import torch
 from tqdm.auto import tqdm
 
@@ -30,7 +31,7 @@ from anisweep.extract.recorder import (
 )
 from anisweep.extract.score_hist import ScoreHistogram
 from anisweep.extract.tables import tables
-from anisweep.tables import write_atomic
+from anisweep.tables import IDENTITY, write_atomic
 
 
 @torch.inference_mode()
@@ -76,6 +77,39 @@ def run(loaded: LoadedModel, batch: dict, settings: ExtractSettings, progress: b
     return recorder
 
 
+def timed_run(loaded: LoadedModel, batch: dict, settings: ExtractSettings, progress: bool = True):
+    """`run`, and the seconds it took."""
+    started = time.perf_counter()
+    recorder = run(loaded, batch, settings, progress=progress)
+    return recorder, time.perf_counter() - started
+
+
+def extract_info(
+    checkpoint: dict, settings: ExtractSettings, device, batch: dict, recorder: Recorder, seconds: float
+) -> dict:
+    """extract.json's content: the checkpoint (a fetch manifest, or a live model's identity), the settings, and
+    what the forward pass over `batch` on `device` took and met."""
+    n_valid = int(batch["attention_mask"].sum())
+    return {
+        "checkpoint": checkpoint,
+        "settings": asdict(settings),
+        "device": str(device),
+        "n_valid_tokens": n_valid,
+        "forward_seconds": seconds,
+        "tokens_per_second": n_valid / seconds if seconds else None,
+        "nonfinite_tokens": sum(s.n_nonfinite for s in recorder.vectors.values()),
+    }
+
+
+def write_extract(out_dir: str | Path, tables: dict[str, pl.DataFrame], info: dict) -> None:
+    """Write every table, `{name}.parquet`, then extract.json (`info`) into `out_dir`, each whole and renamed:
+    extract.json last, so that a folder holding one holds every table."""
+    out_dir = Path(out_dir)
+    for name, df in tables.items():
+        write_atomic(df, out_dir / f"{name}.parquet")
+    write_text(json.dumps(info, indent=2, default=str), out_dir / "extract.json")
+
+
 def extract_checkpoint(
     manifest: dict, texts: list[str], settings: ExtractSettings, out_dir: Path, progress: bool = True
 ) -> dict:
@@ -86,22 +120,8 @@ def extract_checkpoint(
     target = settings.torch_device()
     batch = preflight.evaluation_batch(manifest["path"], manifest.get("tokenizer_path"), settings, texts, where)
     loaded = load_model(manifest["path"], settings.dtype, target)
-    started = time.perf_counter()
-    recorder = run(loaded, batch, settings, progress=progress)
-    seconds = time.perf_counter() - started
-    ident = {key: manifest.get(key) for key in ("family", "model", "seed", "step", "tokens_seen")}
-    out_dir = Path(out_dir)
-    for name, df in tables(recorder, loaded, ident).items():
-        write_atomic(df, out_dir / f"{name}.parquet")
-    n_valid = int(batch["attention_mask"].sum())
-    info = {
-        "checkpoint": manifest,
-        "settings": asdict(settings),
-        "device": str(target),
-        "n_valid_tokens": n_valid,
-        "forward_seconds": seconds,
-        "tokens_per_second": n_valid / seconds if seconds else None,
-        "nonfinite_tokens": sum(s.n_nonfinite for s in recorder.vectors.values()),
-    }
-    write_text(json.dumps(info, indent=2, default=str), out_dir / "extract.json")
+    recorder, seconds = timed_run(loaded, batch, settings, progress=progress)
+    ident = {key: manifest.get(key) for key in IDENTITY}
+    info = extract_info(manifest, settings, target, batch, recorder, seconds)
+    write_extract(out_dir, tables(recorder, loaded, ident), info)
     return info

@@ -1,5 +1,5 @@
 """extract's tables of one checkpoint, built from a Recorder's accumulators and the model's weights
-(anisweep.tables names them and holds what the tables share)."""
+(anisweep.tables names them and their columns, EXTRACT_SCHEMAS, and holds what the tables share)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from anisweep.adapters import Adapter
 from anisweep.adapters.base import norm_parameters
 from anisweep.extract.recorder import Recorder
 from anisweep.measures import geometry
-from anisweep.tables import ATTENTION_STATISTICS, EXTRACT_TABLES, with_identity
+from anisweep.tables import EXTRACT_SCHEMAS, EXTRACT_TABLES, with_identity
 
 if TYPE_CHECKING:
     from anisweep.extract.model import LoadedModel
@@ -56,19 +56,7 @@ def qk_table(recorder: Recorder) -> pl.DataFrame:
     return df.with_columns(
         _f32_lists(np.stack([r["q_mean"] for r in rows])).alias("q_mean"),
         _f32_lists(np.stack([r["k_mean"] for r in rows])).alias("k_mean"),
-    ).select(
-        "layer",
-        "head",
-        "kv_head",
-        "rope",
-        "n_tokens",
-        "q_mean",
-        "k_mean",
-        "q_norm_mean",
-        "k_norm_mean",
-        "qk_cos",
-        "qk_mean_score",
-    )
+    ).select(*EXTRACT_SCHEMAS["qk"])
 
 
 def attention_table(recorder: Recorder) -> pl.DataFrame:
@@ -84,7 +72,7 @@ def attention_table(recorder: Recorder) -> pl.DataFrame:
                     **{name: float(value[head]) for name, value in means.items()},
                 }
             )
-    return pl.DataFrame(rows).select("layer", "head", "n_rows", *ATTENTION_STATISTICS)
+    return pl.DataFrame(rows).select(*EXTRACT_SCHEMAS["attention"])
 
 
 def hidden_stats_table(recorder: Recorder) -> pl.DataFrame:
@@ -165,8 +153,7 @@ def score_hist_table(recorder: Recorder) -> pl.DataFrame:
     """Counts of pre-softmax scores per layer and bin; the first and last bins are the under- and overflow. No
     rows when extract.score_bins is null."""
     if recorder.score_hist is None:
-        schema = {"layer": pl.Int64, "bin": pl.Int64, "bin_lo": pl.Float64, "bin_hi": pl.Float64, "count": pl.Int64}
-        return pl.DataFrame(schema=schema)
+        return pl.DataFrame(schema=EXTRACT_SCHEMAS["score_hist"])
     edges = recorder.score_hist.edges.numpy()
     lo = np.concatenate([[-np.inf], edges])
     hi = np.concatenate([edges, [np.inf]])
@@ -193,16 +180,7 @@ def layernorm_table(adapter: Adapter, base: nn.Module) -> pl.DataFrame:
         eps, gain, bias = norm_parameters(site.module)
         as_list = lambda p: None if p is None else p.detach().float().cpu().numpy().tolist()  # noqa: E731
         rows.append({"layer": site.layer, "site": site.site, "eps": eps, "gain": as_list(gain), "bias": as_list(bias)})
-    return pl.DataFrame(
-        rows,
-        schema={
-            "layer": pl.Int64,
-            "site": pl.String,
-            "eps": pl.Float64,
-            "gain": pl.List(pl.Float32),
-            "bias": pl.List(pl.Float32),
-        },
-    )
+    return pl.DataFrame(rows, schema=EXTRACT_SCHEMAS["layernorm"])
 
 
 def embeddings_table(adapter: Adapter, model: nn.Module) -> pl.DataFrame:

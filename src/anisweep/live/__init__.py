@@ -5,8 +5,12 @@ loop write a checkpoint's tables without saving weights; the workflow takes the 
 
 def __getattr__(name: str):
     # `from anisweep.live import AnisweepCallback` without importing torch for the workflow's `take` step.
-    if name in ("AnisweepCallback", "analyse_live", "live_ident"):
+    if name in ("AnisweepCallback", "analyse_live"):
         from anisweep.live import callback
 
         return getattr(callback, name)
+    if name == "live_ident":
+        from anisweep.live import take
+
+        return take.live_ident
     raise AttributeError(f"module 'anisweep.live' has no attribute {name!r}")

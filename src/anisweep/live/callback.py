@@ -11,21 +11,18 @@ the attention implementation is switched to the recording one for extract and ba
 from __future__ import annotations
 
 import contextlib
-import json
-import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from anisweep.atomic import write_text
 from anisweep.extract.model import ExtractSettings, LoadedModel
 from anisweep.extract.recorder import ATTENTION_NAME, register_attention
-from anisweep.extract.run import run
+from anisweep.extract.run import extract_info, timed_run, write_extract
 from anisweep.extract.tables import tables
-from anisweep.tables import with_identity, write_atomic
+from anisweep.live.take import live_ident
+from anisweep.tables import with_identity
 from anisweep.tangent.checkpoint import analyse_model
 from anisweep.tangent.settings import GradientSettings
 
@@ -70,37 +67,16 @@ def analyse_live(
         model.eval()
         model.set_attn_implementation(ATTENTION_NAME)
         loaded = LoadedModel(model, adapter.base_model(model), adapter, adapter.geometry(model.config))
-        started = time.perf_counter()
-        recorder = run(loaded, batch, settings, progress=False)
-        seconds = time.perf_counter() - started
-        for name, df in tables(recorder, loaded, ident).items():
-            write_atomic(df, out_dir / f"{name}.parquet")
+        recorder, seconds = timed_run(loaded, batch, settings, progress=False)
+        written = tables(recorder, loaded, ident)
         model.set_attn_implementation("sdpa")
         if gradients.enabled:
             table = analyse_model(model, adapter, batch, tokenizer, gradients, settings.batch_size, progress=False)
-            write_atomic(with_identity(table, ident), out_dir / "gradients.parquet")
-    n_valid = int(batch["attention_mask"].sum())
-    info = {  # extract's extract.json, the checkpoint being the identity of the live model
-        "checkpoint": {**ident, "live": True},
-        "settings": asdict(settings),
-        "device": str(next(model.parameters()).device),
-        "n_valid_tokens": n_valid,
-        "forward_seconds": seconds,
-        "tokens_per_second": n_valid / seconds if seconds else None,
-        "nonfinite_tokens": sum(s.n_nonfinite for s in recorder.vectors.values()),
-    }
-    write_text(json.dumps(info, indent=2, default=str), out_dir / "extract.json")
+            written["gradients"] = with_identity(table, ident)
+    # extract's extract.json, the checkpoint being the identity of the live model
+    info = extract_info({**ident, "live": True}, settings, next(model.parameters()).device, batch, recorder, seconds)
+    write_extract(out_dir, written, info)
     return out_dir
-
-
-def live_ident(run_name: str, step: int, tokens_per_step: int | None = None, seed: int | None = None) -> dict:
-    return {
-        "family": "local",
-        "model": run_name,
-        "seed": seed,
-        "step": step,
-        "tokens_seen": None if tokens_per_step is None else step * tokens_per_step,
-    }
 
 
 def _trainer_callback_base():

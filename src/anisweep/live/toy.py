@@ -2,10 +2,11 @@
 gradient tables of the model in memory (anisweep.live) instead of a saved checkpoint.
 
 `train-toy` with a live spec writes every step into `results/toy/{model}/live/step{N}/`; the workflow's
-`extract_live` / `gradients_live` rules then `take` step N's files into `results/toy/{model}/step{N}/`, where
-extract and gradients put a saved checkpoint's, so metrics, sweep and figures run on them unchanged. The
-evaluation batch is the one extract builds for the saved checkpoint: the same texts and settings, tokenized by
-the toy's tokenizer as it is read back from disk, so the numbers equal a saved-checkpoint run's.
+`extract_live` / `gradients_live` rules then `take` (anisweep.live.take) step N's files into
+`results/toy/{model}/step{N}/`, where extract and gradients put a saved checkpoint's, so metrics, sweep and figures
+run on them unchanged. The evaluation batch is the one extract builds for the saved checkpoint: the same texts and
+settings, tokenized by the toy's tokenizer as it is read back from disk, so the numbers equal a saved-checkpoint
+run's.
 """
 
 from __future__ import annotations
@@ -17,15 +18,10 @@ from pathlib import Path
 
 import torch
 
-from anisweep.atomic import copy_files
 from anisweep.extract.model import DTYPES, ExtractSettings
 from anisweep.live.callback import analyse_live
+from anisweep.live.take import live_ident
 from anisweep.tangent.settings import GradientSettings
-
-
-def live_ident(name: str, seed: int, step: int, tokens_per_step: int) -> dict:
-    """The identity columns a saved toy checkpoint's rows carry (sources.Toy)."""
-    return {"family": "toy", "model": name, "seed": seed, "step": step, "tokens_seen": step * tokens_per_step}
 
 
 class LiveAnalysis:
@@ -70,18 +66,5 @@ class LiveAnalysis:
         target = model
         if self.settings.dtype != "float32":  # as extract loads the checkpoint: cast, on a copy
             target = copy.deepcopy(model).to(DTYPES[self.settings.dtype])
-        ident = live_ident(self.name, self.seed, step, self.tokens_per_step)
+        ident = live_ident(self.name, step, self.tokens_per_step, self.seed, family="toy")
         analyse_live(target, self.batch, self.tokenizer, self.out_dir / f"step{step}", ident, self.settings, gradients)
-
-
-def take(live_dir: str | Path, step: int, names: Sequence[str], out_dir: str | Path) -> None:
-    """Copy step `step`'s files `names` of a live toy's analysis (`live_dir/step{N}/`) into `out_dir`, each
-    written whole under a temporary name and then renamed."""
-    source = Path(live_dir) / f"step{step}"
-    missing = [name for name in names if not (source / name).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"{source} lacks {', '.join(missing)}: the live toy did not analyse step {step} (with the gradient "
-            f"analysis, when gradients.parquet is missing); delete {live_dir} to train and analyse it again"
-        )
-    copy_files(source, names, out_dir)

@@ -1,7 +1,9 @@
 """Per-checkpoint metrics from the Parquet that extract wrote (no model is ever run here).
 
-Every number lands in one tidy table (layer, head, site, metric, value): head is null for per-layer
-values, layer is null for whole-model values (embedding matrices, correlations over layers).
+Every number lands in one tidy table (layer, head, site, metric, subspace, fit, rank, stratum, value): head is
+null for per-layer values, layer is null for whole-model values (embedding matrices, correlations over layers);
+subspace, fit, rank and stratum are the gradient analysis's parameters, null for every other metric. What each
+metric and site means: anisweep.measures.glossary (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from anisweep.measures import geometry
-from anisweep.tables import ATTENTION_STATISTICS, IDENTITY, metric_rows
+from anisweep.tables import ATTENTION_STATISTICS, IDENTITY, METRIC_KEY, metric_rows
 
 
 def _identity(df: pl.DataFrame) -> dict:
@@ -181,4 +183,4 @@ def checkpoint_metrics(extract_dir: str | Path, gradients: str | Path | None = N
         from anisweep.measures.gradient_metrics import gradient_metric_rows
 
         rows += gradient_metric_rows(pl.read_parquet(gradients))
-    return metric_rows(_identity(qk), rows).sort("layer", "head", "site", "metric", nulls_last=True)
+    return metric_rows(_identity(qk), rows).sort(list(METRIC_KEY), nulls_last=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 import polars as pl
 
-from anisweep.tables import METRIC_SCHEMA
+from anisweep.tables import IDENTITY, METRIC_KEY, METRIC_PARAMETERS, METRIC_SCHEMA, check_metric_keys
 
 SWEEP_SCHEMA = {**METRIC_SCHEMA, "status": pl.String, "duplicate_of_step": pl.Int64, "weights_sha256": pl.String}
 
@@ -113,6 +113,22 @@ def nonfinite_steps(sweep: pl.DataFrame) -> list[int]:
     return sorted(sweep.filter(bad.fill_null(False))["step"].unique().to_list())
 
 
+def read_metrics(path: str | Path) -> pl.DataFrame:
+    """One checkpoint's metrics.parquet in METRIC_SCHEMA. A table written before the parameter columns
+    (subspace, fit, rank, stratum) gets them as nulls, unless it holds the gradient analysis's rows (`grad_*`
+    metrics, whose parameters were then part of the name): those must be recomputed (rerun its metrics)."""
+    df = pl.read_parquet(path)
+    missing = [column for column in METRIC_PARAMETERS if column not in df.columns]
+    if missing:
+        if df["metric"].str.starts_with("grad_").any():
+            raise ValueError(
+                f"{path}: written before the gradient metrics' parameters became columns ({', '.join(missing)}"
+                " missing): rerun its metrics (snakemake --forcerun metrics)"
+            )
+        df = df.with_columns(pl.lit(None, METRIC_SCHEMA[column]).alias(column) for column in missing)
+    return df.select(list(METRIC_SCHEMA)).cast(METRIC_SCHEMA)
+
+
 def aggregate(
     metric_paths: list[Path],
     expected_steps: list[int] | None = None,
@@ -127,11 +143,12 @@ def aggregate(
     for path in map(Path, metric_paths):
         if not path.exists():
             continue
-        frames.append(pl.read_parquet(path))
+        frames.append(read_metrics(path))
         extract_json = path.parent / "extract.json"
         if extract_json.exists():
             provenance.append(_provenance(extract_json))
     sweep = pl.concat(frames) if frames else pl.DataFrame(schema=METRIC_SCHEMA)
+    check_metric_keys(sweep, (*IDENTITY, *METRIC_KEY), "sweep")
     duplicates = duplicate_steps(provenance, final_step)
     hashes = {p.get("step"): p.get("weights_sha256") for p in provenance}
     for step, original in sorted(duplicates.items()):
@@ -183,11 +200,7 @@ def aggregate(
             ],
             how="diagonal_relaxed",
         )
-    return (
-        sweep.select(list(SWEEP_SCHEMA))
-        .cast(SWEEP_SCHEMA)
-        .sort("step", "layer", "head", "site", "metric", nulls_last=True)
-    )
+    return sweep.select(list(SWEEP_SCHEMA)).cast(SWEEP_SCHEMA).sort("step", *METRIC_KEY, nulls_last=True)
 
 
 def analysed(sweep: pl.DataFrame) -> pl.DataFrame:

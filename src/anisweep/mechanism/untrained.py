@@ -31,31 +31,11 @@ from anisweep.extract.recorder import ATTENTION_NAME, Hooks, Recorder, Sample, r
 from anisweep.extract.streaming import ROW_FIELDS, AttentionStats
 from anisweep.measures.geometry import avg_cos_from_sums, drift_from_sums
 from anisweep.mechanism.untrained_inits import CONFIG_INITS, is_checkpoint_init, label
+from anisweep.tables import UNTRAINED_SCHEMAS
 
 INITS = CONFIG_INITS
 CHECKPOINT_INIT_KEYS = {"model", "family", "step"}
 _DEFAULTS = config.defaults("untrained")
-
-ROW_SCHEMA = {
-    "init": pl.String,
-    "seed": pl.Int64,
-    "norm": pl.Float64,
-    "layer": pl.Int64,
-    "head": pl.Int64,
-    "site": pl.String,
-    "metric": pl.String,
-    "value": pl.Float64,
-}
-HISTOGRAM_SCHEMA = {
-    "init": pl.String,
-    "seed": pl.Int64,
-    "norm": pl.Float64,
-    "layer": pl.Int64,
-    "head": pl.Int64,
-    "bin_lo": pl.Float64,
-    "bin_hi": pl.Float64,
-    "count": pl.Int64,
-}
 
 
 @dataclass
@@ -456,10 +436,11 @@ def run(settings: UntrainedSettings, progress: bool = True, weights: dict | None
             histograms += [ident | r for r in histogram_rows(recorder)]
             bar.update()
     bar.close()
-    table = pl.DataFrame(rows, schema=ROW_SCHEMA)
-    table = pl.concat([table, pl.DataFrame(_fixed_point_rows(table), schema=ROW_SCHEMA)])
+    schema = UNTRAINED_SCHEMAS["untrained"]
+    table = pl.DataFrame(rows, schema=schema)
+    table = pl.concat([table, pl.DataFrame(_fixed_point_rows(table), schema=schema)])
     return {
         "untrained": table,
-        "histogram": pl.DataFrame(histograms, schema=HISTOGRAM_SCHEMA),
+        "histogram": pl.DataFrame(histograms, schema=UNTRAINED_SCHEMAS["histogram"]),
         "summary": summary(table),
     }

@@ -1,0 +1,490 @@
+"""What every name in metrics.parquet means: each metric, each site and each column, with a one-line definition
+and the work it comes from. docs/metrics.md is `glossary_markdown()` (a test keeps them equal); rewrite it with
+
+    python -m anisweep.measures.glossary            # writes docs/metrics.md (run from the repository root)
+    python -m anisweep.measures.glossary OUT.md     # or anywhere else
+
+A test builds metrics.parquet for tiny checkpoints (with the gradient analysis) and checks that every metric and
+site written there is listed here, at a site listed for it: a new metric or site needs its entry.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "COLUMNS",
+    "METRICS",
+    "SITES",
+    "Term",
+    "column_names",
+    "glossary_markdown",
+    "metric_names",
+    "site_names",
+    "write_docs",
+]
+
+# Sources, as the docs cite them.
+GODEY = "Godey et al. 2024"
+MACHINA = "Machina & Mercer 2024"
+ETHAYARAJH = "Ethayarajh 2019"
+ISOSCORE = "Rudman et al. 2022 (IsoScore)"
+MU = "Mu & Viswanath 2018"
+BIS = "Biś et al. 2021"
+MOLINA = "Molina 2023 (Traveling Words)"
+TANGENT = "Revisiting Anisotropy in Language Transformers (tangent-aligned anisotropy)"
+ANISWEEP = "anisweep"
+
+
+@dataclass(frozen=True)
+class Term:
+    """One name of metrics.parquet: `definition` in one line, `source` the work it comes from ("anisweep": this
+    pipeline's own), and for a metric the `sites` whose rows carry it."""
+
+    name: str
+    definition: str
+    source: str
+    sites: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------- sites
+#: The input and output of each norm: statistics streamed over every valid token (hidden_stats.parquet), no sample.
+NORM_INPUT_OUTPUT_SITES = (
+    "ln_embed_in",
+    "ln_embed_out",
+    "ln_attn_in",
+    "ln_attn_out",
+    "ln_mlp_in",
+    "ln_mlp_out",
+    "ln_attn_post_in",
+    "ln_attn_post_out",
+    "ln_mlp_post_in",
+    "ln_mlp_post_out",
+)
+#: Sites whose seeded token sample extract keeps whole (hidden.parquet: extract.recorder.SAMPLED_SITES).
+SAMPLED_SITES = ("resid", "final_ln_in", "final_ln_out")
+#: Every site of hidden_stats.parquet: the streamed statistics (avg_cos, drift, norms, counts).
+HIDDEN_SITES = (*SAMPLED_SITES, *NORM_INPUT_OUTPUT_SITES)
+#: Sites of the norms' own parameters (layernorm.parquet).
+NORM_SITES = ("ln_embed", "ln_attn", "ln_mlp", "ln_attn_post", "ln_mlp_post", "final_ln")
+#: `qk_{rope}`: where the queries and keys are read (qk.parquet's rope).
+QK_SITES = ("qk_pre", "qk_post", "qk_pre_norm")
+#: The queries and keys kept whole for a token sample (qk_sample.parquet): not those before a q/k norm.
+QK_SAMPLE_SITES = ("qk_pre", "qk_post")
+EMBEDDING_SITES = ("embed_in", "embed_out")
+#: Sites of the gradient analysis (anisweep.tangent.backward.gradient_sites).
+GRADIENT_SITES = ("resid", "final_ln_in", "final_ln_out")
+
+_LN_IO = (
+    "input (`_in`) or output (`_out`, with gain and bias) of the norm of the same name, `layer` as for its parameters"
+)
+
+SITES: tuple[Term, ...] = (
+    Term("resid", "the residual stream after `layer` blocks (0 = the embedding output, l = block l's output)", GODEY),
+    Term(
+        "final_ln_in",
+        "the residual stream just before the final LayerNorm (Pythia `final_layer_norm`; BERT: the last block's output"
+        " LayerNorm), `layer` = number of blocks",
+        MACHINA,
+    ),
+    Term("final_ln_out", "the output of the final LayerNorm (with gain and bias), `layer` = number of blocks", MACHINA),
+    Term("ln_embed_in", f"BERT's embedding LayerNorm: {_LN_IO}", MOLINA),
+    Term("ln_embed_out", f"BERT's embedding LayerNorm: {_LN_IO}", MOLINA),
+    Term("ln_attn_in", f"the attention sublayer's norm (BERT: after the attention): {_LN_IO}", MOLINA),
+    Term("ln_attn_out", f"the attention sublayer's norm (BERT: after the attention): {_LN_IO}", MOLINA),
+    Term("ln_mlp_in", f"the MLP sublayer's norm (BERT: after the MLP, but the last block's): {_LN_IO}", MOLINA),
+    Term("ln_mlp_out", f"the MLP sublayer's norm (BERT: after the MLP, but the last block's): {_LN_IO}", MOLINA),
+    Term("ln_attn_post_in", f"OLMo 2's norm of the attention output: {_LN_IO}", MOLINA),
+    Term("ln_attn_post_out", f"OLMo 2's norm of the attention output: {_LN_IO}", MOLINA),
+    Term("ln_mlp_post_in", f"OLMo 2's norm of the MLP output: {_LN_IO}", MOLINA),
+    Term("ln_mlp_post_out", f"OLMo 2's norm of the MLP output: {_LN_IO}", MOLINA),
+    Term("ln_embed", "the parameters of BERT's embedding LayerNorm (`layer` 0)", MACHINA),
+    Term("ln_attn", "the parameters of block `layer`'s attention-sublayer norm (blocks counted from 1)", MACHINA),
+    Term("ln_mlp", "the parameters of block `layer`'s MLP-sublayer norm (blocks counted from 1)", MACHINA),
+    Term("ln_attn_post", "the parameters of OLMo 2's attention-output norm in block `layer` (from 1)", MACHINA),
+    Term("ln_mlp_post", "the parameters of OLMo 2's MLP-output norm in block `layer` (from 1)", MACHINA),
+    Term("final_ln", "the parameters of the final LayerNorm (`layer` = number of blocks)", MACHINA),
+    Term(
+        "qk_pre",
+        "queries and keys of block `layer` (from 0) before the rotary embedding (what attention sees without one)",
+        GODEY,
+    ),
+    Term(
+        "qk_post",
+        "queries and keys of block `layer` (from 0) after the rotary embedding, as attention sees them",
+        GODEY,
+    ),
+    Term("qk_pre_norm", "OLMo 2: queries and keys of block `layer` (from 0) before their q_norm / k_norm", GODEY),
+    Term("attention", "the attention probabilities and pre-softmax scores of block `layer` (from 0)", GODEY),
+    Term("embed_in", "the input embedding matrix (V x d), `layer` null", MACHINA),
+    Term(
+        "embed_out",
+        "the output embedding (unembedding) matrix, where the checkpoint has an LM head, `layer` null",
+        MACHINA,
+    ),
+)
+
+
+# --------------------------------------------------------------------------- metrics
+def _share(name: str, what: str) -> tuple[Term, ...]:
+    """A gradient share, its random controls' mean and its z."""
+    where = "in the rank-`rank` `subspace` (`fit`) of the site's activations, over the `stratum`'s valid tokens"
+    return (
+        Term(name, f"{what} {where}", TANGENT, GRADIENT_SITES),
+        Term(
+            f"{name}_control_mean",
+            f"mean of `{name}` over `gradients.n_random` seeded Gaussian random subspaces of the same rank",
+            TANGENT,
+            GRADIENT_SITES,
+        ),
+        Term(
+            f"{name}_z",
+            f"(`{name}` - `{name}_control_mean`) / the controls' standard deviation (ddof 1)",
+            TANGENT,
+            GRADIENT_SITES,
+        ),
+    )
+
+
+_ATTENTION = "per head, and per layer (head null) its mean over heads"
+_EXACT = "over every valid token"
+_SAMPLE = "over the seeded sample of tokens (hidden.parquet; non-finite rows dropped)"
+_QK = "per head, from the means over every valid token"
+_QK_SAMPLE = "per head, over the seeded sample of tokens (qk_sample.parquet)"
+_CORR = "per checkpoint (layer null), over the `resid` layers"
+
+METRICS: tuple[Term, ...] = (
+    # qk.parquet, recomputed from the stored means (measures.metrics.qk_rows)
+    Term(
+        "qk_cos",
+        f"cos(q_mean, k_mean), signed, of the head's mean query and the mean key it attends with; {_QK}",
+        GODEY,
+        QK_SITES,
+    ),
+    Term(
+        "qk_mean_score",
+        f"<q_mean, k_mean> / sqrt(d_head): the part of every attention logit the common drift contributes; {_QK}",
+        GODEY,
+        QK_SITES,
+    ),
+    Term("qk_mean_dot", f"<q_mean, k_mean>, unscaled; {_QK}", GODEY, QK_SITES),
+    Term("q_norm_mean", "mean of ||q_i|| over every valid token; per head", GODEY, QK_SITES),
+    Term(
+        "k_norm_mean",
+        "mean of ||k_i|| over every valid token (the key head the query head uses); per head",
+        GODEY,
+        QK_SITES,
+    ),
+    Term("qk_cos_abs_mean", "mean over a layer's heads of |qk_cos| (head null)", ANISWEEP, QK_SITES),
+    Term(
+        "qk_cos_concat",
+        "cos of a layer's mean queries and mean keys, each concatenated over its heads (head null)",
+        GODEY,
+        QK_SITES,
+    ),
+    # qk_sample.parquet (measures.metrics.qk_sample_rows)
+    Term(
+        "q_avg_cos",
+        f"avg_cos (exact over all pairs) of the head's sampled queries; {_QK_SAMPLE}",
+        GODEY,
+        QK_SAMPLE_SITES,
+    ),
+    Term(
+        "k_avg_cos", f"avg_cos (exact over all pairs) of the head's sampled keys; {_QK_SAMPLE}", GODEY, QK_SAMPLE_SITES
+    ),
+    Term(
+        "q_drift_ratio",
+        f"||mean q_i|| / mean ||q_i|| of the head's sampled queries; {_QK_SAMPLE}",
+        GODEY,
+        QK_SAMPLE_SITES,
+    ),
+    Term(
+        "k_drift_ratio", f"||mean k_i|| / mean ||k_i|| of the head's sampled keys; {_QK_SAMPLE}", GODEY, QK_SAMPLE_SITES
+    ),
+    # attention.parquet (measures.metrics.attention_rows)
+    Term(
+        "entropy_mean",
+        f"mean over valid query rows of H_i = -sum_j p_ij log p_ij (nats) over the visible keys; {_ATTENTION}",
+        GODEY,
+        ("attention",),
+    ),
+    Term(
+        "entropy_norm_mean",
+        f"mean of H_i / log(n_visible_i) over the query rows with more than one visible key; {_ATTENTION}",
+        GODEY,
+        ("attention",),
+    ),
+    Term("p_max_mean", f"mean over valid query rows of max_j p_ij; {_ATTENTION}", GODEY, ("attention",)),
+    Term(
+        "p_median_mean",
+        f"mean over valid query rows of the median of p_i over the visible keys; {_ATTENTION}",
+        GODEY,
+        ("attention",),
+    ),
+    Term(
+        "p_min_mean",
+        f"mean over valid query rows of min_j p_ij over the visible keys; {_ATTENTION}",
+        GODEY,
+        ("attention",),
+    ),
+    Term(
+        "score_mean",
+        "mean of the pre-softmax scores (q.k times the attention's own scaling, 1/sqrt(d_head) unless the model"
+        f" adds a factor) over every visible (query, key) pair; {_ATTENTION}",
+        GODEY,
+        ("attention",),
+    ),
+    Term(
+        "score_std",
+        f"standard deviation (population) of the pre-softmax scores over every visible pair; {_ATTENTION}",
+        GODEY,
+        ("attention",),
+    ),
+    # hidden_stats.parquet, exact (measures.metrics.stats_rows)
+    Term(
+        "avg_cos",
+        f"mean cosine over all distinct pairs, (||sum_i x_i/||x_i|| ||^2 - N) / (N (N - 1)), {_EXACT} (zero vectors "
+        "left out)",
+        ETHAYARAJH,
+        HIDDEN_SITES,
+    ),
+    Term("drift_norm", f"||mean_i x_i||, the common drift, {_EXACT}", GODEY, HIDDEN_SITES),
+    Term("drift_ratio", f"drift_norm / mean_i ||x_i||, in [0, 1], {_EXACT}", ANISWEEP, HIDDEN_SITES),
+    Term("norm_mean", f"mean_i ||x_i|| {_EXACT}", MOLINA, HIDDEN_SITES),
+    Term("norm_std", f"standard deviation (population) of ||x_i|| {_EXACT}", MOLINA, HIDDEN_SITES),
+    Term(
+        "norm_cv",
+        "norm_std / norm_mean: the spread of norms (about 0 after a LayerNorm without its affine part)",
+        MOLINA,
+        HIDDEN_SITES,
+    ),
+    Term("norm_min", f"min_i ||x_i|| {_EXACT}", MOLINA, HIDDEN_SITES),
+    Term("norm_max", f"max_i ||x_i|| {_EXACT}", MOLINA, HIDDEN_SITES),
+    Term(
+        "n_tokens",
+        "number of valid tokens with finite vectors: those every statistic of the site is over",
+        ANISWEEP,
+        HIDDEN_SITES,
+    ),
+    Term(
+        "n_nonfinite",
+        "number of valid tokens with a NaN or inf component, left out of every statistic (> 0 flags the step)",
+        ANISWEEP,
+        HIDDEN_SITES,
+    ),
+    Term("dim", "d, the dimension of the site's vectors", ANISWEEP, HIDDEN_SITES),
+    # hidden.parquet, the seeded sample (measures.metrics.sample_rows)
+    Term(
+        "centred_avg_cos",
+        f"avg_cos of x_i - mean(x), the anisotropy left once the common drift is removed, {_SAMPLE}",
+        BIS,
+        SAMPLED_SITES,
+    ),
+    Term(
+        "isoscore",
+        f"IsoScore (in [0, 1], 1 = isotropic) of the covariance's eigenvalues, {_SAMPLE}; NaN with fewer tokens than d",
+        ISOSCORE,
+        SAMPLED_SITES,
+    ),
+    Term(
+        "top_eig_share",
+        f"largest eigenvalue of the centred covariance over its trace, {_SAMPLE}",
+        ANISWEEP,
+        SAMPLED_SITES,
+    ),
+    Term(
+        "n_sampled",
+        "number of sampled tokens with finite vectors (what centred_avg_cos, isoscore, top_eig_share use)",
+        ANISWEEP,
+        SAMPLED_SITES,
+    ),
+    # correlations over layers (measures.metrics.correlation_rows)
+    Term("drift_avg_cos_spearman_r", f"Spearman correlation of drift_norm and avg_cos {_CORR}", GODEY, ("resid",)),
+    Term(
+        "drift_avg_cos_spearman_p",
+        f"two-sided permutation p-value of drift_avg_cos_spearman_r {_CORR}",
+        GODEY,
+        ("resid",),
+    ),
+    Term("drift_avg_cos_pearson_r", f"Pearson correlation of drift_norm and avg_cos {_CORR}", GODEY, ("resid",)),
+    Term(
+        "drift_avg_cos_pearson_p",
+        f"two-sided permutation p-value of drift_avg_cos_pearson_r {_CORR}",
+        GODEY,
+        ("resid",),
+    ),
+    Term(
+        "drift_avg_cos_p_exact",
+        "1.0 when the p-values enumerate every ordering of the layers (up to 8 layers), 0.0 when seeded Monte Carlo",
+        ANISWEEP,
+        ("resid",),
+    ),
+    Term(
+        "drift_avg_cos_n_permutations", "number of orderings the p-values rest on (n! when exact)", ANISWEEP, ("resid",)
+    ),
+    # layernorm.parquet (measures.metrics.layernorm_rows); norms without parameters have no rows
+    Term("gain_mean", "mean of the norm's gain vector", MACHINA, NORM_SITES),
+    Term("gain_std", "standard deviation (population) of the norm's gain vector", MACHINA, NORM_SITES),
+    Term("gain_min", "smallest entry of the norm's gain vector", MACHINA, NORM_SITES),
+    Term("gain_max", "largest entry of the norm's gain vector", MACHINA, NORM_SITES),
+    Term("bias_norm", "||b||, the norm of the norm's bias vector; NaN without a bias (RMSNorm)", MACHINA, NORM_SITES),
+    Term(
+        "bias_drift_share",
+        "<b, m> / ||m||^2, m = mean of final_ln_out over every valid token: the share of the drift the bias makes",
+        MACHINA,
+        ("final_ln",),
+    ),
+    # embeddings.parquet (measures.metrics.embedding_rows)
+    Term(
+        "partition_isotropy",
+        "I(W) = min_c Z(c) / max_c Z(c), Z(c) = sum_i exp(<w_i, c>), c over the eigenvectors of W^T W and"
+        " their negatives",
+        MU,
+        EMBEDDING_SITES,
+    ),
+    Term("partition_isotropy_centred", "partition_isotropy of W minus its mean row", MU, EMBEDDING_SITES),
+    Term(
+        "partition_isotropy_mm",
+        "I(W) over the eigenvectors with the sign eigh returns them (no negatives), as Machina & Mercer compute it",
+        MACHINA,
+        EMBEDDING_SITES,
+    ),
+    Term("partition_isotropy_mm_centred", "partition_isotropy_mm of W minus its mean row", MACHINA, EMBEDDING_SITES),
+    # gradients.parquet (measures.gradient_metrics)
+    *_share(
+        "grad_energy_share",
+        "sum_t ||P g_t||^2 / sum_t ||g_t||^2 of the LM loss's gradients g_t at the site, P the projector on the"
+        " subspace",
+    ),
+    *_share(
+        "grad_anisotropy_share",
+        "sum_i lambda_i ||P v_i||^2 / sum_i lambda_i over the top-`rank` eigenpairs of the gradients' centred"
+        " covariance, P the projector on the subspace",
+    ),
+)
+
+
+# --------------------------------------------------------------------------- columns
+COLUMNS: tuple[Term, ...] = (
+    Term("family", "checkpoint family (e.g. `pythia`, `multiberts`, `toy`)", ANISWEEP),
+    Term("model", "model name within the family", ANISWEEP),
+    Term("seed", "the model's training seed (null where the family has none)", ANISWEEP),
+    Term("step", "optimizer step of the checkpoint", ANISWEEP),
+    Term(
+        "tokens_seen",
+        "tokens seen in training: step x tokens per step (null where unknown: a local run without tokens_per_step)",
+        ANISWEEP,
+    ),
+    Term(
+        "layer",
+        "where in depth: for `qk_*` and `attention` the block index from 0; for the hidden-state and norm sites the"
+        " residual layer (0 = the embedding output, l = block l's output) or the block (from 1) a norm belongs to;"
+        " null for whole-model values",
+        ANISWEEP,
+    ),
+    Term("head", "attention head; null for per-layer values", ANISWEEP),
+    Term("site", "where the metric was measured (the sites above)", ANISWEEP),
+    Term("metric", "the metric's name (the metrics above)", ANISWEEP),
+    Term(
+        "subspace",
+        "gradient metrics: the subspace the share is in, `seminmf` (tangent proxy) or `pca`; null for other metrics",
+        TANGENT,
+    ),
+    Term(
+        "fit",
+        "gradient metrics: `checkpoint` (subspace fitted on this checkpoint's activations) or `fixed` (fitted once on"
+        " an early window of steps); null for other metrics",
+        TANGENT,
+    ),
+    Term("rank", "gradient metrics: the subspace's rank k; null for other metrics", TANGENT),
+    Term(
+        "stratum",
+        "gradient metrics: the tokens the share is over, `all` or by their id's count in the batch `frequent`,"
+        " `middle`, `rare` (terciles); null for other metrics",
+        TANGENT,
+    ),
+    Term("value", "the metric's value (float64; NaN or null where undefined)", ANISWEEP),
+    Term(
+        "status",
+        "sweep.parquet only: `ok`, `duplicate` (weights byte-identical to another step's), `nonfinite` or `missing`",
+        ANISWEEP,
+    ),
+    Term("duplicate_of_step", "sweep.parquet only: the step whose weights a `duplicate` step repeats", ANISWEEP),
+    Term(
+        "weights_sha256", "sweep.parquet only: the hash of the checkpoint's weight files (from extract.json)", ANISWEEP
+    ),
+)
+
+
+def metric_names() -> set[str]:
+    return {term.name for term in METRICS}
+
+
+def site_names() -> set[str]:
+    return {term.name for term in SITES}
+
+
+def column_names() -> set[str]:
+    return {term.name for term in COLUMNS}
+
+
+#: How the metrics table names a site list that is a whole group.
+_SITE_GROUPS = {
+    HIDDEN_SITES: "every hidden-state site: `resid`, `final_ln_in`, `final_ln_out`, each norm's `ln_*_in`, `ln_*_out`",
+    QK_SITES: "`qk_pre`, `qk_post`, `qk_pre_norm`",
+    NORM_SITES: "each norm with a gain: `ln_*`, `final_ln`",
+}
+
+
+def _sites(sites: tuple[str, ...]) -> str:
+    return _SITE_GROUPS.get(sites) or ", ".join(f"`{site}`" for site in sites)
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_escape(cell) for cell in row) + " |" for row in rows]
+    return lines
+
+
+def glossary_markdown() -> str:
+    """docs/metrics.md: the metrics, sites and columns of metrics.parquet as markdown tables."""
+    lines = [
+        "# metrics.parquet: metrics, sites and columns",
+        "",
+        "Generated from `src/anisweep/measures/glossary.py` (`python -m anisweep.measures.glossary`); edit the",
+        "glossary, not this file. Natural log everywhere; padding is masked out of every statistic. One row of",
+        "metrics.parquet is one (layer, head, site, metric, subspace, fit, rank, stratum) of a checkpoint.",
+        "",
+        "## Metrics",
+        "",
+        *_table(
+            ("metric", "sites", "definition", "source"),
+            [(f"`{t.name}`", _sites(t.sites), t.definition, t.source) for t in METRICS],
+        ),
+        "",
+        "## Sites",
+        "",
+        *_table(("site", "definition", "source"), [(f"`{t.name}`", t.definition, t.source) for t in SITES]),
+        "",
+        "## Columns",
+        "",
+        *_table(("column", "definition", "source"), [(f"`{t.name}`", t.definition, t.source) for t in COLUMNS]),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_docs(path: str | Path = "docs/metrics.md") -> Path:
+    path = Path(path)
+    path.write_text(glossary_markdown(), encoding="utf-8")
+    return path
+
+
+if __name__ == "__main__":
+    print(write_docs(*sys.argv[1:2]))

@@ -1,0 +1,79 @@
+"""The glossary (anisweep.measures.glossary): docs/metrics.md is built from it, and it names every metric, site
+and column that metrics.parquet gets for real tiny checkpoints of every supported architecture."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import polars as pl
+import pytest
+import transformers
+from test_metrics import measure_checkpoint
+
+from anisweep.measures import glossary
+from anisweep.measures.gradient_metrics import GRADIENT_METRICS
+from anisweep.measures.sweep import SWEEP_SCHEMA
+from anisweep.tables import ATTENTION_STATISTICS, METRIC_SCHEMA
+
+from conftest import bert_config, gpt2_config, llama_config, neox_config, olmo2_config, olmo_config
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+
+ARCHITECTURES = {
+    "bert": (transformers.BertForMaskedLM, bert_config),
+    "gpt_neox": (transformers.GPTNeoXForCausalLM, neox_config),
+    "gpt2": (transformers.GPT2LMHeadModel, gpt2_config),
+    "llama": (transformers.LlamaForCausalLM, llama_config),
+    "olmo": (transformers.OlmoForCausalLM, olmo_config),
+    "olmo2": (transformers.Olmo2ForCausalLM, olmo2_config),
+}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> dict[str, pl.DataFrame]:
+    """metrics.parquet (with the gradient analysis's rows) of a tiny checkpoint of every architecture."""
+    out = {}
+    for name, (cls, config) in ARCHITECTURES.items():
+        _, out[name] = measure_checkpoint(tmp_path_factory.mktemp(name), cls, config())
+    return out
+
+
+def test_docs_metrics_md_is_built_from_the_glossary():
+    """docs/metrics.md is glossary_markdown(): rewrite it with `python -m anisweep.measures.glossary`."""
+    assert DOCS.read_text(encoding="utf-8") == glossary.glossary_markdown()
+
+
+def test_the_glossary_is_consistent():
+    for table in (glossary.METRICS, glossary.SITES, glossary.COLUMNS):
+        repeated = [name for name, n in Counter(t.name for t in table).items() if n > 1]
+        assert not repeated
+        assert all(t.definition and t.source and "\n" not in t.definition for t in table)
+    for term in glossary.METRICS:
+        assert term.sites and set(term.sites) <= glossary.site_names(), term.name
+    assert glossary.column_names() == set(METRIC_SCHEMA) | set(SWEEP_SCHEMA)
+    assert set(GRADIENT_METRICS) | set(ATTENTION_STATISTICS) <= glossary.metric_names()
+    from anisweep.extract.recorder import SAMPLED_SITES
+
+    assert glossary.SAMPLED_SITES == SAMPLED_SITES
+
+
+def test_every_metric_and_site_written_is_in_the_glossary(written):
+    sites_of = {term.name: set(term.sites) for term in glossary.METRICS}
+    for name, metrics in written.items():
+        assert set(metrics.columns) <= glossary.column_names(), name
+        assert set(metrics["metric"]) <= glossary.metric_names(), (name, set(metrics["metric"]) - sites_of.keys())
+        assert set(metrics["site"]) <= glossary.site_names(), (name, set(metrics["site"]) - glossary.site_names())
+        pairs = metrics.select("metric", "site").unique().iter_rows()
+        misplaced = sorted((metric, site) for metric, site in pairs if site not in sites_of[metric])
+        assert not misplaced, (name, misplaced)
+
+
+def test_every_glossary_entry_is_written_by_some_architecture(written):
+    """No stale entry: each metric, site and (metric, site) the glossary lists occurs in some metrics.parquet."""
+    everything = pl.concat(written.values())
+    assert glossary.metric_names() == set(everything["metric"])
+    assert glossary.site_names() == set(everything["site"])
+    pairs = set(everything.select("metric", "site").unique().iter_rows())
+    listed = {(term.name, site) for term in glossary.METRICS for site in term.sites}
+    assert listed == pairs, (sorted(listed - pairs), sorted(pairs - listed))
