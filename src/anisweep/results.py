@@ -29,14 +29,13 @@ from pathlib import Path
 
 import polars as pl
 
-from anisweep.tables import IDENTITY
+from anisweep.tables import IDENTITY, IDENTITY_SCHEMA
 
 __all__ = ["LEVELS", "scan", "tables"]
 
 #: Where a table lives: one file per checkpoint (``{family}/{model}/step{N}/``) or per model (``{family}/{model}/``).
 LEVELS = ("checkpoint", "model")
 
-_TYPES = {"family": pl.String, "model": pl.String, "seed": pl.Int64, "step": pl.Int64, "tokens_seen": pl.Int64}
 _STEP = re.compile(r"step(\d+)")
 _SUFFIX = ".parquet"
 
@@ -132,7 +131,7 @@ def _identified(frame: pl.LazyFrame, names: list[str], identity: dict[str, pl.Ex
     added = [identity[key].alias(key) for key in IDENTITY if key not in names]
     if added:
         frame = frame.with_columns(added)
-    return frame.select(*[pl.col(key).cast(_TYPES[key]) for key in IDENTITY], *[c for c in names if c not in IDENTITY])
+    return frame.select(*[pl.col(key).cast(IDENTITY_SCHEMA[key]) for key in IDENTITY], *[c for c in names if c not in IDENTITY])
 
 
 def _checkpoint_frame(file: _File) -> pl.LazyFrame:
