@@ -131,8 +131,8 @@ def _identified(frame: pl.LazyFrame, names: list[str], identity: dict[str, pl.Ex
     added = [identity[key].alias(key) for key in IDENTITY if key not in names]
     if added:
         frame = frame.with_columns(added)
-    identity = [pl.col(key).cast(dtype) for key, dtype in IDENTITY_SCHEMA.items()]
-    return frame.select(*identity, *[c for c in names if c not in IDENTITY])
+    typed = [pl.col(key).cast(dtype) for key, dtype in IDENTITY_SCHEMA.items()]
+    return frame.select(*typed, *[c for c in names if c not in IDENTITY])
 
 
 def _checkpoint_frame(file: _File) -> pl.LazyFrame:
