@@ -28,7 +28,7 @@ during a pass (weights included), as a ratio to the plain pass's; then one check
 config's settings on the device. Shapes there include pythia-1.4b. `--device cpu --parts device` runs the
 same code on the CPU (speed only), to check it.
 
-Variants: `plain`; `extract` (anisweep.extract.run.run.run with every statistic and the hidden-state sample
+Variants: `plain`; `extract` (anisweep.extract.run.run with every statistic and the hidden-state sample
 drawn at the rate of the shape's real sweep config, 1 token in 8 for config/multiberts.yaml and 3 in 16
 for config/pythia.yaml, which is what one mini-batch of those sweeps contributes; memory over growing
 n_sequences keeps the config's whole sample: the forward and its accumulators, not the writing of tables);

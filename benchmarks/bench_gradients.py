@@ -9,7 +9,7 @@ layers, 30522 tokens), `pythia-70m` (GPTNeoXForCausalLM, d = 512, 6 layers, 5030
 12 layers, 30522 tokens), `pythia-160m` (d = 768, 12 layers, 50304 tokens). Per shape, in one
 process, interleaved over --repeat repetitions (median reported):
 
-* `extract`: anisweep.extract.run.run.run, the base model's recorded forward, as the extract rule runs it;
+* `extract`: anisweep.extract.run.run, the base model's recorded forward, as the extract rule runs it;
 * `gradient_pass`: anisweep.tangent.backward.gradient_pass, forward through the LM head plus backward to the sites;
 * `analysis`: anisweep.tangent.checkpoint.analyse (semi-NMF, PCA, random controls, shares, isotropy per stratum);
 

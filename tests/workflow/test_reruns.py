@@ -169,9 +169,9 @@ def test_growing_the_sweep_schedules_only_the_new_checkpoints(run):
 @pytest.mark.parametrize(
     ("module", "reruns", "never"),
     [
-        ("metrics.py", {"metrics": 3, "sweep": 1, "plot_model": 1, "plot_family": 1}, ()),
-        ("sweep.py", {"sweep": 1, "plot_model": 1, "plot_family": 1}, ("metrics",)),
-        ("plots.py", {"plot_model": 1, "plot_family": 1}, ("metrics", "sweep")),
+        ("measures/metrics.py", {"metrics": 3, "sweep": 1, "plot_model": 1, "plot_family": 1}, ()),
+        ("measures/sweep.py", {"sweep": 1, "plot_model": 1, "plot_family": 1}, ("metrics",)),
+        ("plots/sweep.py", {"plot_model": 1, "plot_family": 1}, ("metrics", "sweep")),
     ],
 )
 def test_analysis_code_reruns_metrics_and_figures_never_extract(run, module, reruns, never):
@@ -410,7 +410,7 @@ def test_too_short_corpus_fails_before_the_model_loads(run, tmp_path, monkeypatc
     def never(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(anisweep.extract.run.run, "load_model", never)
+    monkeypatch.setattr(anisweep.extract.run, "load_model", never)
     short = tmp_path / "short.txt"
     short.write_text("Only a few words here.\n")
     checkpoint = run["workdir"] / "resources" / "toy" / "toy-neox" / "step32"

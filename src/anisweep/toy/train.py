@@ -210,7 +210,7 @@ def train_toy(
     that update), its learning rate and tokens seen. ``texts`` defaults to the builtin corpus.
     ``num_threads`` sets torch's intra-op threads for the call (None: leave as is).
     With ``spec.live`` no checkpoint is saved: ``analyse(step, model, tokenizer)`` is called at each of
-    ``steps`` instead (e.g. :func:`anisweep.live.callback.toy.live_analysis`); it must leave the model and the RNG
+    ``steps`` instead (e.g. :class:`anisweep.live.toy.LiveAnalysis`); it must leave the model and the RNG
     as it found them (anisweep.live does).
     Returns ``out_dir``.
     """
