@@ -122,6 +122,16 @@ def saved(tmp_path, cls, config, name):
     return tmp_path / name
 
 
+def tiny_neox_lm(tmp_path):
+    """(model, adapter, batch): a saved and reloaded tiny GPT-NeoX LM in eval mode, its adapter, padded_batch()."""
+    from transformers import GPTNeoXForCausalLM
+
+    from anisweep.adapters import adapter_for
+
+    model = GPTNeoXForCausalLM.from_pretrained(saved(tmp_path, GPTNeoXForCausalLM, neox_config(), "n")).eval()
+    return model, adapter_for(model.config), padded_batch()
+
+
 def run_extract(path, batch, **settings):
     settings = ExtractSettings(**{"batch_size": 2, "sample_tokens": 10_000, "device": "cpu", **settings})
     parts = load_model(path, device="cpu")

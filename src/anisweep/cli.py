@@ -339,7 +339,7 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_take_live_local)
 
     p = sub.add_parser("fetch", help="get one checkpoint's weights")
-    p.add_argument("--checkpoint", type=_json, required=True, help="JSON of a sources.Checkpoint")
+    p.add_argument("--checkpoint", type=_json, required=True, help="JSON of a checkpoints.base.Checkpoint")
     p.add_argument("--out", required=True)
     p.add_argument("--keep-weights", action="store_true", help="download into the HF cache and keep them there")
     p.add_argument("--retries", type=int, default=5)

@@ -80,7 +80,7 @@ def toy_spec(config: dict, name: str) -> dict:
 
 
 def checkpoints(config: dict) -> list[Checkpoint]:
-    """Every checkpoint the config's `models` list names, each once, validated (raises sources.ConfigError;
+    """Every checkpoint the config's `models` list names, each once, validated (raises errors.ConfigError;
     the same checkpoint named twice with different sources among them)."""
     toy_specs = {name: toy_spec(config, name) for name in config.get("toy", {})}
     found = resolve_all(config.get("models", []), toy_root=Path(TOY_ROOT), toy_specs=toy_specs)

@@ -146,11 +146,7 @@ METRIC_PARAMETERS = ("subspace", "fit", "rank", "stratum")
 METRIC_KEY = ("layer", "head", "site", "metric", *METRIC_PARAMETERS)
 
 METRIC_SCHEMA = {
-    "family": pl.String,
-    "model": pl.String,
-    "seed": pl.Int64,
-    "step": pl.Int64,
-    "tokens_seen": pl.Int64,
+    **IDENTITY_SCHEMA,
     "layer": pl.Int64,
     "head": pl.Int64,
     "site": pl.String,
@@ -181,15 +177,10 @@ def empty_metrics() -> pl.DataFrame:
     return pl.DataFrame(schema=METRIC_SCHEMA)
 
 
-def metric_key_duplicates(df: pl.DataFrame, key: tuple[str, ...] = METRIC_KEY) -> pl.DataFrame:
-    """The rows of a metric table whose `key` columns (nulls compared as equal) some other row repeats."""
-    return df.filter(df.select(list(key)).is_duplicated())
-
-
 def check_metric_keys(df: pl.DataFrame, key: tuple[str, ...] = METRIC_KEY, where: str = "metrics") -> None:
     """Raise ValueError when two rows of a metric table share their `key` columns: a metric measured twice at
     the same place, or a parameter (subspace, fit, rank, stratum) that was left out of a row."""
-    duplicates = metric_key_duplicates(df, key)
+    duplicates = df.filter(df.select(list(key)).is_duplicated())  # nulls compare as equal
     if not duplicates.is_empty():
         shown = duplicates.select(list(key)).unique(maintain_order=True).head(5).to_dicts()
         raise ValueError(f"{where}: {duplicates.height} rows share their key columns {list(key)}, e.g. {shown}")
@@ -200,17 +191,16 @@ def metric_rows(ident: dict, rows: list[dict]) -> pl.DataFrame:
     with the identity columns, in METRIC_SCHEMA. Raises ValueError when two rows share their METRIC_KEY."""
     if not rows:
         return empty_metrics()
-    columns = ("layer", "head", "site", "metric", *METRIC_PARAMETERS)
     df = pl.DataFrame(
         [
             {
-                **{column: r.get(column) for column in columns},
+                **{column: r.get(column) for column in METRIC_KEY},
                 "metric": r["metric"],
                 "value": None if r["value"] is None else float(r["value"]),
             }
             for r in rows
         ],
-        schema={k: METRIC_SCHEMA[k] for k in (*columns, "value")},
+        schema={k: METRIC_SCHEMA[k] for k in (*METRIC_KEY, "value")},
     )
     check_metric_keys(df)
     return with_identity(df, ident).cast(METRIC_SCHEMA)

@@ -9,10 +9,8 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from transformers import GPTNeoXForCausalLM
 
 from anisweep import config as anisweep_config
-from anisweep.adapters import adapter_for
 from anisweep.errors import ConfigError
 from anisweep.measures.gradient_metrics import GRADIENT_METRICS, gradient_metric_rows
 from anisweep.tangent import embedding_change as ec
@@ -23,7 +21,7 @@ from anisweep.tangent.checkpoint import GRADIENT_SCHEMA, analyse
 from anisweep.tangent.settings import GradientSettings
 from anisweep.tangent.shares import pca_basis, random_bases
 
-from conftest import neox_config, padded_batch, saved
+from conftest import tiny_neox_lm
 
 
 def rows_frame(ids, strata, weights, vectors) -> pl.DataFrame:
@@ -167,9 +165,7 @@ def test_fixed_bases_equal_a_direct_fit_on_the_pooled_sample():
 
 
 def test_analyse_with_fixed_bases_equal_to_its_own_gives_the_same_shares(tmp_path):
-    model = GPTNeoXForCausalLM.from_pretrained(saved(tmp_path, GPTNeoXForCausalLM, neox_config(), "n")).eval()
-    adapter = adapter_for(model.config)
-    batch = padded_batch()
+    model, adapter, batch = tiny_neox_lm(tmp_path)
     lm = causal_lm_batch(batch["input_ids"], batch["attention_mask"].bool())
     settings = GradientSettings(rank=2, n_random=4)
     result = gradient_pass(model, adapter, 32, 2, lm, settings, batch_size=5, progress=False)
@@ -289,9 +285,7 @@ def test_sweep_with_fixed_and_embedding_change_draws_every_figure(tmp_path):
     from anisweep.tables import with_identity, write_atomic
     from anisweep.tangent.sweep import gradients_sweep
 
-    model = GPTNeoXForCausalLM.from_pretrained(saved(tmp_path, GPTNeoXForCausalLM, neox_config(), "n")).eval()
-    adapter = adapter_for(model.config)
-    batch = padded_batch()
+    model, adapter, batch = tiny_neox_lm(tmp_path)
     settings = GradientSettings(rank=2, n_random=4, subspaces="both", embedding_change=True, embedding_tokens=9)
     fixed = None
     paths, bases_paths, embedding_paths, tables = [], [], [], {}

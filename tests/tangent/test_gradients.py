@@ -25,7 +25,7 @@ from anisweep.tangent.shares import (
     top_eigenpairs,
 )
 
-from conftest import bert_config, neox_config, padded_batch, saved
+from conftest import bert_config, neox_config, padded_batch, saved, tiny_neox_lm
 
 
 def planted(n=400, d=30, k=5, seed=1):
@@ -207,11 +207,9 @@ def test_per_token_gradients_equal_full_backward(tmp_path, arch):
 
 
 def test_the_gradient_pass_does_not_depend_on_the_mini_batch_size(tmp_path):
-    model = GPTNeoXForCausalLM.from_pretrained(saved(tmp_path, GPTNeoXForCausalLM, neox_config(), "n")).eval()
-    batch = padded_batch()
+    model, adapter, batch = tiny_neox_lm(tmp_path)
     lm = causal_lm_batch(batch["input_ids"], batch["attention_mask"].bool())
     settings = GradientSettings(sample_tokens=20)
-    adapter = adapter_for(model.config)
     a = gradient_pass(model, adapter, 32, 2, lm, settings, batch_size=1, progress=False)
     b = gradient_pass(model, adapter, 32, 2, lm, settings, batch_size=5, progress=False)
     assert a.loss == pytest.approx(b.loss, rel=1e-6)
@@ -246,9 +244,7 @@ def test_gradient_sweep_and_figures_from_checkpoint_tables(tmp_path):
     from anisweep.tables import with_identity, write_atomic
     from anisweep.tangent.sweep import gradients_sweep
 
-    model = GPTNeoXForCausalLM.from_pretrained(saved(tmp_path, GPTNeoXForCausalLM, neox_config(), "n")).eval()
-    adapter = adapter_for(model.config)
-    batch = padded_batch()
+    model, adapter, batch = tiny_neox_lm(tmp_path)
     lm = causal_lm_batch(batch["input_ids"], batch["attention_mask"].bool())
     settings = GradientSettings(rank=2, n_random=4)
     result = gradient_pass(model, adapter, 32, 2, lm, settings, batch_size=5, progress=False)

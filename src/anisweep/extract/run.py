@@ -22,13 +22,7 @@ from anisweep.checkpoints import preflight
 from anisweep.extract.attention_torch import Workers
 from anisweep.extract.model import ExtractSettings, LoadedModel, load_model
 from anisweep.extract.qk_sample import QKSample
-from anisweep.extract.recorder import (
-    Hooks,
-    Recorder,
-    Sample,
-    attention_kernel,
-    recording,
-)
+from anisweep.extract.recorder import Hooks, Recorder, Sample, attention_kernel, recording
 from anisweep.extract.score_hist import ScoreHistogram
 from anisweep.extract.tables import tables
 from anisweep.tables import IDENTITY, write_atomic

@@ -14,7 +14,7 @@ def live_ident(
     model: str, step: int, tokens_per_step: int | None = None, seed: int | None = None, family: str = "local"
 ) -> dict:
     """The identity columns of step `step` of `model` analysed while it trains: a live local run's (family
-    `local`), or a live toy's (family `toy`, as a saved toy checkpoint's rows carry them, sources.Toy)."""
+    `local`), or a live toy's (family `toy`, as a saved toy checkpoint's rows carry them, checkpoints.toy.Toy)."""
     return {
         "family": family,
         "model": model,
