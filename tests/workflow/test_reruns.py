@@ -184,18 +184,60 @@ def test_analysis_code_reruns_metrics_and_figures_never_extract(run, module, rer
     if "mtime_only" not in run:  # what the run would redo anyway, by mtime alone
         run["mtime_only"] = planned(workdir, configfile, *mtime_only)
     base = run["mtime_only"]
-    source = PACKAGE / module
-    stat, touched = source.stat(), time.time_ns()
-    try:
-        os.utime(source, ns=(stat.st_atime_ns, touched))
-        after = planned(workdir, configfile, *mtime_only)
-    finally:
-        if source.stat().st_mtime_ns == touched:  # unless someone saved the file meanwhile
-            os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    after = edited_plan(workdir, configfile, module)
     for rule, count in reruns.items():
         assert after.get(rule) == count, after
     for rule in ("train_toy", "fetch", "extract", *never):
         assert after.get(rule, 0) == base.get(rule, 0), (rule, after)
+
+
+def edited_plan(workdir: Path, configfile: Path, module: str) -> dict[str, int]:
+    """What a dry run schedules once `module` (a package source) is newer than every output: an edit, stood in
+    by touching the file with the checksum comparison off; the file's times are restored after."""
+    source = PACKAGE / module
+    stat, touched = source.stat(), time.time_ns()
+    try:
+        os.utime(source, ns=(stat.st_atime_ns, touched))
+        return planned(workdir, configfile, "--max-checksum-file-size", "0")
+    finally:
+        if source.stat().st_mtime_ns == touched:  # unless someone saved the file meanwhile
+            os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+@pytest.fixture(scope="module")
+def gradient_run(tmp_path_factory) -> dict:
+    """The tiny toy-neox sweep with the gradient analysis and fixed subspaces on (gradients at steps 0 and 32)."""
+    root = tmp_path_factory.mktemp("gradient-reruns")
+    workdir = root / "work"
+    workdir.mkdir()
+    configfile = root / "sweep.yaml"
+    configfile.write_text(yaml.safe_dump({**TINY, "models": [neox("all")], "untrained": {"enabled": False}}))
+    done = snakemake(workdir, configfile)
+    assert done.returncode == 0, done.stderr[-5000:]
+    assert planned(workdir, configfile, "--max-checksum-file-size", "0") == {}
+    return {"workdir": workdir, "config": configfile}
+
+
+@pytest.mark.parametrize(
+    ("module", "reruns"),
+    [
+        ("plots/kit.py", {"plot_model", "plot_family", "plot_spectra", "plot_score_hist", "qk_svd", "plot_gradients"}),
+        ("mechanism/qk_svd.py", {"qk_svd", "plot_score_hist"}),
+        ("tangent/sweep.py", {"gradients_sweep", "plot_gradients"}),
+        ("extract/run.py", set()),
+        ("tangent/backward.py", set()),
+        # docs/reruns.md, last row: the refitted fixed bases are read by the gradients jobs, which need the weights
+        ("tangent/fixed.py", {"gradient_fixed_bases", "fetch", "extract", "gradients", "gradients_sweep", "metrics"}),
+        ("tables.py", {"gradient_fixed_bases", "fetch", "extract", "gradients", "metrics", "sweep", "qk_svd"}),
+    ],
+)
+def test_code_edits_with_the_gradient_analysis_rerun_what_docs_reruns_says(gradient_run, module, reruns):
+    after = edited_plan(gradient_run["workdir"], gradient_run["config"], module)
+    if "fetch" not in reruns:
+        assert set(after) == reruns, after
+    else:
+        assert reruns <= set(after), after
+        assert after["fetch"] == after["extract"] == after["gradients"] == 2  # the gradient steps 0 and 32 alone
 
 
 # ---------------------------------------------------------------------------------------------- failures
