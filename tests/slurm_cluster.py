@@ -217,9 +217,17 @@ class Cluster:
             _stop_pid(proc.pid, proc)
             (BASE / f"{name}.pid").unlink(missing_ok=True)
             log(f"slurm_cluster: stopped {name} (pid {proc.pid})")
+        remove_conf()
         if self.lock_fd is not None:
             os.close(self.lock_fd)  # releases the flock
             self.lock_fd = None
+
+
+def remove_conf() -> None:
+    """Remove the slurm.conf start() wrote (never another): left behind, it names a controller that no longer
+    runs, and every `scontrol` (the SLURM executor plugin runs one whenever Snakemake imports it) waits 10 s."""
+    if SLURM_CONF.is_file() and SLURM_CONF.read_text(errors="replace").startswith(MARKER):
+        SLURM_CONF.unlink()
 
 
 def _lock(log=print, timeout: float = 900) -> int:
@@ -414,5 +422,6 @@ if __name__ == "__main__":
         if _which("scancel"):
             _run(["scancel", "--user", "root"], check=False)
         _stop_stale()
+        remove_conf()
     else:
         sys.exit("usage: python tests/slurm_cluster.py start|stop")
