@@ -26,15 +26,17 @@ include: "workflow/rules/tangent.smk"
 include: "workflow/rules/measures.smk"
 include: "workflow/rules/mechanism.smk"
 include: "workflow/rules/plots.smk"
+include: "workflow/rules/live_inputs.smk"
 include: "workflow/rules/live.smk"
 
 
 # A failed run (a checkpoint that cannot be fetched, loaded or run) still leaves each sweep it was making, from
-# the checkpoints that finished, the others listed with status = "missing", and no weights on disk
-# (src/anisweep/partial.py; what Snakemake knows is gathered in workflow/rules/common.smk).
+# the checkpoints that finished, the others listed with status = "missing", and none of the weights it fetched
+# unless another running Snakemake has locked them (src/anisweep/measures/partial.py; what Snakemake knows is
+# gathered in workflow/rules/common.smk).
 onerror:
     write_partial_sweeps(unfinished_sweeps())
-    remove_stranded_weights(CHECKPOINTS, notemp=getattr(workflow.storage_settings, "notemp", False))
+    remove_fetched_weights(workflow)
 
 
 rule all:

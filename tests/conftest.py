@@ -153,7 +153,10 @@ def assert_tables_equal(a: pl.DataFrame, b: pl.DataFrame, name: str, rtol: float
     assert a.height == b.height, name
     for column in a.columns:
         x, y = a[column], b[column]
-        if x.dtype.is_float() or (isinstance(x.dtype, pl.List) and x.dtype.inner.is_float()):
+        if isinstance(x.dtype, pl.List) and x.dtype.inner.is_float():  # ragged: the lengths, then every value
+            assert x.list.len().to_list() == y.list.len().to_list(), f"{name}.{column}"
+            x, y = x.explode(), y.explode()
+        if x.dtype.is_float():
             xs, ys = (np.array(v.to_list(), dtype=np.float64) for v in (x, y))
             np.testing.assert_allclose(xs, ys, rtol=rtol, atol=1e-7, equal_nan=True, err_msg=f"{name}.{column}")
         else:

@@ -284,8 +284,20 @@ def toy_change(key, value):
             lambda c: c["models"].append({"family": "local", "name": "toy-bert", "path": "x", "steps": "all"}),
             "path x is not a folder",
         ),
+        (lambda c: c["gradients"].update(rank=[4, 32]), "gradients.rank 32 is not less than d_model = 32 of toy/"),
+        (
+            lambda c: c["extract"].update(score_bins={"low": 20, "high": -20, "n": 80}),
+            "extract.score_bins: low = 20 is not below high = -20",
+        ),
     ],
-    ids=["misspelt-toy-key", "seq-len-above-toy-positions", "sample-below-toy-d-model", "local-path-missing"],
+    ids=[
+        "misspelt-toy-key",
+        "seq-len-above-toy-positions",
+        "sample-below-toy-d-model",
+        "local-path-missing",
+        "rank-of-d-model",
+        "score-bins-reversed",
+    ],
 )
 def test_config_errors_stop_snakemake_before_any_job(tmp_path, change, named):
     config = tiny_config()
@@ -390,3 +402,93 @@ def test_gpt2_positions_and_width_are_read_from_its_own_config_keys(settings, ex
     hf_config = {"model_type": "gpt2", "n_positions": 64, "n_embd": 32}
     with pytest.raises(PreflightError, match=re.escape(expected)):
         check_model_config(hf_config, SimpleNamespace(**{**EXTRACT, **settings}), "gpt2/m/step0")
+
+
+# ---------------------------------------------------------------------------------------------- model shapes
+
+
+def test_a_local_runs_shape_is_read_from_its_config_json_when_the_config_is(models, tmp_path):
+    """The tiny run has hidden size 32, 2 layers and 4 heads: a rank of 32 makes every subspace the whole space,
+    and head 4 does not exist; both stop the run before any job."""
+    run = local_run_without_tokenizer(models, tmp_path)
+    base = {"models": [{"family": "local", "name": "run", "path": str(run), "steps": [1]}]}
+    with pytest.raises(ConfigError, match=r"gradients.rank 32 is not less than d_model = 32 of local/run"):
+        checkpoints(complete({**base, "gradients": {"enabled": True, "rank": [8, 32]}}))
+    with pytest.raises(ConfigError, match=re.escape("qk_svd.heads: [[0, 4]] are not [layer, head] pairs of local/run")):
+        checkpoints(complete({**base, "qk_svd": {"heads": [[0, 4]]}}))
+    assert checkpoints(complete({**base, "gradients": {"enabled": True, "rank": 31}, "qk_svd": {"heads": [[1, 3]]}}))
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_stops_before_its_weights_are_read(
+    models, tmp_path, texts, capsys, monkeypatch
+):
+    """The BERT run has 79 embedding rows; the BPE tokenizer named for it has 300 tokens. Its ids failed with an
+    IndexError inside extract, after the weights were hashed and loaded."""
+    from anisweep.checkpoints import fetch
+
+    monkeypatch.setattr(fetch, "hash_weight_files", lambda *a: pytest.fail("the weights were read"))
+    run = local_run_without_tokenizer(models, tmp_path)
+    out = tmp_path / "weights"
+    checkpoint = local_checkpoint(run, tokenizer=str(models["pythia"]))
+    code, line = run_cli(capsys, *fetch_args(checkpoint, out, texts))
+    assert code == 1
+    assert line.startswith("local/run/step1: PreflightError: the tokenizer ") and "(300 tokens)" in line, line
+    assert "vocab_size = 79 rows" in line and "not this model's" in line and "tokenizer: <folder or Hub id>" in line
+    assert not (out / "checkpoint.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------- damaged tables
+
+
+def cut_short(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_a_table_cut_short_by_an_earlier_run_is_named_with_what_to_do(tmp_path):
+    """polars says only `ComputeError: parquet: File out of specification: The file must end with PAR1`, and
+    rerunning reads the same file again."""
+    import polars as pl
+
+    from anisweep.measures.metrics import checkpoint_metrics
+    from anisweep.tables import DamagedTable, read_parquet
+
+    folder = tmp_path / "results" / "toy" / "t" / "step0"
+    folder.mkdir(parents=True)
+    qk = folder / "qk.parquet"
+    pl.DataFrame({"layer": [0, 1]}).write_parquet(qk)
+    assert read_parquet(qk)["layer"].to_list() == [0, 1]
+    cut_short(qk)
+    with pytest.raises(DamagedTable) as error:
+        checkpoint_metrics(folder)
+    message = str(error.value)
+    assert message.startswith(f"{qk} is not a whole Parquet file (parquet: ") and "PAR1" in message
+    assert f"Delete it (rm {qk}) and rerun" in message and "(the extract rule makes it)" in message
+
+
+@pytest.mark.parametrize("table", ["metrics", "sweep"])
+def test_results_scan_names_a_damaged_table_before_anything_is_collected(tmp_path, table):
+    import polars as pl
+
+    from anisweep import results
+    from anisweep.tables import DamagedTable
+
+    step = tmp_path / "results" / "toy" / "t" / "step0"
+    step.mkdir(parents=True)
+    path = step / f"{table}.parquet" if table == "metrics" else step.parent / f"{table}.parquet"
+    pl.DataFrame({"layer": [0], "step": [0]}).write_parquet(path)
+    cut_short(path)
+    with pytest.raises(DamagedTable, match=re.escape(f"Delete it (rm {path}) and rerun")):
+        results.scan(tmp_path / "results", table)
+
+
+def test_a_damaged_corpus_is_named_too(tmp_path):
+    from anisweep.corpus import read_texts
+    from anisweep.tables import DamagedTable
+
+    path = tmp_path / "corpus.parquet"
+    write_texts(SENTENCES, path)
+    assert read_texts(path) == SENTENCES
+    cut_short(path)
+    with pytest.raises(DamagedTable, match=r"corpus.parquet is not a whole Parquet file.*the corpus rule makes it"):
+        read_texts(path)

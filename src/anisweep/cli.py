@@ -62,13 +62,17 @@ def _live_analysis(args, seed: int, spec):
 def cmd_take_live(args) -> None:
     from anisweep.live.take import take
 
-    take(args.live, args.step, args.names.split(","), args.out)
+    take(args.live, args.step, args.names.split(","), args.out, empty=_names(args.empty))
 
 
 def cmd_take_live_local(args) -> None:
     from anisweep.live.take import take
 
-    take(args.source, args.step, args.names.split(","), args.out, run=args.name)
+    take(args.source, args.step, args.names.split(","), args.out, run=args.name, empty=_names(args.empty))
+
+
+def _names(value: str | None) -> list[str]:
+    return [name for name in (value or "").split(",") if name]
 
 
 def cmd_fetch(args) -> None:
@@ -112,8 +116,14 @@ def cmd_extract(args) -> None:
     manifest = json.loads(Path(args.manifest).read_text())
     remove_orphans(args.out)  # half-written tables of a run killed mid-write
     texts = read_texts(args.texts) if args.texts else load_texts(args.corpus)
+    more_tables = None
+    if args.gradients:
+        from anisweep.tangent.checkpoint import pass_tables_for
+        from anisweep.tangent.settings import GradientSettings
+
+        more_tables = pass_tables_for(manifest, GradientSettings(**args.gradients), settings.batch_size)
     try:
-        info = extract_checkpoint(manifest, texts, settings, Path(args.out))
+        info = extract_checkpoint(manifest, texts, settings, Path(args.out), more_tables=more_tables)
     except OSError as error:
         if error.errno in _DISK_FULL:
             _remove_downloaded_weights(Path(args.manifest).parent, manifest)
@@ -149,31 +159,28 @@ def cmd_metrics(args) -> None:
         write_atomic(checkpoint_spectra(args.extract_dir), args.spectra_out)
 
 
-def cmd_gradients(args) -> None:
+def _blas_threads(threads: int | None) -> None:
     import os
 
-    if args.threads:  # numpy's BLAS reads these when it loads (not yet: the imports below load it)
+    if threads:  # numpy's BLAS reads these when it loads (not yet: the command's imports load it)
         for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ.setdefault(name, str(args.threads))
-    from anisweep.corpus import read_texts
-    from anisweep.extract.model import ExtractSettings
-    from anisweep.tangent.checkpoint import gradients_checkpoint
+            os.environ.setdefault(name, str(threads))
+
+
+def cmd_gradients(args) -> None:
+    _blas_threads(args.threads)
+    from anisweep.tangent.checkpoint import checkpoint_shares
     from anisweep.tangent.settings import GradientSettings
 
-    settings = ExtractSettings(**args.settings)
-    if args.threads:
-        settings.threads = args.threads
-    manifest = json.loads(Path(args.manifest).read_text())
-    gradients_checkpoint(
-        manifest,
-        read_texts(args.texts),
-        settings,
-        GradientSettings(**args.gradients),
-        args.out,
-        fixed_bases=args.fixed_bases,
-        bases_out=args.bases_out,
-        embeddings_out=args.embeddings_out,
-    )
+    checkpoint_shares(args.sums, args.sample, GradientSettings(**args.gradients), args.out, bases_out=args.bases_out)
+
+
+def cmd_gradient_fixed_shares(args) -> None:
+    _blas_threads(args.threads)
+    from anisweep.tangent.checkpoint import fixed_shares
+    from anisweep.tangent.settings import GradientSettings
+
+    fixed_shares(args.sums, args.fixed_bases, GradientSettings(**args.gradients), args.out)
 
 
 def cmd_gradient_fixed_bases(args) -> None:
@@ -194,6 +201,7 @@ def cmd_gradients_sweep(args) -> None:
             embeddings=[Path(p) for p in args.embeddings],
             fixed_bases=args.fixed_bases,
             settings=args.gradients,
+            fixed_shares=args.fixed_shares,
         ),
         args.out,
     )
@@ -212,7 +220,12 @@ def cmd_sweep(args) -> None:
     from anisweep.tables import write_atomic
 
     write_atomic(
-        aggregate([Path(p) for p in args.metrics], expected_steps=args.expected_steps, final_step=args.final_step),
+        aggregate(
+            [Path(p) for p in args.metrics],
+            expected_steps=args.expected_steps,
+            final_step=args.final_step,
+            gradient_fixed_shares=args.gradient_fixed_shares,
+        ),
         args.out,
     )
 
@@ -327,6 +340,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--live", required=True, help="the live toy's folder (train-toy --out)")
     p.add_argument("--step", type=int, required=True)
     p.add_argument("--names", required=True, help="comma-separated file names")
+    p.add_argument("--empty", help="comma-separated pass tables written without rows where missing (uncovered step)")
     p.add_argument("--out", required=True)
     p.set_defaults(run=cmd_take_live)
 
@@ -335,6 +349,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--source", required=True, help="the folder the callback wrote (the entry's path)")
     p.add_argument("--step", type=int, required=True)
     p.add_argument("--names", required=True, help="comma-separated file names")
+    p.add_argument("--empty", help="comma-separated pass tables written without rows where missing (uncovered step)")
     p.add_argument("--out", required=True)
     p.set_defaults(run=cmd_take_live_local)
 
@@ -363,6 +378,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--settings", type=_json, default={}, help="JSON of the config's extract section")
     p.add_argument("--threads", type=int)
     p.add_argument("--out", required=True)
+    p.add_argument(
+        "--gradients", type=_json, help="JSON of the config's gradients section: the backward pass's tables too"
+    )
     p.set_defaults(run=cmd_extract)
 
     p = sub.add_parser("metrics", help="every metric of one checkpoint from extract's Parquet")
@@ -372,17 +390,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gradients", help="the checkpoint's gradients.parquet: its shares become metric rows too")
     p.set_defaults(run=cmd_metrics)
 
-    p = sub.add_parser("gradients", help="LM-loss gradients of one checkpoint against activation-derived subspaces")
-    p.add_argument("--manifest", required=True, help="checkpoint.json written by fetch")
-    p.add_argument("--texts", required=True, help="the texts written by `anisweep corpus`")
-    p.add_argument("--settings", type=_json, default={}, help="JSON of the config's extract section")
+    p = sub.add_parser("gradients", help="one checkpoint's gradient shares, fits and isotropy from its pass tables")
+    p.add_argument("--sums", required=True, help="the checkpoint's gradient_sums.parquet (written by extract)")
+    p.add_argument("--sample", required=True, help="the checkpoint's gradient_sample.parquet (written by extract)")
     p.add_argument("--gradients", type=_json, default={}, help="JSON of the config's gradients section")
     p.add_argument("--threads", type=int)
     p.add_argument("--out", required=True, help="the gradients.parquet to write")
-    p.add_argument("--fixed-bases", help="the model's gradient_fixed_bases.parquet (gradients.subspaces fixed|both)")
     p.add_argument("--bases-out", help="gradient_bases.parquet: the layer-0 bases (gradients.embedding_change)")
-    p.add_argument("--embeddings-out", help="embedding_rows.parquet: kept token-embedding rows (embedding_change)")
     p.set_defaults(run=cmd_gradients)
+
+    p = sub.add_parser(
+        "gradient-fixed-shares", help="every checkpoint's gradient shares in the model's fixed subspaces"
+    )
+    p.add_argument("--fixed-bases", required=True, help="the model's gradient_fixed_bases.parquet")
+    p.add_argument("--gradients", type=_json, default={}, help="JSON of the config's gradients section")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--out", required=True)
+    p.add_argument("sums", nargs="+", help="gradient_sums.parquet of every analysed checkpoint, in step order")
+    p.set_defaults(run=cmd_gradient_fixed_shares)
 
     p = sub.add_parser("gradient-fixed-bases", help="subspaces fitted once on an early window of steps, per model")
     p.add_argument("--gradients", type=_json, default={}, help="JSON of the config's gradients section")
@@ -396,6 +421,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bases", nargs="*", default=[], help="per-checkpoint gradient_bases.parquet (embedding change)")
     p.add_argument("--embeddings", nargs="*", default=[], help="per-checkpoint embedding_rows.parquet, same order")
     p.add_argument("--fixed-bases", help="the model's gradient_fixed_bases.parquet")
+    p.add_argument("--fixed-shares", help="the model's gradient_fixed_shares.parquet (gradients.subspaces fixed|both)")
     p.add_argument("tables", nargs="+")
     p.set_defaults(run=cmd_gradients_sweep)
 
@@ -416,6 +442,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--final-step", type=int, help="the step trusted when several steps share weights (the published final model)"
     )
+    p.add_argument("--gradient-fixed-shares", help="the model's gradient_fixed_shares.parquet: its rows become metrics")
     p.add_argument("metrics", nargs="+")
     p.set_defaults(run=cmd_sweep)
 
@@ -485,12 +512,16 @@ def _checkpoint_key(args) -> str | None:
         if args.command == "fetch":
             c = args.checkpoint
             return f"{c['family']}/{c['model']}/step{c['step']}"
-        if args.command in ("extract", "gradients"):
+        if args.command == "extract":
             m = json.loads(Path(args.manifest).read_text())
             return f"{m['family']}/{m['model']}/step{m['step']}"
     except Exception:  # an unreadable manifest is reported as the error itself
         pass
-    folder = {"extract": getattr(args, "out", None), "metrics": getattr(args, "extract_dir", None)}.get(args.command)
+    folder = {
+        "extract": getattr(args, "out", None),
+        "metrics": getattr(args, "extract_dir", None),
+        "gradients": str(Path(getattr(args, "out", None) or ".").parent),
+    }.get(args.command)
     if folder and Path(folder).name.startswith("step") and len(Path(folder).parts) >= 3:
         return "/".join(Path(folder).parts[-3:])  # results/{family}/{model}/step{N}
     return None

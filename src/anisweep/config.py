@@ -16,8 +16,9 @@ from typing import Any
 import yaml
 
 from anisweep.checkpoints.base import Checkpoint
-from anisweep.checkpoints.catalogue import resolve_all
-from anisweep.checkpoints.preflight import PreflightError, check_model_config
+from anisweep.checkpoints.catalogue import model_shape, resolve_all
+from anisweep.checkpoints.config_checks import check_models, check_sections
+from anisweep.checkpoints.preflight import ModelShape, PreflightError, check_model_config
 from anisweep.errors import ConfigError
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
@@ -55,16 +56,72 @@ def _where(error) -> str:
     return ".".join(str(p) for p in error.absolute_path) or "the config"
 
 
+_TYPES = {"array": "a list", "object": "a mapping", "integer": "an integer", "string": "a string", "null": "null"}
+_MISMATCH = ("type", "enum", "const")
+
+
+def _keys(names) -> str:
+    return "[" + ", ".join(sorted(names)) + "]"
+
+
+def _form(node: dict) -> str:
+    """What one alternative of a oneOf/anyOf accepts, in a few words."""
+    if "$ref" in node:
+        node = schema()["$defs"][node["$ref"].rsplit("/", 1)[-1]]
+    if "enum" in node or "const" in node:
+        return "one of [" + ", ".join(map(str, node.get("enum", [node.get("const")]))) + "]"
+    if "oneOf" in node or "anyOf" in node:
+        return " or ".join(_form(n) for n in node.get("oneOf", node.get("anyOf")))
+    if node.get("type") == "object" and "properties" in node:
+        required = node.get("required", [])
+        need = f" ({', '.join(required)} required)" if required else ""
+        return f"a mapping with keys {_keys(node['properties'])}{need}"
+    types = node.get("type", [])
+    return " or ".join(_TYPES.get(t, f"a {t}") for t in ([types] if isinstance(types, str) else types)) or "a value"
+
+
+def _fits(error) -> bool:
+    """Whether a oneOf/anyOf alternative's error is about the value's content, not its being of another form."""
+    if error.validator in ("oneOf", "anyOf"):
+        return any(_fits(sub) for sub in error.context)
+    return error.validator not in _MISMATCH
+
+
+def _explain(error) -> tuple[str, str]:
+    """(where, what) of a schema error. A oneOf/anyOf error is explained by the alternative of the value's own
+    form (a mapping's unknown key, with the allowed ones), else by the forms the value may take; an unknown key
+    names the allowed ones."""
+    if error.validator in ("oneOf", "anyOf") and error.context:
+        branches: dict[int, list] = {}
+        for sub in error.context:
+            branches.setdefault(sub.relative_schema_path[0], []).append(sub)
+        fitting = [subs for subs in branches.values() if all(_fits(sub) for sub in subs)]
+        if fitting:
+            subs = min(fitting, key=len)
+            unknown = [sub for sub in subs if sub.validator == "additionalProperties"]
+            return _explain(unknown[0] if unknown else subs[0])
+        forms = " or ".join(_form(node) for node in error.validator_value)
+        return _where(error), f"{error.instance!r} is none of the forms allowed here: {forms}"
+    if error.validator == "additionalProperties" and isinstance(error.schema.get("properties"), dict):
+        return _where(error), f"{error.message}; allowed keys: {_keys(error.schema['properties'])}"
+    return _where(error), error.message
+
+
 def complete(config: dict) -> dict:
     """A copy of `config` validated against the schema (a ConfigError names the key and what is wrong) with
-    every default filled in: a section whose keys all default may be left out."""
+    every default filled in: a section whose keys all default may be left out. Then the checks the schema
+    cannot make (anisweep.checkpoints.config_checks.check_sections)."""
     import jsonschema
 
     error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema()).iter_errors(config))
     if error is not None:
-        raise ConfigError(f"{_where(error)}: {error.message}")
+        while error.parent is not None and error.parent.validator in ("oneOf", "anyOf"):
+            error = error.parent  # best_match may stop inside an alternative: explain from the choice itself
+        where, what = _explain(error)
+        raise ConfigError(f"{where}: {what}")
     config = copy.deepcopy(config)
     _fill_defaults(schema(), config)
+    check_sections(config)
     return config
 
 
@@ -88,7 +145,21 @@ def checkpoints(config: dict) -> list[Checkpoint]:
         _check_toy_fits(name, toy_specs[name], config.get("extract", {}))
     _check_live_toys([name for name, spec in toy_specs.items() if spec.get("live")], config)
     _check_live_local(found, config)
+    steps = config.get("gradients", {}).get("steps")
+    analysed = dict.fromkeys(f"{c.family}/{c.model}" for c in found if steps is None or c.step in steps)
+    check_models(config, _shapes(found, toy_specs), list(analysed))
     return found
+
+
+def _shapes(found: list[Checkpoint], toy_specs: dict[str, dict]) -> dict[str, ModelShape | None]:
+    """Each model's shape by "family/model": a toy's from its spec, else as the catalogue knows it before a fetch."""
+    shapes: dict[str, ModelShape | None] = {}
+    for c in found:
+        key = f"{c.family}/{c.model}"
+        if key not in shapes:
+            spec = toy_specs[c.model] if c.family == "toy" else None
+            shapes[key] = ModelShape(spec["d_model"], spec["n_layers"], spec["n_heads"]) if spec else model_shape(c)
+    return shapes
 
 
 def live_local_runs(config: dict) -> dict[str, Path]:
@@ -104,20 +175,21 @@ def live_local_runs(config: dict) -> dict[str, Path]:
 
 def _check_live_local(found: list[Checkpoint], config: dict) -> None:
     """A live local run has no weights (as a live toy has none) and, where the gradient analysis covers its
-    steps, needs the gradients.parquet the callback wrote at each."""
-    from anisweep.checkpoints.local import missing_gradients
+    steps, needs the backward pass's tables (gradient_sums.parquet, ...) the callback wrote at each."""
+    from anisweep.checkpoints.local import check_live_settings, missing_gradients
 
     live = list(live_local_runs(config))
     _check_live_toys(live, config, "live local runs", "sweep the run's saved checkpoints (live: false)")
+    check_live_settings([c for c in found if c.family == "local" and c.model in live], config.get("extract"))
     gradients = config.get("gradients", {})
     if not live or not gradients.get("enabled"):
         return
     missing = missing_gradients([c for c in found if c.family == "local" and c.model in live], gradients.get("steps"))
     if missing:
         raise ConfigError(
-            f"live local runs: gradients.enabled, but {', '.join(map(str, missing))} hold no gradients.parquet (the "
-            "callback ran with gradients disabled there); run AnisweepCallback with the gradient analysis at these "
-            "steps, leave them out of gradients.steps, or set gradients.enabled: false"
+            f"live local runs: gradients.enabled, but {', '.join(map(str, missing))} hold no gradient_sums.parquet "
+            "(the callback ran with gradients disabled there); run AnisweepCallback with the gradient analysis at "
+            "these steps, leave them out of gradients.steps, or set gradients.enabled: false"
         )
 
 

@@ -165,9 +165,9 @@ def write_texts(texts: Sequence[str], path: str | Path) -> None:
 
 
 def read_texts(path: str | Path) -> list[str]:
-    import polars as pl
+    from anisweep.tables import read_parquet
 
-    return pl.read_parquet(path)["text"].to_list()
+    return read_parquet(path)["text"].to_list()
 
 
 # --------------------------------------------------------------------------- tokenization

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import polars as pl
 
-from anisweep.tables import IDENTITY, IDENTITY_SCHEMA
+from anisweep.tables import IDENTITY, IDENTITY_SCHEMA, scan_parquet
 
 __all__ = ["LEVELS", "scan", "tables"]
 
@@ -136,7 +136,7 @@ def _identified(frame: pl.LazyFrame, names: list[str], identity: dict[str, pl.Ex
 
 
 def _checkpoint_frame(file: _File) -> pl.LazyFrame:
-    frame = pl.scan_parquet(file.path, glob=False, hive_partitioning=False)
+    frame = scan_parquet(file.path, glob=False, hive_partitioning=False)
     names = frame.collect_schema().names()
     written = _written(file.path.parent) if {"seed", "tokens_seen"} - set(names) else {}
     identity = {
@@ -152,7 +152,7 @@ def _checkpoint_frame(file: _File) -> pl.LazyFrame:
 def _model_frame(file: _File) -> pl.LazyFrame:
     """A per-model table: without a step column its rows get a null step and tokens_seen, and the model's seed
     when its checkpoints' extract.json agree on one; with one, seed and tokens_seen are looked up by step."""
-    frame = pl.scan_parquet(file.path, glob=False, hive_partitioning=False)
+    frame = scan_parquet(file.path, glob=False, hive_partitioning=False)
     names = frame.collect_schema().names()
     by_step = {}
     if {"seed", "tokens_seen"} - set(names):

@@ -4,6 +4,7 @@ writing them atomically (see `atomic`)."""
 from __future__ import annotations
 
 import os
+from typing import NoReturn
 
 import polars as pl
 
@@ -171,6 +172,64 @@ def with_identity(df: pl.DataFrame, ident: dict) -> pl.DataFrame:
 def write_atomic(df: pl.DataFrame, path: str | os.PathLike) -> None:
     """Write a parquet file under a temporary name, then rename it: a reader never sees half a file."""
     atomic.write_with(df.write_parquet, path)
+
+
+class DamagedTable(ValueError):
+    """A Parquet file an earlier run left cut short or corrupt: reading it again fails the same way."""
+
+
+#: The rule that writes each table, by file name (the rest are named by their folder's rule in the message).
+_MADE_BY = {
+    **dict.fromkeys(EXTRACT_TABLES, "extract"),
+    **dict.fromkeys(UNTRAINED_TABLES, "untrained"),
+    **dict.fromkeys(("gradients", "gradient_bases", "embedding_rows"), "gradients"),
+    "metrics": "metrics",
+    "spectra": "metrics",
+    "sweep": "sweep",
+    "qk_svd": "qk_svd",
+    "gradients_sweep": "gradients_sweep",
+    "gradient_fixed_bases": "gradient_fixed_bases",
+    "corpus": "corpus",
+}
+
+
+def _damaged(path: str | os.PathLike, error: Exception) -> DamagedTable | None:
+    """The error to raise for `path` when polars' `error` says the file itself is not whole Parquet."""
+    text = " ".join(str(error).split())
+    if not text.startswith("parquet:") or "No space left" in text:
+        return None
+    rule = _MADE_BY.get(os.path.basename(os.fspath(path)).removesuffix(".parquet"))
+    made = f" (the {rule} rule makes it)" if rule else ""
+    return DamagedTable(
+        f"{os.fspath(path)} is not a whole Parquet file ({text}): a job of an earlier run was cut short while "
+        f"writing it, or the file was damaged since, and rerunning as is reads it again. Delete it (rm "
+        f"{os.fspath(path)}) and rerun: the workflow makes it anew{made}"
+    )
+
+
+def _raise_damaged(path: str | os.PathLike, error: Exception) -> NoReturn:
+    damaged = _damaged(path, error)
+    if damaged is None:
+        raise error
+    raise damaged from None
+
+
+def read_parquet(path: str | os.PathLike, **kwargs) -> pl.DataFrame:
+    """`pl.read_parquet(path, **kwargs)`; a damaged file is a DamagedTable naming it and what to do."""
+    try:
+        return pl.read_parquet(path, **kwargs)
+    except pl.exceptions.ComputeError as error:
+        _raise_damaged(path, error)
+
+
+def scan_parquet(path: str | os.PathLike, **kwargs) -> pl.LazyFrame:
+    """`pl.scan_parquet(path, **kwargs)` of a file whose footer reads (checked now, not at collect): a damaged
+    file is a DamagedTable naming it and what to do."""
+    try:
+        pl.read_parquet_schema(path)
+    except pl.exceptions.ComputeError as error:
+        _raise_damaged(path, error)
+    return pl.scan_parquet(path, **kwargs)
 
 
 def empty_metrics() -> pl.DataFrame:

@@ -370,3 +370,45 @@ def test_tinyllama_repositories_are_the_readme_ones():
 def test_other_suites_reject_unknown_names_and_steps(entry, expected):
     with pytest.raises(ConfigError, match=re.escape(expected)):
         resolve(entry)
+
+
+# ---------------------------------------------------------------------------------------------- shapes
+
+
+@pytest.mark.parametrize(
+    ("family", "name", "shape"),
+    [
+        ("pythia", "pythia-14m", (128, 6, 4)),
+        ("pythia", "pythia-70m-deduped", (512, 6, 8)),
+        ("pythia", "pythia-410m-seed3", (1024, 24, 16)),
+        ("pythia", "pythia-1b", (2048, 16, 8)),
+        ("pythia", "pythia-12b", (5120, 36, 40)),
+        ("multiberts", "seed_7", (768, 12, 12)),
+        ("olmo", "OLMo-1B-hf", (2048, 16, 16)),
+        ("olmo2", "OLMo-2-0425-1B", (2048, 16, 16)),
+        ("gpt2", "alias-gpt2-small-x21", (768, 12, 12)),
+        ("gpt2", "arwen-gpt2-medium-x21", (1024, 24, 16)),
+        ("tinyllama", "TinyLlama-1.1B", (2048, 22, 32)),
+    ],
+)
+def test_every_hub_model_has_its_config_json_shape(family, name, shape):
+    """hidden_size, num_hidden_layers, num_attention_heads (GPT-2: n_embd, n_layer, n_head) of the models'
+    config.json: what gradients.rank and qk_svd.heads are checked against before any download."""
+    from anisweep.checkpoints.catalogue import FAMILIES, model_shape
+
+    ckpt = resolve({"family": family, "name": name, "steps": "final"})[0]
+    assert tuple(model_shape(ckpt)) == shape
+    cls = FAMILIES[family]
+    names = cls.names() if hasattr(cls, "names") else []
+    assert all(model_shape(resolve({"family": family, "name": n, "steps": "final"})[0]) for n in names)
+
+
+def test_a_local_runs_shape_is_its_config_json(tmp_path):
+    from anisweep.checkpoints.catalogue import model_shape
+
+    (tmp_path / "step1").mkdir()
+    (tmp_path / "step1" / "config.json").write_text(json.dumps({"n_embd": 48, "n_layer": 3, "n_head": 6}))
+    ckpt = resolve({"family": "local", "name": "run", "path": str(tmp_path), "steps": "all"})[0]
+    assert tuple(model_shape(ckpt)) == (48, 3, 6)
+    (tmp_path / "step1" / "config.json").write_text("{")
+    assert model_shape(ckpt) is None  # fetch names the unreadable file

@@ -3,24 +3,27 @@ the training untouched."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import numpy as np
 import polars as pl
+import pytest
 import torch
 from transformers import GPTNeoXForCausalLM
 
-from anisweep.corpus import load_texts
+from anisweep.checkpoints.preflight import PreflightError
+from anisweep.corpus import load_texts, make_batch
 from anisweep.extract import tables as extract_tables
 from anisweep.extract.model import ExtractSettings, load_model
 from anisweep.extract.run import run
 from anisweep.live.callback import AnisweepCallback, analyse_live, live_ident
 from anisweep.tangent.backward import load_lm
-from anisweep.tangent.checkpoint import analyse_model
+from anisweep.tangent.checkpoint import pass_tables_of
 from anisweep.tangent.settings import GradientSettings
 from anisweep.toy.tokenizers import build_neox_tokenizer
 
-from conftest import neox_config
+from conftest import assert_tables_equal, neox_config
 
 
 def _config(vocab_size: int):
@@ -79,20 +82,38 @@ def test_live_analysis_equals_the_saved_checkpoint_and_leaves_training_alone(tmp
     for name, df in expected.items():
         _assert_tables_equal(pl.read_parquet(out / f"{name}.parquet"), df, name)
     lm, adapter = load_lm(tmp_path / "step2")
-    table = analyse_model(lm, adapter, callback.batch, tokenizer, grads, settings.batch_size, progress=False)
-    live = pl.read_parquet(out / "gradients.parquet")
-    assert live.height == table.height > 0
-    np.testing.assert_allclose(live["value"].to_numpy(), table["value"].to_numpy(), rtol=1e-4, atol=1e-6)
+    ident = live_ident("run", 2, seed=0)
+    passed = pass_tables_of(lm, adapter, callback.batch, tokenizer, grads, settings.batch_size, ident, progress=False)
+    for name, df in passed.items():
+        live = pl.read_parquet(out / f"{name}.parquet")
+        assert live.height == df.height > 0
+        assert_tables_equal(live, df, name, rtol=1e-4)
 
 
 def test_analyse_live_without_gradients_writes_extract_tables_only(tmp_path):
     texts = load_texts({"source": "builtin"})[:200]
     tokenizer = build_neox_tokenizer(texts, 200)
     model = GPTNeoXForCausalLM(_config(len(tokenizer)))
-    from anisweep.corpus import make_batch
-
     batch = make_batch(tokenizer, texts, 2, 16, 0)
     settings = ExtractSettings(n_sequences=2, seq_len=16, batch_size=2, sample_tokens=32, device="cpu")
     out = analyse_live(model, batch, tokenizer, tmp_path, live_ident("r", 0), settings, GradientSettings())
-    assert (out / "qk.parquet").exists() and not (out / "gradients.parquet").exists()
+    assert (out / "qk.parquet").exists() and not (out / "gradient_sums.parquet").exists()
     assert model(input_ids=batch["input_ids"]).logits.isfinite().all()
+
+
+def test_analyse_live_checks_the_model_against_the_batch_and_settings_first(tmp_path):
+    texts = load_texts({"source": "builtin"})[:200]
+    tokenizer = build_neox_tokenizer(texts, 200)
+    model = GPTNeoXForCausalLM(_config(len(tokenizer)))  # rotary, 32 positions, d_model 32
+    settings = ExtractSettings(batch_size=2, sample_tokens=32, device="cpu")  # seq_len 128: the batch's rules
+    long = make_batch(tokenizer, texts, 2, 48, 0)
+    with pytest.raises(PreflightError, match=r"r/step0 analysed live.*seq_len = 48 is longer than the 32 positions"):
+        analyse_live(model, long, tokenizer, tmp_path / "long", live_ident("r", 0), settings, GradientSettings())
+    few = ExtractSettings(batch_size=2, sample_tokens=16, device="cpu")
+    batch = make_batch(tokenizer, texts, 2, 16, 0)
+    with pytest.raises(PreflightError, match=r"extract.sample_tokens = 16 .* d_model = 32"):
+        analyse_live(model, batch, tokenizer, tmp_path / "few", live_ident("r", 0), few, GradientSettings())
+    assert not (tmp_path / "long").exists() and not (tmp_path / "few").exists()
+    out = analyse_live(model, batch, tokenizer, tmp_path / "ok", live_ident("r", 0), settings, GradientSettings())
+    written = json.loads((out / "extract.json").read_text())["settings"]
+    assert (written["n_sequences"], written["seq_len"]) == (2, 16)  # what ran, not the settings' defaults

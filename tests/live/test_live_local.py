@@ -131,7 +131,7 @@ def test_a_run_not_analysed_yet_is_a_config_error(tmp_path):
 
 
 def test_a_gradient_step_without_gradients_is_a_config_error(analysed):
-    with pytest.raises(ConfigError, match=r"step2 hold no gradients.parquet.*gradients.steps"):
+    with pytest.raises(ConfigError, match=r"step2 hold no gradient_sums.parquet.*gradients.steps"):
         _checkpoints(analysed, LIVE, gradients={**_tiny()["gradients"], "steps": None})
     assert len(_checkpoints(analysed, LIVE, gradients={**_tiny()["gradients"], "enabled": False})) == 3
 
@@ -163,9 +163,9 @@ def test_take_checks_in_place_copies_from_elsewhere_and_names_what_is_missing(an
     take(run, 2, ["qk.parquet"], tmp_path / "out", run="my-run")
     assert (tmp_path / "out" / "qk.parquet").read_bytes() == (run / "step2" / "qk.parquet").read_bytes()
     with pytest.raises(
-        FileNotFoundError, match=r"local/my-run/step2: .*step2 lacks gradients.parquet \(the.*at step 2"
+        FileNotFoundError, match=r"local/my-run/step2: .*step2 lacks gradient_sums.parquet \(the.*at step 2"
     ):
-        take(run, 2, ["gradients.parquet"], run / "step2", run="my-run")
+        take(run, 2, ["gradient_sums.parquet"], run / "step2", run="my-run")
 
 
 @pytest.mark.slow  # the workflow twice on a live local run
@@ -180,7 +180,7 @@ def test_workflow_sweeps_a_live_local_run_without_weights_and_reruns_nothing(tmp
     command = snakemake_command(tmp_path, "--configfile", str(tmp_path / "config.yaml"), "--cores", "2")
     first = subprocess.run(command, capture_output=True, text=True)
     assert first.returncode == 0, first.stderr[-4000:]
-    for rule in ("fetch", "extract", "gradients", "extract_live_local", "gradients_live_local"):
+    for rule in ("fetch", "extract", "extract_live_local"):  # the shares (rule gradients) read the pass tables
         assert f"rule {rule}:" not in first.stderr, rule
     assert {p: p.stat().st_mtime_ns for p in before} == before  # the callback's files, untouched
     assert not (tmp_path / "weights").exists()
@@ -200,7 +200,7 @@ def test_workflow_sweeps_a_live_local_run_without_weights_and_reruns_nothing(tmp
     assert second.returncode == 0, second.stderr[-4000:]
     assert "Nothing to be done" in second.stdout + second.stderr
 
-    rules = ["extract_live_local", "gradients_live_local"]
+    rules = ["extract_live_local"]
     forced = subprocess.run([*command, "--forcerun", *rules, "--until", *rules], capture_output=True, text=True)
     assert forced.returncode == 0, forced.stderr[-4000:]
     assert "rule extract_live_local:" in forced.stderr  # forced, it checks the files in place, deleting none

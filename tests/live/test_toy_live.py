@@ -20,7 +20,8 @@ from anisweep.live.take import take
 from anisweep.live.toy import LiveAnalysis
 from anisweep.tables import EXTRACT_TABLES, IDENTITY
 from anisweep.tangent.backward import load_lm
-from anisweep.tangent.checkpoint import gradients_checkpoint
+from anisweep.tangent.checkpoint import pass_tables_for
+from anisweep.tangent.pass_tables import PASS_TABLES
 from anisweep.tangent.settings import GradientSettings
 from anisweep.toy.tokenizers import build_neox_tokenizer
 from anisweep.toy.train import ToySpec, train_toy
@@ -77,7 +78,8 @@ def test_live_toy_tables_equal_extracting_its_saved_checkpoints(both, tmp_path):
             "tokenizer_path": str(saved / f"step{step}"),
         }
         out = tmp_path / f"step{step}"
-        extract_checkpoint(manifest, texts, dataclasses.replace(SETTINGS, threads=2), out, progress=False)
+        more = pass_tables_for(manifest, GRADIENTS, SETTINGS.batch_size, progress=False)
+        extract_checkpoint(manifest, texts, dataclasses.replace(SETTINGS, threads=2), out, False, more_tables=more)
         for name in EXTRACT_TABLES:
             expected = pl.read_parquet(out / f"{name}.parquet")
             got = pl.read_parquet(live / f"step{step}" / f"{name}.parquet")
@@ -85,24 +87,20 @@ def test_live_toy_tables_equal_extracting_its_saved_checkpoints(both, tmp_path):
                 [("toy", "toy-x", 1, step, step * TINY.tokens_per_step)] if expected.height else []
             )
             assert_tables_equal(got, expected, f"step{step}/{name}")
-        has_gradients = (live / f"step{step}" / "gradients.parquet").exists()
+        has_gradients = (live / f"step{step}" / "gradient_sums.parquet").exists()
         assert has_gradients == (step in GRADIENTS.steps)
-        if has_gradients:
-            gradients_checkpoint(manifest, texts, SETTINGS, GRADIENTS, str(out / "gradients.parquet"))
-            assert_tables_equal(
-                pl.read_parquet(live / f"step{step}" / "gradients.parquet"),
-                pl.read_parquet(out / "gradients.parquet"),
-                f"step{step}/gradients",
-                rtol=1e-4,
-            )
+        for name in PASS_TABLES if has_gradients else ():
+            got, expected = (pl.read_parquet(folder / f"{name}.parquet") for folder in (live / f"step{step}", out))
+            assert got.height == expected.height > 0
+            assert_tables_equal(got, expected, f"step{step}/{name}", rtol=1e-4)
 
 
 def test_take_copies_a_step_and_names_what_is_missing(both, tmp_path):
     _, _, live, _, _ = both
     take(live, 3, ["qk.parquet", "extract.json"], tmp_path / "out")
     assert (tmp_path / "out" / "qk.parquet").read_bytes() == (live / "step3" / "qk.parquet").read_bytes()
-    with pytest.raises(FileNotFoundError, match="gradients.parquet.*delete"):
-        take(live, 3, ["gradients.parquet"], tmp_path / "out")
+    with pytest.raises(FileNotFoundError, match="gradient_sums.parquet.*delete"):
+        take(live, 3, ["gradient_sums.parquet"], tmp_path / "out")
 
 
 def test_a_live_toy_needs_its_analysis(tmp_path):

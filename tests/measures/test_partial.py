@@ -8,11 +8,19 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import polars as pl
 import pytest
 
-from anisweep.measures.partial import Sweep, remove_stranded_weights, write_partial_sweep, write_partial_sweeps
+from anisweep.measures.partial import (
+    Sweep,
+    other_runs_locks,
+    remove_fetched_weights,
+    remove_stranded_weights,
+    write_partial_sweep,
+    write_partial_sweeps,
+)
 from anisweep.tables import METRIC_SCHEMA
 
 
@@ -117,6 +125,144 @@ def test_stranded_weights_are_removed_unless_notemp(tmp_path):
     assert remove_stranded_weights(["toy/m/step0", "toy/m/step32"], weights, stderr=err) == ["toy/m/step0"]
     assert not (weights / "toy/m/step0").exists() and (weights / "toy/m/step8").exists()
     assert err.getvalue() == "removed the weights of toy/m/step0 (not extracted)\n"
+
+
+def weights_on_disk(root: Path, *keys: str) -> None:
+    for key in keys:
+        (root / key).mkdir(parents=True)
+        (root / key / "model.safetensors").write_bytes(b"0")
+
+
+def on_disk(root: Path) -> list[str]:
+    return sorted(p.parent.relative_to(root).as_posix() for p in root.rglob("model.safetensors"))
+
+
+def test_weights_another_run_has_locked_are_kept(tmp_path):
+    """A second run that fails beside a running first one: the first run's lock names the weights it is about
+    to extract (or a file in them, or a folder above them); they stay, the rest of `keys` goes."""
+    weights = tmp_path / "weights"
+    weights_on_disk(weights, "toy/m/step0", "toy/m/step8", "toy/m/step16", "toy/n/step0", "toy/m/step64")
+    locked = [
+        weights / "toy/m/step8",
+        f"{weights}/toy/m/step16/model.safetensors",
+        weights / "toy/n",
+        weights / "toy/m/step6",  # a prefix of step64's name, not a folder above it
+    ]
+    err = io.StringIO()
+    keys = ["toy/m/step0", "toy/m/step8", "toy/m/step16", "toy/n/step0", "toy/m/step64", "toy/m/step32"]
+    assert remove_stranded_weights(keys, weights, locked=locked, stderr=err) == ["toy/m/step0", "toy/m/step64"]
+    assert on_disk(weights) == ["toy/m/step16", "toy/m/step8", "toy/n/step0"]
+    assert "kept the weights of toy/m/step8: another running Snakemake run needs them" in err.getvalue()
+
+
+def test_relative_lock_entries_match_relative_keys(tmp_path, monkeypatch):
+    """Snakemake's locks name files as the workflow does, relative to its working directory."""
+    monkeypatch.chdir(tmp_path)
+    weights_on_disk(tmp_path / "weights", "toy/m/step0", "toy/m/step8")
+    keys = ["toy/m/step0", "toy/m/step8"]
+    removed = remove_stranded_weights(keys, "weights", locked=["weights/toy/m/step8"], stderr=io.StringIO())
+    assert removed == ["toy/m/step0"]
+    assert on_disk(tmp_path / "weights") == ["toy/m/step8"]
+
+
+def write_lock(lockdir: Path, name: str, *paths: str) -> Path:
+    lockdir.mkdir(parents=True, exist_ok=True)
+    (lockdir / name).write_text("".join(f"{p}\n" for p in paths))
+    return lockdir / name
+
+
+def test_other_runs_locks_leave_out_this_process_own(tmp_path):
+    """Snakemake's lock files: `{n}.input.lock` and `{n}.output.lock`, one path a line; this process's own
+    (the first it found free) do not count, nor anything else in the folder."""
+    locks = tmp_path / ".snakemake" / "locks"
+    own = [
+        write_lock(locks, "0.input.lock", "weights/toy/m/step0", "corpus.txt"),
+        write_lock(locks, "0.output.lock", "weights/toy/m/step0"),
+    ]
+    write_lock(locks, "1.input.lock", "weights/toy/m/step8", "", "corpus.txt")
+    write_lock(locks, "1.output.lock", "weights/toy/m/step8", "results/toy/m/step8/extract.json")
+    write_lock(locks, "notes.lock", "weights/toy/m/step16")
+    (locks / "2.input.lock").mkdir()
+    assert other_runs_locks(locks, own) == [
+        "weights/toy/m/step8",
+        "corpus.txt",
+        "weights/toy/m/step8",
+        "results/toy/m/step8/extract.json",
+    ]
+    assert other_runs_locks(tmp_path / "none") == []
+
+
+def job(rule: str, *output: str, group: bool = False):
+    return SimpleNamespace(rule=SimpleNamespace(name=rule), output=list(output), is_group=lambda: group)
+
+
+class Group(list):
+    def is_group(self):
+        return True
+
+
+def fake_workflow(tmp_path: Path, finished, running=(), notemp=False):
+    """What remove_fetched_weights reads of Snakemake's workflow object (checked against Snakemake 9 by
+    tests/workflow/test_concurrent_runs.py)."""
+    locks = tmp_path / ".snakemake" / "locks"
+    own = {
+        "input": write_lock(locks, "0.input.lock", *(f"weights/toy/m/step{s}" for s in (0, 8, 16, 32))),
+        "output": write_lock(locks, "0.output.lock", *(f"weights/toy/m/step{s}" for s in (0, 8, 16, 32))),
+    }
+    return SimpleNamespace(
+        storage_settings=SimpleNamespace(notemp=notemp),
+        dag=SimpleNamespace(finished_jobs=iter(finished), _running=list(running)),
+        persistence=SimpleNamespace(_lockdir=str(locks), _lockfile=own),
+    )
+
+
+def test_a_failed_run_removes_only_the_weights_it_fetched(tmp_path, monkeypatch):
+    """Fetched by this run: step0 (finished) and step8 (its fetch still running, in a group); step16 too, but
+    another running Snakemake has locked it; step32 is another run's download, not this run's: it stays.
+    This process's own lock names them all and does not count."""
+    monkeypatch.chdir(tmp_path)
+    weights = tmp_path / "weights"
+    weights_on_disk(weights, "toy/m/step0", "toy/m/step8", "toy/m/step16", "toy/m/step32")
+    workflow = fake_workflow(
+        tmp_path,
+        finished=[
+            job("fetch", "weights/toy/m/step0"),
+            job("fetch", "weights/toy/m/step16"),
+            job("extract", "results/toy/m/step32/extract.json"),
+        ],
+        running=[Group([job("fetch", "weights/toy/m/step8")])],
+    )
+    write_lock(tmp_path / ".snakemake" / "locks", "1.input.lock", "weights/toy/m/step16")
+    err = io.StringIO()
+    assert remove_fetched_weights(workflow, stderr=err) == ["toy/m/step0", "toy/m/step8"]
+    assert on_disk(weights) == ["toy/m/step16", "toy/m/step32"]
+    assert "kept the weights of toy/m/step16" in err.getvalue()
+
+
+def test_notemp_keeps_what_this_run_fetched(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    weights_on_disk(tmp_path / "weights", "toy/m/step0")
+    workflow = fake_workflow(tmp_path, finished=[job("fetch", "weights/toy/m/step0")], notemp=True)
+    assert remove_fetched_weights(workflow, stderr=io.StringIO()) == []
+    assert on_disk(tmp_path / "weights") == ["toy/m/step0"]
+
+
+@pytest.mark.parametrize("missing", ["dag", "persistence"])
+def test_without_snakemakes_internals_nothing_is_removed(tmp_path, monkeypatch, missing):
+    """The DAG and the lock bookkeeping are Snakemake internals: without them (another Snakemake version, the
+    database persistence backend) every weights folder stays, and stderr says so."""
+    monkeypatch.chdir(tmp_path)
+    weights_on_disk(tmp_path / "weights", "toy/m/step0")
+    workflow = fake_workflow(tmp_path, finished=[job("fetch", "weights/toy/m/step0")])
+    if missing == "persistence":
+        workflow.persistence = SimpleNamespace(_read_locks=lambda: iter(()))  # DbPersistence: no lock files
+    else:
+        del workflow.dag
+    err = io.StringIO()
+    assert remove_fetched_weights(workflow, stderr=err) == []
+    assert on_disk(tmp_path / "weights") == ["toy/m/step0"]
+    assert err.getvalue().startswith("could not tell which weights this run fetched (AttributeError")
+    assert "none removed" in err.getvalue()
 
 
 def test_importing_it_imports_neither_torch_nor_polars():

@@ -319,6 +319,8 @@ def test_bad_settings_say_what_to_change():
         UntrainedSettings(score_min=1.0, score_max=0.5)
     with pytest.raises(ValueError, match="unknown key"):
         UntrainedSettings.from_dict({"n_sequence": 4})
+    with pytest.raises(ValueError, match="lists a bias norm more than once"):
+        UntrainedSettings(norms=[0, 1, 1.0])  # a raw polars ComputeError (`item` got 2 values) in the run
 
 
 @pytest.mark.slow  # over 10 s
@@ -457,3 +459,40 @@ def test_workflow_feeds_a_checkpoint_init_its_weights_and_stops_on_a_bad_one(tmp
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     done = subprocess.run(snakemake_command(tmp_path, *args), capture_output=True, text=True)
     assert done.returncode != 0 and "step 1 is not a swept step of toy/toy-bert" in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("family", "name"), [("tinyllama", "TinyLlama-1.1B"), ("olmo", "OLMo-1B-hf"), ("olmo2", "OLMo-2-0425-1B")]
+)
+def test_a_checkpoint_init_of_a_llama_style_model_is_refused_before_its_fetch(family, name):
+    """Their adapters cannot run one block alone (no rotary module): the init used to wait for a 4.4 GB fetch,
+    then fail with NotImplementedError."""
+    from anisweep import config
+    from anisweep.errors import ConfigError
+    from anisweep.mechanism.untrained_inits import resolve
+
+    done = config.complete({"models": [{"family": family, "name": name, "steps": "final"}]})
+    with pytest.raises(ConfigError) as error:
+        resolve(["bert", {"model": name}], config.checkpoints(done))
+    message = str(error.value)
+    assert f"{family}/{name} is a" in message and "cannot run alone" in message
+    assert "pythia, multiberts, gpt2 and toy models, or a local run of model_type bert, gpt_neox, gpt2" in message
+
+
+@pytest.mark.parametrize(
+    ("model_type", "refused"), [("llama", True), ("olmo2", True), ("gpt2", False), ("bert", False)]
+)
+def test_a_local_runs_init_is_judged_by_its_config_json(tmp_path, model_type, refused):
+    from types import SimpleNamespace
+
+    from anisweep.errors import ConfigError
+    from anisweep.mechanism.untrained_inits import resolve
+
+    (tmp_path / "step0").mkdir()
+    (tmp_path / "step0" / "config.json").write_text(json.dumps({"model_type": model_type}))
+    swept = [SimpleNamespace(family="local", model="run", step=0, path=str(tmp_path / "step0"))]
+    if not refused:
+        assert resolve([{"model": "run"}], swept) == [{"family": "local", "model": "run", "step": 0}]
+        return
+    with pytest.raises(ConfigError, match=f"local/run is a {model_type} model"):
+        resolve([{"model": "run"}], swept)

@@ -9,8 +9,9 @@ from snakemake.settings.types import DeploymentMethod
 from anisweep import config as anisweep_config
 from anisweep.checkpoints.catalogue import final_step, params_millions
 from anisweep.code_inputs import code_inputs
+from anisweep.checkpoints.identity import source_identity
 from anisweep.adapters import UnsupportedArchitecture, adapter_for
-from anisweep.measures.partial import Sweep, remove_stranded_weights, write_partial_sweeps
+from anisweep.measures.partial import Sweep, remove_fetched_weights, write_partial_sweeps
 from anisweep.plots.sweep import MODEL_FIGURES
 from anisweep.tables import UNTRAINED_TABLES
 from anisweep.plots.untrained import UNTRAINED_FIGURES
@@ -94,19 +95,42 @@ ANALYSIS_CODE = {
     "score_hist": code_inputs("plots.distributions"),
     "spectra": code_inputs("plots.spectra"),
     "fixed_bases": code_inputs("tangent.fixed"),
+    "fixed_shares": code_inputs("tangent.checkpoint"),
+    "gradients": code_inputs("tangent.checkpoint"),
     "gradients_sweep": code_inputs("tangent.sweep"),
     "plot_gradients": code_inputs("plots.gradients"),
 }
 
 
+def untracked(value):
+    """A param that Snakemake does not record (it records no param whose function takes `input`), so that changing
+    it reruns nothing: how a job runs (the device, the batch size, retries), never what it writes."""
+    return lambda wildcards, input: value(wildcards) if callable(value) else value
+
+
+def settings_of(section, keys):
+    """The config section's settings `keys` (completed with the schema's defaults) as JSON with sorted keys: the
+    recorded params of a rule, so that reordering the config or writing a default out reruns nothing."""
+    return shlex.quote(json.dumps({key: section[key] for key in sorted(keys)}, sort_keys=True))
+
+
+# Every rule's command line starts with {params.cli}: untracked, so that another interpreter or checkout path
+# reruns nothing.
+CLI = untracked(ANISWEEP)
+
+# The extract settings that change extract's tables: device, attention and batch_size choose how the same
+# numbers are computed (to rounding), so changing them reruns nothing (--forcerun extract to redo the model runs).
+EXTRACT_OUTPUT_KEYS = sorted(set(config["extract"]) - {"device", "attention", "batch_size"})
+
+
 def on_failure(rule):
-    """params of every rule, a shell suffix after `2> {log}`: when the command fails, repeat the last line of its
-    log on the console (the cause: the CLI's last line), name a kill by a signal (9: out of memory, mostly) and
+    """params of every rule, untracked (editing it reruns nothing). A shell suffix after `2> {log}`; when the
+    command fails, repeat the last line of its log on the console (the cause: the CLI's last line), name a kill by a signal (9: out of memory, mostly) and
     exit with the command's status. The log is the rule's own `log:`. The per-checkpoint commands start that line
     with `{family}/{model}/step{N}: ` themselves; for the other rules it is prefixed with the job's name
     (`corpus: UnicodeDecodeError: ...`, `sweep toy/toy-neox: ValueError: ...`)."""
 
-    def suffix(wildcards):
+    def suffix(wildcards, input):
         log = shlex.quote(str(getattr(rules, rule).log[0]).format(**dict(wildcards.items())))
         if "step" in wildcards.keys():
             key = f"{wildcards.family}/{wildcards.model}/step{wildcards.step}"
@@ -166,8 +190,15 @@ def checkpoint_of(wildcards):
     return CHECKPOINTS[key]
 
 
+def checkpoint_source(wildcards):
+    """extract's recorded param: what the checkpoint is (anisweep.checkpoints.identity), so that a local run saved
+    again into its step folders is analysed again."""
+    return json.dumps(source_identity(checkpoint_of(wildcards)), sort_keys=True)
+
+
 def json_arg(value):
-    return shlex.quote(json.dumps(value))
+    """A value as a shell argument of JSON, its keys sorted: the same settings always give the same recorded param."""
+    return shlex.quote(json.dumps(value, sort_keys=True))
 
 
 def model_checkpoints(family, model):

@@ -12,8 +12,8 @@ rule corpus:
     conda:
         CONDA_ENV
     params:
-        cli=ANISWEEP,
         on_failure=on_failure("corpus"),
+        cli=CLI,
         corpus=json_arg(config["corpus"]),
     shell:
         "{params.cli} corpus --corpus {params.corpus} --out {output} 2> {log} {params.on_failure}"

@@ -1,13 +1,20 @@
 from anisweep.tables import EXTRACT_TABLES
 
 
+# The one job per checkpoint that holds its weights: the forward pass (extract's tables) and, where the gradient
+# analysis covers the checkpoint, the backward pass (its tables), one model load. Every other per-checkpoint
+# and per-model step reads their Parquet. update(): a failed or killed rerun leaves the previous tables in place
+# (Snakemake restores them), never a checkpoint without tables whose metrics still read ok.
 rule extract:
     input:
         weights="weights/{family}/{model}/step{step}",
         texts=rules.corpus.output[0],
     output:
-        **{name: f"results/{{family}}/{{model}}/step{{step}}/{name}.parquet" for name in EXTRACT_TABLES},
-        info="results/{family}/{model}/step{step}/extract.json",
+        **{
+            name: update(f"results/{{family}}/{{model}}/step{{step}}/{name}.parquet")
+            for name in [*EXTRACT_TABLES, *GRADIENT_PASS_TABLES]
+        },
+        info=update("results/{family}/{model}/step{step}/extract.json"),
     log:
         "logs/extract/{family}/{model}/step{step}.log",
     # Before any further fetch: a fetched checkpoint is extracted (and its weights deleted) first, so that the
@@ -18,13 +25,18 @@ rule extract:
     threads: config["resources"]["extract_threads"]
     resources:
         gpu=EXTRACT_GPU,
-        mem_mb=extract_mem_mb,
-        runtime=extract_runtime,
+        mem_mb=lambda wildcards, attempt: (2 if covered(wildcards) else 1) * extract_mem_mb(wildcards, attempt),
+        runtime=lambda wildcards, attempt: (3 if covered(wildcards) else 1) * extract_runtime(wildcards, attempt),
     params:
-        cli=ANISWEEP,
         on_failure=on_failure("extract"),
-        settings=json_arg(config["extract"]),
+        cli=CLI,
+        extract=settings_of(config["extract"], EXTRACT_OUTPUT_KEYS),
+        gradient_pass=gradient_pass_settings,
+        source=checkpoint_source,
+        settings=untracked(json_arg(config["extract"])),
+        gradients=untracked(gradient_pass_arg),
         out="results/{family}/{model}/step{step}",
     shell:
         "{params.cli} extract --manifest {input.weights}/checkpoint.json --texts {input.texts} "
-        "--settings {params.settings} --threads {threads} --out {params.out} 2> {log} {params.on_failure}"
+        "--settings {params.settings} {params.gradients} --threads {threads} --out {params.out} "
+        "2> {log} {params.on_failure}"

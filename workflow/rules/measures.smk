@@ -11,8 +11,8 @@ rule metrics:
     conda:
         CONDA_ENV
     params:
-        cli=ANISWEEP,
         on_failure=on_failure("metrics"),
+        cli=CLI,
         extract_dir=lambda wildcards, output: os.path.dirname(output[0]),
         gradients=lambda wildcards, input: f"--gradients {input.gradients}" if input.gradients else "",
     shell:
@@ -28,6 +28,7 @@ localrules:
 rule sweep:
     input:
         metrics=per_checkpoint("metrics.parquet"),
+        fixed_shares=fixed_shares_of,
         code=ANALYSIS_CODE["sweep"],
     output:
         "results/{family}/{model}/sweep.parquet",
@@ -36,10 +37,11 @@ rule sweep:
     conda:
         CONDA_ENV
     params:
-        cli=ANISWEEP,
         on_failure=on_failure("sweep"),
+        cli=CLI,
         steps=lambda wc: ",".join(str(c.step) for c in model_checkpoints(wc.family, wc.model)),
         final=final_step_of,
+        fixed=lambda wildcards, input: f"--gradient-fixed-shares {input.fixed_shares}" if input.fixed_shares else "",
     shell:
         "{params.cli} sweep --out {output} --expected-steps {params.steps} --final-step {params.final} "
-        "{input.metrics} 2> {log} {params.on_failure}"
+        "{params.fixed} {input.metrics} 2> {log} {params.on_failure}"

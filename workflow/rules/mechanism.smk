@@ -8,14 +8,14 @@ localrules:
     qk_svd,
 
 
-# A swept model's init (untrained.inits: {model: ...}) reads its checkpoint's fetched weights: the rule is one of
-# their consumers, so that they are kept (temp) until it has run.
+# A swept model's init (untrained.inits: {model: ...}) reads its checkpoint's weights, fetched for it alone
+# (rule fetch_init): the model runs of the sweep and this block never rerun each other.
 UNTRAINED_CHECKPOINT_INITS = [i for i in UNTRAINED_INITS if untrained_inits.is_checkpoint_init(i)]
 
 
 rule untrained:
     input:
-        weights=[f"weights/{untrained_inits.weights_key(i)}" for i in UNTRAINED_CHECKPOINT_INITS],
+        weights=[f"weights/untrained/{untrained_inits.weights_key(i)}" for i in UNTRAINED_CHECKPOINT_INITS],
         code=ANALYSIS_CODE["untrained"],
     output:
         **{name: f"results/untrained/{name}.parquet" for name in UNTRAINED_TABLES},
@@ -25,11 +25,11 @@ rule untrained:
         CONDA_ENV
     threads: 2
     params:
-        cli=ANISWEEP,
         on_failure=on_failure("untrained"),
-        settings=json_arg({**config["untrained"], "inits": UNTRAINED_INITS}),
+        cli=CLI,
+        settings=settings_of({**config["untrained"], "inits": UNTRAINED_INITS}, list(config["untrained"])),
         weights=" ".join(
-            shlex.quote(f"--weights={untrained_inits.label(i)}=weights/{untrained_inits.weights_key(i)}")
+            shlex.quote(f"--weights={untrained_inits.label(i)}=weights/untrained/{untrained_inits.weights_key(i)}")
             for i in UNTRAINED_CHECKPOINT_INITS
         ),
     shell:
@@ -51,8 +51,8 @@ rule qk_svd:
     conda:
         CONDA_ENV
     params:
-        cli=ANISWEEP,
         on_failure=on_failure("qk_svd"),
+        cli=CLI,
         dirs=lambda wc: " ".join(f"results/{c.key}" for c in model_checkpoints(wc.family, wc.model)),
         figures="results/{family}/{model}/figures",
         fraction=config["qk_svd"]["fraction"],

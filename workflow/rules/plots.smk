@@ -23,8 +23,8 @@ rule plot_model:
     conda:
         CONDA_ENV
     params:
-        cli=ANISWEEP,
         on_failure=on_failure("plot_model"),
+        cli=CLI,
         out_dir="results/{family}/{model}/figures",
     shell:
         "{params.cli} plot --sweep {input.sweep} --out-dir {params.out_dir} 2> {log} {params.on_failure}"
@@ -46,8 +46,8 @@ rule plot_family:
     conda:
         CONDA_ENV
     params:
-        cli=ANISWEEP,
         on_failure=on_failure("plot_family"),
+        cli=CLI,
     shell:
         "{params.cli} plot-family --out {output} {input.sweeps} 2> {log} {params.on_failure}"
 
@@ -67,8 +67,8 @@ rule plot_families:
     conda:
         CONDA_ENV
     params:
-        cli=ANISWEEP,
         on_failure=on_failure("plot_families"),
+        cli=CLI,
     shell:
         "{params.cli} plot-families --out {output} {input.sweeps} 2> {log} {params.on_failure}"
 
@@ -89,8 +89,8 @@ rule plot_score_hist:
     conda:
         CONDA_ENV
     params:
-        cli=ANISWEEP,
         on_failure=on_failure("plot_score_hist"),
+        cli=CLI,
     shell:
         "{params.cli} plot-score-hist --out {output} {input.hists} 2> {log} {params.on_failure}"
 
@@ -107,8 +107,8 @@ rule plot_spectra:
     conda:
         CONDA_ENV
     params:
-        cli=ANISWEEP,
         on_failure=on_failure("plot_spectra"),
+        cli=CLI,
     shell:
         "{params.cli} plot-spectra --out {output} {input.spectra} 2> {log} {params.on_failure}"
 
@@ -124,8 +124,8 @@ rule plot_gradients:
     conda:
         CONDA_ENV
     params:
-        cli=ANISWEEP,
         on_failure=on_failure("plot_gradients"),
+        cli=CLI,
         out_dir="results/{family}/{model}/figures",
         figures=" ".join(gradient_figures(GRADIENTS)),
     shell:
@@ -145,8 +145,8 @@ rule plot_untrained:
     conda:
         CONDA_ENV
     params:
-        cli=ANISWEEP,
         on_failure=on_failure("plot_untrained"),
+        cli=CLI,
     shell:
         "{params.cli} plot-untrained --tables-dir results/untrained --out-dir results/untrained/figures "
         "2> {log} {params.on_failure}"

@@ -47,32 +47,75 @@ except ConfigError as error:
     raise WorkflowError(f"config: {error}") from None
 
 
-def gradient_inputs(wildcards):
-    fixed = [f"results/{wildcards.family}/{wildcards.model}/gradient_fixed_bases.parquet"] if FIXED_SUBSPACES else []
-    return {"fixed": fixed}
+# What each gradient rule's output depends on, as recorded params (settings_of): the backward pass (in the
+# checkpoint's extract job, the only one holding the weights) on PASS_KEYS alone, so that ranks, controls, the
+# fixed subspaces and the fits rerun no model. A rank written as 8 or [8] is the same setting.
+GRADIENT_SETTINGS = {
+    **GRADIENTS,
+    "rank": sorted({GRADIENTS["rank"]} if isinstance(GRADIENTS["rank"], int) else set(GRADIENTS["rank"])),
+}
+PASS_KEYS = ["layers", "final_ln", "sample_tokens", "mlm_probability", "seed", "embedding_change"]
+PASS_KEYS.extend(["embedding_tokens"] if EMBEDDING_CHANGE else [])
+SHARES_KEYS = ["rank", "n_random", "max_iter", "seed"]
+FIXED_BASES_KEYS = ["layers", "final_ln", "rank", "max_iter", "seed"]
+FIXED_SHARES_KEYS = ["rank", "n_random", "seed"]
+SWEEP_KEYS = ["n_random", "seed", "subspaces", "embedding_change"]
 
 
-def gradient_extra_args(wildcards, input, output):
-    args = f"--fixed-bases {input.fixed}" if input.fixed else ""
-    if EMBEDDING_CHANGE:
-        args += f" --bases-out {output.bases} --embeddings-out {output.embeddings}"
-    return args
+def gradient_settings_of(keys):
+    return settings_of(GRADIENT_SETTINGS, keys)
 
 
-# With gradients.embedding_change: the layer-0 bases and the kept token-embedding rows, for gradients_sweep.
-GRADIENT_EXTRA_OUTPUTS = (
-    {
-        "bases": "results/{family}/{model}/step{step}/gradient_bases.parquet",
-        "embeddings": "results/{family}/{model}/step{step}/embedding_rows.parquet",
-    }
-    if EMBEDDING_CHANGE
-    else {}
+def covered(wildcards):
+    """Whether the gradient analysis covers the wildcards' checkpoint."""
+    steps = {c.step for c in gradient_checkpoints(wildcards.family, wildcards.model)}
+    return GRADIENTS["enabled"] and int(wildcards.step) in steps
+
+
+def gradient_pass_settings(wildcards):
+    """extract's recorded param: the backward pass's settings where the analysis covers the checkpoint, else ""
+    (as with the analysis off: turning it on reruns only the covered checkpoints)."""
+    return gradient_settings_of(PASS_KEYS) if covered(wildcards) else ""
+
+
+def gradient_pass_arg(wildcards):
+    """extract's --gradients: where the analysis is on, every checkpoint's extract writes the pass tables (without
+    rows where the analysis does not cover it)."""
+    if not GRADIENTS["enabled"]:
+        return ""
+    return f"--gradients {json_arg({**GRADIENTS, 'steps': None if covered(wildcards) else []})}"
+
+
+# The backward pass's tables, written by extract where gradients.enabled (anisweep.tangent.pass_tables).
+GRADIENT_PASS_TABLES = (
+    ["gradient_sums", "gradient_sample", *(["embedding_rows"] if EMBEDDING_CHANGE else [])]
+    if GRADIENTS["enabled"]
+    else []
 )
+
+# With gradients.embedding_change: the layer-0 bases, for gradients_sweep.
+GRADIENT_EXTRA_OUTPUTS = (
+    {"bases": "results/{family}/{model}/step{step}/gradient_bases.parquet"} if EMBEDDING_CHANGE else {}
+)
+
+
+def gradient_extra_args(wildcards, output):
+    return f"--bases-out {output.bases}" if EMBEDDING_CHANGE else ""
+
+
+def fixed_shares_of(wildcards):
+    """The model's shares in its fixed subspaces (gradients.subspaces fixed | both), a table the sweep joins."""
+    if not (GRADIENTS["enabled"] and FIXED_SUBSPACES and gradient_checkpoints(wildcards.family, wildcards.model)):
+        return []
+    return [f"results/{wildcards.family}/{wildcards.model}/gradient_fixed_shares.parquet"]
 
 
 def gradient_sweep_inputs(wildcards):
     checkpoints = gradient_checkpoints(wildcards.family, wildcards.model)
-    inputs = {"tables": [f"results/{c.key}/gradients.parquet" for c in checkpoints]}
+    inputs = {
+        "tables": [f"results/{c.key}/gradients.parquet" for c in checkpoints],
+        "fixed_shares": fixed_shares_of(wildcards),
+    }
     if EMBEDDING_CHANGE:
         inputs["bases"] = [f"results/{c.key}/gradient_bases.parquet" for c in checkpoints]
         inputs["embeddings"] = [f"results/{c.key}/embedding_rows.parquet" for c in checkpoints]
@@ -82,9 +125,10 @@ def gradient_sweep_inputs(wildcards):
 
 
 def gradient_sweep_args(wildcards, input):
+    args = f"--fixed-shares {input.fixed_shares}" if input.fixed_shares else ""
     if not EMBEDDING_CHANGE:
-        return ""
-    args = f"--bases {input.bases} --embeddings {input.embeddings}"
+        return args
+    args += f" --bases {input.bases} --embeddings {input.embeddings}"
     return args + (f" --fixed-bases {input.fixed}" if FIXED_SUBSPACES else "")
 
 

@@ -12,8 +12,8 @@ rule train_toy:
         CONDA_ENV
     threads: 1
     params:
-        cli=ANISWEEP,
         on_failure=on_failure("train_toy"),
+        cli=CLI,
         spec=lambda wc: json_arg(anisweep_config.toy_spec(config, wc.model)),
     shell:
         "{params.cli} train-toy --spec {params.spec} --out {output} --threads {threads} 2> {log} {params.on_failure}"

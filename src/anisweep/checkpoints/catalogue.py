@@ -44,6 +44,7 @@ from typing import Any
 from anisweep.checkpoints.base import Checkpoint, listing, nearest_names
 from anisweep.checkpoints.hub import MistralGPT2, MultiBERTs, OLMo, OLMo2, Pythia, TinyLlama
 from anisweep.checkpoints.local import LocalRun
+from anisweep.checkpoints.preflight import ModelShape, folder_shape
 from anisweep.checkpoints.toy import Toy
 from anisweep.errors import ConfigError
 
@@ -144,3 +145,12 @@ def final_step(checkpoints: Sequence[Checkpoint]) -> int:
 def params_millions(ckpt: Checkpoint) -> float:
     """About how many million parameters a checkpoint has, for memory and time requests."""
     return family_of(ckpt.family).params_millions(ckpt)
+
+
+def model_shape(ckpt: Checkpoint) -> ModelShape | None:
+    """A checkpoint's width, blocks and heads as far as they are known before it is fetched: a Hub family's from its
+    catalogue, a local run's from its config.json; None otherwise (a toy's are its spec's, anisweep.config)."""
+    shape = getattr(family_of(ckpt.family), "shape", None)
+    if shape is not None:
+        return shape(ckpt.model)
+    return folder_shape(ckpt.path) if ckpt.family == "local" and ckpt.path else None

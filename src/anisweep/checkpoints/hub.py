@@ -8,6 +8,7 @@ from typing import Any
 
 from anisweep.checkpoints import grids
 from anisweep.checkpoints.base import Checkpoint, listing, nearest_names, nearest_steps, select_steps
+from anisweep.checkpoints.preflight import ModelShape
 from anisweep.errors import ConfigError
 
 PYTHIA_STEPS: tuple[int, ...] = (0,) + tuple(2**i for i in range(10)) + tuple(range(1000, 143001, 1000))
@@ -39,6 +40,20 @@ class Pythia:
     entry_keys = ("family", "name", "steps")
     checks_before_fetch = True  # config.json and the tokenizer against the extract settings (preflight)
     _NAME = re.compile(r"pythia-(?P<size>[0-9.]+[mb])(?:-(?P<deduped>deduped)|-seed(?P<seed>\d+))?")
+    # (hidden_size, num_hidden_layers, num_attention_heads) of each size's config.json; -deduped and -seed{n}
+    # share their size's
+    shapes = {
+        "14m": ModelShape(128, 6, 4),
+        "31m": ModelShape(256, 6, 8),
+        "70m": ModelShape(512, 6, 8),
+        "160m": ModelShape(768, 12, 12),
+        "410m": ModelShape(1024, 24, 16),
+        "1b": ModelShape(2048, 16, 8),
+        "1.4b": ModelShape(2048, 24, 16),
+        "2.8b": ModelShape(2560, 32, 32),
+        "6.9b": ModelShape(4096, 32, 32),
+        "12b": ModelShape(5120, 36, 40),
+    }
 
     @classmethod
     def names(cls) -> list[str]:
@@ -112,6 +127,11 @@ class Pythia:
     def params_millions(cls, ckpt: Checkpoint) -> float:
         size = cls._NAME.fullmatch(ckpt.model)["size"]  # "1.4b" -> 1400
         return float(size[:-1]) * (1000 if size.endswith("b") else 1)
+
+    @classmethod
+    def shape(cls, name: str) -> ModelShape:
+        cls.parse(name)
+        return cls.shapes[cls._NAME.fullmatch(name)["size"]]
 
 
 class MultiBERTs:
@@ -203,6 +223,10 @@ class MultiBERTs:
     def params_millions(cls, ckpt: Checkpoint) -> float:
         return 110.0  # BERT-base
 
+    @classmethod
+    def shape(cls, name: str) -> ModelShape:
+        return ModelShape(768, 12, 12)  # BERT-base
+
 
 class _HubSuite:
     """A Hub suite with a fixed list of models sharing one published step grid; a subclass names its models
@@ -211,6 +235,7 @@ class _HubSuite:
     family = ""
     title = ""
     models: Mapping[str, float] = {}  # name -> million parameters
+    shapes: Mapping[str, ModelShape] = {}  # name -> its config.json's hidden size, layers and query heads
     steps: tuple[int, ...] = ()
     tokens_per_step: int = 0
     entry_keys = ("family", "name", "steps")
@@ -274,6 +299,10 @@ class _HubSuite:
     def params_millions(cls, ckpt: Checkpoint) -> float:
         return cls.models[ckpt.model]
 
+    @classmethod
+    def shape(cls, name: str) -> ModelShape | None:
+        return cls.shapes.get(name)
+
 
 class _AllenAISuite(_HubSuite):
     """AI2's OLMo runs: ``allenai/{name}``, one branch per checkpoint named ``{branch_prefix}step{N}-tokens{T}B``.
@@ -303,6 +332,7 @@ class OLMo(_AllenAISuite):
     family = "olmo"
     title = "OLMo"
     models = {"OLMo-1B-hf": 1176.764416}
+    shapes = {"OLMo-1B-hf": ModelShape(2048, 16, 16)}
     steps = grids.OLMO_1B_STEPS
     tokens_per_step = 2048 * 2048  # 4,194,304
 
@@ -316,6 +346,7 @@ class OLMo2(_AllenAISuite):
     family = "olmo2"
     title = "OLMo 2"
     models = {"OLMo-2-0425-1B": 1484.916736}
+    shapes = {"OLMo-2-0425-1B": ModelShape(2048, 16, 16)}
     steps = grids.OLMO2_0425_1B_STEPS
     tokens_per_step = 512 * 4096  # 2,097,152
     branch_prefix = "stage1-"
@@ -342,6 +373,7 @@ class MistralGPT2(_HubSuite):
             )
         },
     }
+    shapes = {name: ModelShape(768, 12, 12) if "-small-" in name else ModelShape(1024, 24, 16) for name in models}
     steps = grids.MISTRAL_STEPS
     tokens_per_step = 512 * 1024  # 524,288
 
@@ -366,6 +398,7 @@ class TinyLlama(_HubSuite):
     family = "tinyllama"
     title = "TinyLlama"
     models = {"TinyLlama-1.1B": 1100.048384}
+    shapes = {"TinyLlama-1.1B": ModelShape(2048, 22, 32)}  # 32 query heads (4 key/value heads)
     repos = {
         50_000: "PY007/TinyLlama-1.1B-step-50K-105b",
         240_000: "PY007/TinyLlama-1.1B-intermediate-step-240k-503b",

@@ -29,6 +29,7 @@ class LocalRun:
     checks_before_fetch = True  # before the weights are hashed: a large run's are GBs to read
     patterns = ("step{N}/", "checkpoint-{N}/")
     _DIR = re.compile(r"(?:step|checkpoint-)(\d+)")
+    _NEAR = re.compile(r"(?:step|checkpoint)[-_. ]?(\d+)", re.IGNORECASE)  # step-20, step_30, Step20, ...
 
     @classmethod
     def discover(cls, path: Path) -> dict[int, Path]:
@@ -36,6 +37,11 @@ class LocalRun:
         found: dict[int, Path] = {}
         for child in sorted(path.iterdir()):
             m = cls._DIR.fullmatch(child.name)
+            if m is None and child.is_dir() and (near := cls._NEAR.fullmatch(child.name)):
+                raise ConfigError(
+                    f"{path}: folder {child.name}/ is not named step{{N}}/ or checkpoint-{{N}}/ (N = the optimizer "
+                    f"step), so it would be skipped; rename it step{int(near[1])}/, or move it out of {path}"
+                )
             if m is None or not child.is_dir():
                 continue
             step = int(m[1])
@@ -56,10 +62,15 @@ class LocalRun:
         return int(n) if isinstance(n, (int, float)) and n > 0 else None
 
     @classmethod
-    def resolve_entry(cls, entry: Mapping[str, Any], **_: Any) -> list[Checkpoint]:
+    def resolve_entry(cls, entry: Mapping[str, Any], extract: Mapping | None = None, **_: Any) -> list[Checkpoint]:
         if entry.get("live"):
             return resolve_live(
-                entry["name"], entry.get("path"), entry.get("steps"), entry.get("tokens_per_step"), entry.get("seed")
+                entry["name"],
+                entry.get("path"),
+                entry.get("steps"),
+                entry.get("tokens_per_step"),
+                entry.get("seed"),
+                extract,
             )
         return cls.resolve(
             entry["name"],
@@ -152,10 +163,19 @@ def missing_step_hint(step: int) -> str:
     return f"run AnisweepCallback (or analyse_live) at step {step}, or leave step {step} out of the entry's steps"
 
 
-def resolve_live(name: str, path: Any, steps: Any, tokens_per_step: Any = None, seed: Any = None) -> list[Checkpoint]:
+def resolve_live(
+    name: str,
+    path: Any,
+    steps: Any,
+    tokens_per_step: Any = None,
+    seed: Any = None,
+    extract: Mapping | None = None,
+) -> list[Checkpoint]:
     """The analysed steps of a live local run: `steps: all` / `final` among the step{N}/ folders holding an
     extract.json; a listed step whose folder lacks extract's files is a ConfigError. tokens_seen and seed are the
-    ones the callback wrote (extract.json's checkpoint), else step * tokens_per_step and the entry's seed."""
+    ones the callback wrote (extract.json's checkpoint), else step * tokens_per_step and the entry's seed. The
+    chosen steps must have been analysed with the same settings, the config's `extract` ones when given
+    (check_live_settings)."""
     check_name(name, FAMILY)
     root = run_folder({"name": name, "path": path})
     where = f"local run {name!r} (live)"
@@ -184,7 +204,7 @@ def resolve_live(name: str, path: Any, steps: Any, tokens_per_step: Any = None, 
         missing = [n for n in extract_names() if not (folder / n).is_file()]
         if missing:
             raise ConfigError(f"{where}: {folder} lacks {', '.join(missing)}; {missing_step_hint(step)}")
-        written = _written_identity(folder / "extract.json")
+        written = _checkpoint_of(_extract_json(folder / "extract.json"))
         tokens = written.get("tokens_seen")
         if tokens is None and tokens_per_step is not None:
             tokens = step * tokens_per_step
@@ -198,22 +218,85 @@ def resolve_live(name: str, path: Any, steps: Any, tokens_per_step: Any = None, 
                 path=str(folder),
             )
         )
+    check_live_settings(out, extract)
     return out
 
 
-def _written_identity(info: Path) -> dict:
+def _extract_json(info: Path) -> dict:
     try:
-        checkpoint = json.loads(info.read_text()).get("checkpoint") or {}
+        written = json.loads(info.read_text())
     except (OSError, ValueError) as error:
         raise ConfigError(f"{info} cannot be read ({error}); run the callback at that step again") from None
+    return written if isinstance(written, dict) else {}
+
+
+def _checkpoint_of(written: dict) -> dict:
+    checkpoint = written.get("checkpoint") or {}
     return checkpoint if isinstance(checkpoint, dict) else {}
+
+
+# The extract settings that change a step's tables: the evaluation batch, the samples, the histogram's bins and
+# the dtype. Not device, threads, batch_size or attention (the same numbers, up to rounding).
+SAME_SETTINGS = ("n_sequences", "seq_len", "seed", "sample_tokens", "qk_sample_tokens", "score_bins", "dtype")
+
+
+def _steps(steps: Sequence[int]) -> str:
+    return f"step{'s' if len(steps) > 1 else ''} {listing(steps)}"
+
+
+def check_live_settings(checkpoints: Sequence[Checkpoint], extract: Mapping | None = None) -> None:
+    """The steps of each live local run among `checkpoints` were analysed with the same SAME_SETTINGS (their
+    extract.json's settings), and with the config's `extract` section's when it is given (completed, as
+    config.complete fills it): else a ConfigError naming the steps, the key and the values. A key an older
+    extract.json, or `extract`, lacks is not compared."""
+    runs: dict[str, list[Checkpoint]] = {}
+    for c in checkpoints:
+        runs.setdefault(c.model, []).append(c)
+    for name, steps in runs.items():
+        where = f"local run {name!r} (live)"
+        written = {c.step: _extract_json(Path(str(c.path)) / "extract.json").get("settings") or {} for c in steps}
+        for key in SAME_SETTINGS:
+            groups = _by_value({step: settings[key] for step, settings in written.items() if key in settings})
+            if len(groups) > 1:
+                raise ConfigError(
+                    f"{where}: its steps were analysed with different extract.{key}: "
+                    + "; ".join(f"{_steps(s)} with {key} = {v!r}" for v, s in groups)
+                    + "; their tables are not comparable. Analyse these steps again with the same settings "
+                    "(AnisweepCallback's or analyse_live's settings=ExtractSettings(...)), or leave the odd ones out "
+                    "of the entry's steps"
+                )
+            if groups and extract is not None and key in extract:
+                _check_against_config(where, key, groups[0], extract)
+
+
+def _by_value(values: Mapping[int, Any]) -> list[tuple[Any, list[int]]]:
+    """(value, the steps that have it), in step order; a list since values may be dicts (score_bins)."""
+    groups: list[tuple[Any, list[int]]] = []
+    for step, value in sorted(values.items()):
+        group = next((g for g in groups if g[0] == value), None)
+        if group is None:
+            groups.append((value, [step]))
+        else:
+            group[1].append(step)
+    return groups
+
+
+def _check_against_config(where: str, key: str, group: tuple[Any, list[int]], extract: Mapping) -> None:
+    value, steps = group
+    wanted = extract[key]
+    if value != wanted:
+        raise ConfigError(
+            f"{where}: {_steps(steps)} analysed with extract.{key} = {value!r}, but the config has extract.{key} "
+            f"= {wanted!r}; set extract.{key}: {json.dumps(value)} in the config, or analyse these steps again with "
+            f"ExtractSettings({key}={wanted!r})"
+        )
 
 
 def missing_gradients(checkpoints: Sequence[Checkpoint], steps: Sequence[int] | None) -> list[Path]:
     """The step folders among `checkpoints` the gradient analysis covers (`gradients.steps`, all when None)
-    that hold no gradients.parquet."""
+    that hold no gradient_sums.parquet (the backward pass's tables, analyse_live with gradients enabled)."""
     return [
         Path(c.path)
         for c in checkpoints
-        if (steps is None or c.step in steps) and not (Path(c.path) / "gradients.parquet").is_file()
+        if (steps is None or c.step in steps) and not (Path(c.path) / "gradient_sums.parquet").is_file()
     ]

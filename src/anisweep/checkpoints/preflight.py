@@ -1,6 +1,7 @@
 """What a checkpoint's config.json and tokenizer (kilobytes) can tell is checked before its weights are
 downloaded or read: the model's positions against `extract.seq_len`, its width against the hidden-state
-sample, the tokenizer's presence, and the corpus against `n_sequences x seq_len` with that tokenizer.
+sample, the tokenizer's presence, the corpus against `n_sequences x seq_len` with that tokenizer, and the batch's
+token ids against the model's vocabulary.
 Each failure is a PreflightError that names the key, folder or file to change.
 
 fetch runs these checks between the small files and the weights; extract runs them again on what it
@@ -12,11 +13,43 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class PreflightError(ValueError):
     pass
+
+
+class ModelShape(NamedTuple):
+    """What the config's per-model settings are checked against: the residual width, blocks and query heads."""
+
+    d_model: int
+    n_layers: int | None = None
+    n_heads: int | None = None
+
+
+def _first(hf_config: dict[str, Any], keys: tuple[str, ...]) -> int | None:
+    value = next((hf_config[k] for k in keys if isinstance(hf_config.get(k), int)), None)
+    return value if value and value > 0 else None
+
+
+def shape_of(hf_config: dict[str, Any]) -> ModelShape | None:
+    """A config.json's shape, whatever the architecture names its keys (GPT-2: n_embd, n_layer, n_head); None
+    without a width."""
+    d_model = _first(hf_config, ("hidden_size", "d_model", "n_embd"))
+    if d_model is None:
+        return None
+    layers = _first(hf_config, ("num_hidden_layers", "n_layer", "n_layers"))
+    return ModelShape(d_model, layers, _first(hf_config, ("num_attention_heads", "n_head", "n_heads")))
+
+
+def folder_shape(folder: str | Path) -> ModelShape | None:
+    """The shape in `folder`/config.json; None where there is none to read (checked again at fetch)."""
+    try:
+        hf_config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return shape_of(hf_config) if isinstance(hf_config, dict) else None
 
 
 def check_model_config(hf_config: dict[str, Any], settings: Any, where: str) -> None:
@@ -76,6 +109,21 @@ def evaluation_batch(
     check_model_config(hf_config, settings, where)
     tokenizer = load_tokenizer(tokenizer_source, model_dir, where)
     try:
-        return make_batch(tokenizer, texts, settings.n_sequences, settings.seq_len, settings.seed)
+        batch = make_batch(tokenizer, texts, settings.n_sequences, settings.seq_len, settings.seed)
     except ValueError as error:
         raise PreflightError(f"{where}: {error} (the config's corpus and extract sections)") from None
+    check_vocabulary(hf_config, len(tokenizer), int(batch["input_ids"].max()), tokenizer_source, where)
+    return batch
+
+
+def check_vocabulary(hf_config: dict[str, Any], n_tokens: int, max_id: int, source: Any, where: str) -> None:
+    """The evaluation batch's token ids must index the model's embedding table (config.json's vocab_size): a
+    larger tokenizer is another model's, and its ids would fail in the embedding lookup after the weights load."""
+    vocab = _first(hf_config, ("vocab_size",))
+    if vocab is not None and max_id >= vocab:
+        raise PreflightError(
+            f"{where}: the tokenizer {source} ({n_tokens} tokens) gives token id {max_id} in the evaluation batch, "
+            f"but the model's embedding table has vocab_size = {vocab} rows (its config.json): the tokenizer is "
+            "not this model's. Name the model's own tokenizer (`tokenizer: <folder or Hub id>` in its models "
+            "entry), or copy it into the run folder"
+        )

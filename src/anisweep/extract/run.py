@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -105,9 +106,16 @@ def write_extract(out_dir: str | Path, tables: dict[str, pl.DataFrame], info: di
 
 
 def extract_checkpoint(
-    manifest: dict, texts: list[str], settings: ExtractSettings, out_dir: Path, progress: bool = True
+    manifest: dict,
+    texts: list[str],
+    settings: ExtractSettings,
+    out_dir: Path,
+    progress: bool = True,
+    more_tables: Callable[[LoadedModel, dict, dict], dict[str, pl.DataFrame]] | None = None,
 ) -> dict:
-    """Load the checkpoint a fetch manifest names, run it over the evaluation batch, write every table."""
+    """Load the checkpoint a fetch manifest names, run it over the evaluation batch, write every table.
+    `more_tables(loaded, batch, ident)`, when given, adds tables of its own from the same loaded model (the
+    gradient analysis's backward pass: anisweep.tangent.checkpoint.pass_tables_for), written with extract's."""
     if settings.threads:
         torch.set_num_threads(settings.threads)
     where = f"{manifest['family']}/{manifest['model']}/step{manifest['step']}"
@@ -117,5 +125,8 @@ def extract_checkpoint(
     recorder, seconds = timed_run(loaded, batch, settings, progress=progress)
     ident = {key: manifest.get(key) for key in IDENTITY}
     info = extract_info(manifest, settings, target, batch, recorder, seconds)
-    write_extract(out_dir, tables(recorder, loaded, ident), info)
+    written = tables(recorder, loaded, ident)
+    if more_tables is not None:
+        written |= more_tables(loaded, batch, ident)
+    write_extract(out_dir, written, info)
     return info

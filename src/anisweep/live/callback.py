@@ -11,6 +11,8 @@ the attention implementation is switched to the recording one for extract and ba
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -22,8 +24,7 @@ from anisweep.extract.recorder import ATTENTION_NAME, register_attention
 from anisweep.extract.run import extract_info, timed_run, write_extract
 from anisweep.extract.tables import tables
 from anisweep.live.take import live_ident
-from anisweep.tables import with_identity
-from anisweep.tangent.checkpoint import analyse_model
+from anisweep.tangent.checkpoint import pass_tables_of
 from anisweep.tangent.settings import GradientSettings
 
 
@@ -43,6 +44,16 @@ def _training_state_kept(model: nn.Module):
             torch.cuda.set_rng_state_all(cuda)
 
 
+def check_live_model(model: nn.Module, settings: ExtractSettings, where: str) -> None:
+    """The checks the workflow runs on a saved checkpoint's config.json (checkpoints.preflight), on the live
+    model's config: its positions against seq_len, its width against the hidden-state sample."""
+    from anisweep.checkpoints.preflight import check_model_config
+
+    s = settings
+    given = f"ExtractSettings(n_sequences={s.n_sequences}, seq_len={s.seq_len}, sample_tokens={s.sample_tokens})"
+    check_model_config(model.config.to_dict(), settings, f"{where} analysed live with {given}")
+
+
 def analyse_live(
     model: nn.Module,
     batch: dict,
@@ -52,13 +63,19 @@ def analyse_live(
     settings: ExtractSettings | None = None,
     gradients: GradientSettings | None = None,
 ) -> Path:
-    """Write extract's tables, extract.json and (when `gradients.enabled`) gradients.parquet of the model as it
-    is now into `out_dir`. `batch` is the evaluation batch (`input_ids`, `attention_mask`: e.g.
-    anisweep.corpus.make_batch, as extract builds it); `ident` the identity columns (family, model, seed,
-    step, tokens_seen)."""
+    """Write extract's tables, extract.json and (when `gradients.enabled`) the backward pass's tables
+    (gradient_sums, gradient_sample: anisweep.tangent.pass_tables, from which the workflow computes
+    gradients.parquet) of the model as it is now into `out_dir`. `batch` is the evaluation batch (`input_ids`,
+    `attention_mask`: e.g. anisweep.corpus.make_batch, as extract builds it); `ident` the identity columns
+    (family, model, seed, step, tokens_seen). A model the batch or the settings do not fit (preflight's checks)
+    is a PreflightError, before anything runs."""
     from anisweep.adapters import adapter_for
 
+    # the batch is what runs: its shape is the settings' n_sequences x seq_len, checked and in extract.json
+    n_sequences, seq_len = batch["input_ids"].shape
     settings = settings or ExtractSettings(device="cpu")
+    settings = dataclasses.replace(settings, n_sequences=int(n_sequences), seq_len=int(seq_len))
+    check_live_model(model, settings, f"{ident.get('family')}/{ident.get('model')}/step{ident.get('step')}")
     gradients = gradients if gradients is not None else GradientSettings(enabled=True)
     out_dir = Path(out_dir)
     adapter = adapter_for(model.config)
@@ -71,8 +88,7 @@ def analyse_live(
         written = tables(recorder, loaded, ident)
         model.set_attn_implementation("sdpa")
         if gradients.enabled:
-            table = analyse_model(model, adapter, batch, tokenizer, gradients, settings.batch_size, progress=False)
-            written["gradients"] = with_identity(table, ident)
+            written |= pass_tables_of(model, adapter, batch, tokenizer, gradients, settings.batch_size, ident, False)
     # extract's extract.json, the checkpoint being the identity of the live model
     info = extract_info({**ident, "live": True}, settings, next(model.parameters()).device, batch, recorder, seconds)
     write_extract(out_dir, written, info)
@@ -88,8 +104,11 @@ def _trainer_callback_base():
 
 
 class AnisweepCallback(_trainer_callback_base()):
-    """At the chosen global steps (after the optimizer step), `analyse_live` into
-    `{results}/local/{run_name}/step{N}/`. The evaluation batch is built once from `texts` with the tokenizer."""
+    """At the chosen global steps, `analyse_live` into `{results}/local/{run_name}/step{N}/`: the step training
+    begins at (step 0, before any optimizer step) in on_train_begin, the others after their optimizer step. The
+    evaluation batch is built once from `texts` with the tokenizer; preflight's checks of the model's config run
+    at on_train_begin, before any step. Chosen steps a resumed training has passed, and steps it never reached,
+    are warned about (once each)."""
 
     def __init__(
         self,
@@ -112,12 +131,45 @@ class AnisweepCallback(_trainer_callback_base()):
         s = self.settings
         self.batch = make_batch(tokenizer, list(texts), s.n_sequences, s.seq_len, s.seed)
         self.written: list[Path] = []
+        self.pending = set(self.steps)  # the chosen steps this training has neither analysed nor passed
+
+    def _out(self, step: int) -> Path:
+        return self.results / "local" / self.run_name / f"step{step}"
+
+    def _analyse(self, args, step: int, model) -> None:
+        if step not in self.pending or model is None:
+            return
+        ident = live_ident(self.run_name, step, self.tokens_per_step, getattr(args, "seed", None))
+        out = analyse_live(model, self.batch, self.tokenizer, self._out(step), ident, self.settings, self.gradients)
+        self.written.append(out)
+        self.pending.discard(step)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        step = state.global_step  # 0, or the checkpoint's step when the training resumes from one
+        if model is not None:
+            check_live_model(model, self.settings, f"local/{self.run_name}")
+        self.pending = {s for s in self.steps if s >= step}
+        passed = sorted(self.steps - self.pending)
+        if passed:
+            warnings.warn(
+                f"AnisweepCallback({self.run_name!r}): the training resumes at step {step}, past the chosen "
+                f"steps {passed}; they are not analysed in this run",
+                stacklevel=2,
+            )
+        if step and (self._out(step) / "extract.json").is_file():
+            self.pending.discard(step)  # analysed by the run that saved the checkpoint
+        self._analyse(args, step, model)
+        return control
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        if state.global_step in self.steps and model is not None:
-            ident = live_ident(self.run_name, state.global_step, self.tokens_per_step, getattr(args, "seed", None))
-            out = self.results / "local" / self.run_name / f"step{state.global_step}"
-            self.written.append(
-                analyse_live(model, self.batch, self.tokenizer, out, ident, self.settings, self.gradients)
+        self._analyse(args, state.global_step, model)
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.pending:
+            warnings.warn(
+                f"AnisweepCallback({self.run_name!r}): the training ended at step {state.global_step} without "
+                f"reaching the chosen steps {sorted(self.pending)}; nothing was written for them",
+                stacklevel=2,
             )
         return control

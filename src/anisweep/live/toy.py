@@ -2,8 +2,8 @@
 gradient tables of the model in memory (anisweep.live) instead of a saved checkpoint.
 
 `train-toy` with a live spec writes every step into `results/toy/{model}/live/step{N}/`; the workflow's
-`extract_live` / `gradients_live` rules then `take` (anisweep.live.take) step N's files into
-`results/toy/{model}/step{N}/`, where extract and gradients put a saved checkpoint's, so metrics, sweep and figures
+`extract_live` rule then `take`s (anisweep.live.take) step N's files into `results/toy/{model}/step{N}/`, where
+extract puts a saved checkpoint's, so the gradient shares, metrics, sweep and figures
 run on them unchanged. The evaluation batch is the one extract builds for the saved checkpoint: the same texts and
 settings, tokenized by the toy's tokenizer as it is read back from disk, so the numbers equal a saved-checkpoint
 run's.

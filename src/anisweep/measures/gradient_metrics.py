@@ -49,3 +49,19 @@ def gradient_metric_rows(table: pl.DataFrame) -> list[dict]:
                 }
             )
     return rows
+
+
+def gradient_metric_frame(table: pl.DataFrame) -> pl.DataFrame:
+    """`gradient_metric_rows` of a table spanning checkpoints (with identity columns), in METRIC_SCHEMA."""
+    from anisweep.tables import IDENTITY, METRIC_SCHEMA
+
+    frames = [
+        pl.DataFrame([{**dict(zip(IDENTITY, key, strict=True)), **r} for r in gradient_metric_rows(rows)])
+        for key, rows in table.group_by(list(IDENTITY), maintain_order=True)
+    ]
+    frames = [f for f in frames if f.height]
+    if not frames:
+        return pl.DataFrame(schema=METRIC_SCHEMA)
+    frame = pl.concat(frames, how="diagonal_relaxed")
+    absent = [pl.lit(None, dtype).alias(name) for name, dtype in METRIC_SCHEMA.items() if name not in frame.columns]
+    return frame.with_columns(absent).select(list(METRIC_SCHEMA)).cast(METRIC_SCHEMA)

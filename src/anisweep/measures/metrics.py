@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from anisweep.measures import geometry
-from anisweep.tables import ATTENTION_STATISTICS, IDENTITY, METRIC_KEY, metric_rows
+from anisweep.tables import ATTENTION_STATISTICS, IDENTITY, METRIC_KEY, metric_rows, read_parquet
 
 
 def _identity(df: pl.DataFrame) -> dict:
@@ -166,7 +166,7 @@ def checkpoint_metrics(extract_dir: str | Path, gradients: str | Path | None = N
     """Every metric of one checkpoint, from extract's tables in `extract_dir`, and with `gradients` (the
     checkpoint's gradients.parquet) the gradient analysis's shares (anisweep.measures.gradient_metrics)."""
     extract_dir = Path(extract_dir)
-    read = lambda name: pl.read_parquet(extract_dir / f"{name}.parquet")  # noqa: E731
+    read = lambda name: read_parquet(extract_dir / f"{name}.parquet")  # noqa: E731
     qk, attention, stats = read("qk"), read("attention"), read("hidden_stats")
     stat_rows = stats_rows(stats)
     rows = (
@@ -182,5 +182,5 @@ def checkpoint_metrics(extract_dir: str | Path, gradients: str | Path | None = N
     if gradients is not None:
         from anisweep.measures.gradient_metrics import gradient_metric_rows
 
-        rows += gradient_metric_rows(pl.read_parquet(gradients))
+        rows += gradient_metric_rows(read_parquet(gradients))
     return metric_rows(_identity(qk), rows).sort(list(METRIC_KEY), nulls_last=True)

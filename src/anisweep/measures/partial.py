@@ -1,10 +1,11 @@
 """What a failed run leaves behind (the workflow's `onerror` handler, docs/reruns.md).
 
 When a run fails, each sweep table it was making is written from the checkpoints that have metrics, the
-others listed with ``status = "missing"``, and no weights stay on disk. The handler in
-``workflow/rules/common.smk`` only gathers what Snakemake knows (which sweeps were still to be made, how to
-drop a file's metadata record, whether ``--notemp`` was given) and calls the functions here, which take plain
-arguments and are tested without Snakemake.
+others listed with ``status = "missing"``, and the weights this run fetched that no running Snakemake needs
+are removed. The handler in the Snakefile only gathers what Snakemake knows (which sweeps were still to be
+made, how to drop a file's metadata record, which fetch jobs this run ran, which files other running
+Snakemake processes have locked, whether ``--notemp`` was given) and calls the functions here, which take
+plain arguments and are tested without Snakemake.
 
 Nothing here imports torch or polars until a sweep is written: the module is imported when the Snakefile is
 parsed.
@@ -13,6 +14,7 @@ parsed.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import warnings
@@ -21,7 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-__all__ = ["Sweep", "write_partial_sweep", "write_partial_sweeps", "remove_stranded_weights"]
+__all__ = [
+    "Sweep",
+    "write_partial_sweep",
+    "write_partial_sweeps",
+    "remove_stranded_weights",
+    "remove_fetched_weights",
+    "other_runs_locks",
+]
 
 
 @dataclass(frozen=True)
@@ -96,21 +105,115 @@ def write_partial_sweeps(sweeps: Iterable[Sweep], stderr: TextIO | None = None) 
 
 
 def remove_stranded_weights(
-    keys: Iterable[str], root: str | Path = "weights", *, notemp: bool = False, stderr: TextIO | None = None
+    keys: Iterable[str],
+    root: str | Path = "weights",
+    *,
+    locked: Iterable[str | Path] = (),
+    notemp: bool = False,
+    stderr: TextIO | None = None,
 ) -> list[str]:
-    """Nothing is in flight once a run has failed, so no weights stay on disk: those of a failed extract (kept
-    until then, so that a retry of the job could read them) and those fetched for an extract that never
-    started. `keys` are the checkpoints' `{family}/{model}/step{N}`; their weights are `root/key`. With
-    `notemp` (Snakemake's --notemp: the user keeps every temporary file) nothing is removed. A rerun fetches
-    them again (from the Hugging Face cache with fetch.keep_weights). Returns the keys removed."""
+    """Remove the weights `root/key` of each of `keys`, the checkpoints (``{family}/{model}/step{N}``) whose
+    weights THIS failed run fetched: those of a failed extract (kept until then, so that a retry of the job
+    could read them) and those fetched for an extract that never started. Nothing of this run is in flight
+    once it has failed, but another Snakemake run in the same directory may be: weights that run fetched are
+    not in `keys`, and a folder named in `locked` (the files other running Snakemake processes have locked,
+    see :func:`other_runs_locks`), or inside or above one, is kept. With `notemp` (Snakemake's --notemp: the
+    user keeps every temporary file) nothing is removed. A rerun fetches them again (from the Hugging Face
+    cache with fetch.keep_weights). Returns the keys removed."""
     if notemp:
         return []
     stderr = stderr or sys.stderr
+    held = [_absolute(path) for path in locked]
     removed = []
     for key in keys:
         folder = Path(root) / key
-        if folder.exists():
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(key)
-            print(f"removed the weights of {key} (not extracted)", file=stderr)
+        if not folder.exists():
+            continue
+        if any(_overlap(_absolute(folder), path) for path in held):
+            print(f"kept the weights of {key}: another running Snakemake run needs them", file=stderr)
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(key)
+        print(f"removed the weights of {key} (not extracted)", file=stderr)
     return removed
+
+
+def _absolute(path: str | Path) -> Path:
+    return Path(os.path.abspath(os.path.normpath(path)))
+
+
+def _overlap(a: Path, b: Path) -> bool:
+    return a == b or a in b.parents or b in a.parents
+
+
+_LOCK_FILE = re.compile(r"[0-9]+\.(input|output)\.lock")
+
+
+def other_runs_locks(lockdir: str | Path, own: Iterable[str | Path] = ()) -> list[str]:
+    """The files that running Snakemake processes have locked, from Snakemake's lock files in `lockdir`
+    (``.snakemake/locks/{n}.input.lock`` and ``{n}.output.lock``: one path a line, as the workflow names it,
+    written when a run starts and deleted when it ends), leaving out the lock files in `own` (this process's
+    own locks). A lock file that goes while it is read is skipped."""
+    lockdir = Path(lockdir)
+    mine = {_absolute(path) for path in own}
+    try:
+        names = sorted(os.listdir(lockdir))
+    except FileNotFoundError:
+        return []
+    paths = []
+    for name in names:
+        lockfile = lockdir / name
+        if not _LOCK_FILE.fullmatch(name) or _absolute(lockfile) in mine or not lockfile.is_file():
+            continue
+        try:
+            lines = lockfile.read_text().splitlines()
+        except OSError:
+            continue
+        paths += [line.strip() for line in lines if line.strip()]
+    return paths
+
+
+def remove_fetched_weights(
+    workflow, rule: str = "fetch", root: str | Path = "weights", *, stderr: TextIO | None = None
+) -> list[str]:
+    """The Snakefile's `onerror`: :func:`remove_stranded_weights` for the weights of the `rule` jobs this run
+    ran (finished, or still running) from Snakemake's DAG, keeping those locked by other running Snakemake
+    processes (their lock files in ``.snakemake/locks``, this process's own left out) and everything with
+    --notemp. The DAG and the lock bookkeeping are Snakemake internals (checked with Snakemake 9): where they
+    are not there to read, nothing is removed, and `stderr` says so. Returns the keys removed."""
+    stderr = stderr or sys.stderr
+    try:
+        notemp = bool(getattr(workflow.storage_settings, "notemp", False))
+        if notemp:
+            return []
+        dag = workflow.dag
+        jobs = [*dag.finished_jobs, *_expand_groups(getattr(dag, "_running", ()))]
+        outputs = {str(path) for job in jobs if job.rule.name == rule for path in job.output}
+        persistence = workflow.persistence
+        lockdir = Path(persistence._lockdir)
+        own = list(persistence._lockfile.values())  # FilePersistence only
+        locked = other_runs_locks(lockdir, own)
+    except Exception as error:  # Snakemake internals: keep every weights folder rather than guess
+        print(
+            f"could not tell which weights this run fetched ({type(error).__name__}: {error}); none removed: "
+            f"delete {root}/ yourself once no Snakemake run is going",
+            file=stderr,
+        )
+        return []
+    keys = []
+    for output in sorted(outputs):
+        try:
+            keys.append(_absolute(output).relative_to(_absolute(root)).as_posix())
+        except ValueError:
+            print(f"kept {output}: not under {root}/", file=stderr)
+    return remove_stranded_weights(keys, root, locked=locked, stderr=stderr)
+
+
+def _expand_groups(jobs) -> list:
+    out = []
+    for job in list(jobs):
+        if getattr(job, "is_group", lambda: False)():
+            out.extend(job)
+        else:
+            out.append(job)
+    return out

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from anisweep.tables import IDENTITY, with_identity
+from anisweep.tables import IDENTITY, read_parquet, with_identity
 
 SCHEMA = {
     "layer": pl.Int64,
@@ -58,8 +58,8 @@ def checkpoint_spectra(extract_dir: str | Path) -> pl.DataFrame:
     """Every spectrum of one checkpoint: vectors `hidden` (head null) per (layer, site), `q` and `k` per
     (layer, head, site qk_pre/qk_post)."""
     extract_dir = Path(extract_dir)
-    hidden = pl.read_parquet(extract_dir / "hidden.parquet")
-    qk = pl.read_parquet(extract_dir / "qk_sample.parquet")
+    hidden = read_parquet(extract_dir / "hidden.parquet")
+    qk = read_parquet(extract_dir / "qk_sample.parquet")
     rows = []
     for (layer, site), group in sorted(hidden.group_by("layer", "site"), key=lambda g: g[0]):
         rows += _rows(layer, None, site, "hidden", np.stack(group["vector"].to_list()))

@@ -18,7 +18,14 @@ from typing import Any
 
 import polars as pl
 
-from anisweep.tables import IDENTITY, METRIC_KEY, METRIC_PARAMETERS, METRIC_SCHEMA, check_metric_keys
+from anisweep.tables import (
+    IDENTITY,
+    METRIC_KEY,
+    METRIC_PARAMETERS,
+    METRIC_SCHEMA,
+    check_metric_keys,
+    read_parquet,
+)
 
 SWEEP_SCHEMA = {**METRIC_SCHEMA, "status": pl.String, "duplicate_of_step": pl.Int64, "weights_sha256": pl.String}
 
@@ -117,7 +124,7 @@ def read_metrics(path: str | Path) -> pl.DataFrame:
     """One checkpoint's metrics.parquet in METRIC_SCHEMA. A table written before the parameter columns
     (subspace, fit, rank, stratum) gets them as nulls, unless it holds the gradient analysis's rows (`grad_*`
     metrics, whose parameters were then part of the name): those must be recomputed (rerun its metrics)."""
-    df = pl.read_parquet(path)
+    df = read_parquet(path)
     missing = [column for column in METRIC_PARAMETERS if column not in df.columns]
     if missing:
         if df["metric"].str.starts_with("grad_").any():
@@ -134,8 +141,11 @@ def aggregate(
     expected_steps: list[int] | None = None,
     ident: dict | None = None,
     final_step: int | None = None,
+    gradient_fixed_shares: Path | None = None,
 ) -> pl.DataFrame:
     """Concatenate per-checkpoint metrics; `extract.json` beside each metrics file supplies the weight hash.
+    `gradient_fixed_shares` (the model's shares in its fixed subspaces, a table spanning its checkpoints) adds
+    their metric rows to the checkpoints that have metrics.
 
     `ident` (family, model, seed) names the missing rows when no checkpoint produced metrics at all.
     """
@@ -148,6 +158,11 @@ def aggregate(
         if extract_json.exists():
             provenance.append(_provenance(extract_json))
     sweep = pl.concat(frames) if frames else pl.DataFrame(schema=METRIC_SCHEMA)
+    if gradient_fixed_shares is not None:
+        from anisweep.measures.gradient_metrics import gradient_metric_frame
+
+        fixed = gradient_metric_frame(pl.read_parquet(gradient_fixed_shares))
+        sweep = pl.concat([sweep, fixed.filter(pl.col("step").is_in(sweep["step"].unique().implode()))])
     check_metric_keys(sweep, (*IDENTITY, *METRIC_KEY), "sweep")
     duplicates = duplicate_steps(provenance, final_step)
     hashes = {p.get("step"): p.get("weights_sha256") for p in provenance}

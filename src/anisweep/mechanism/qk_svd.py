@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from anisweep.tables import IDENTITY
+from anisweep.tables import IDENTITY, read_parquet, scan_parquet
 
 BASES = ("common", "q", "k")
 FIGURES = tuple(f"qk_svd_{basis}.png" for basis in BASES)
@@ -95,7 +95,7 @@ def select_heads(final_qk: pl.DataFrame, heads) -> list[tuple[int, int]]:
 
 
 def _read(paths: list[Path], columns: list[str]) -> pl.DataFrame:
-    return pl.concat([pl.read_parquet(p, columns=columns) for p in paths])
+    return pl.concat([read_parquet(p, columns=columns) for p in paths])
 
 
 def qk_svd(extract_dirs: list[Path], fraction: float, seed: int) -> tuple[pl.DataFrame, dict]:
@@ -107,14 +107,11 @@ def qk_svd(extract_dirs: list[Path], fraction: float, seed: int) -> tuple[pl.Dat
         raise ValueError(f"qk_svd: {len(dirs)} extract folders hold {means['step'].n_unique()} distinct steps")
     ident = {key: means[key][0] for key in ("family", "model", "seed")}
     tokens_seen = dict(means.select("step", "tokens_seen").unique().iter_rows())
-    sample_paths = [d / "qk_sample.parquet" for d in dirs]
+    sample_frames = [scan_parquet(d / "qk_sample.parquet") for d in dirs]  # each file's footer checked once
     rows, extras = [], {}
     for layer in sorted(means["layer"].unique().to_list()):
         samples = pl.concat(
-            [
-                pl.scan_parquet(p).filter(pl.col("layer") == layer).select("step", "head", "rope", "q", "k")
-                for p in sample_paths
-            ]
+            [f.filter(pl.col("layer") == layer).select("step", "head", "rope", "q", "k") for f in sample_frames]
         ).collect()
         layer_means = means.filter(pl.col("layer") == layer)
         for (head, rope), group in sorted(samples.group_by("head", "rope"), key=lambda g: g[0]):

@@ -76,6 +76,8 @@ class UntrainedSettings:
             )
         if any(n < 0 for n in self.norms):
             raise ValueError(f"untrained.norms: bias norms must be >= 0, got {self.norms}")
+        if len(set(self.norms)) < len(self.norms):
+            raise ValueError(f"untrained.norms: {self.norms} lists a bias norm more than once; list each once")
         if not 0 < self.score_min < self.score_max:
             raise ValueError(f"untrained: need 0 < score_min < score_max, got {self.score_min}, {self.score_max}")
         self.norms = sorted(float(n) for n in self.norms)

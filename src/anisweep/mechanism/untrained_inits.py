@@ -6,12 +6,20 @@ No torch here: the workflow resolves the inits against the config's checkpoints 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from pathlib import Path
 
 from anisweep.checkpoints.base import Checkpoint
 from anisweep.errors import ConfigError
 
 CONFIG_INITS = ("bert", "gpt_neox")
+#: The architectures (config.json's model_type) whose first block runs alone here. The Llama-style ones (llama,
+#: olmo, olmo2) do not yet: their adapters lack the rotary module a block alone needs (Adapter.rotary_embedding).
+BLOCK_MODEL_TYPES = ("bert", "gpt_neox", "gpt2")
+#: The catalogue families of the others, with their architecture.
+OTHER_FAMILIES = {"tinyllama": "llama", "olmo": "olmo", "olmo2": "olmo2"}
+SUPPORTED = "pythia, multiberts, gpt2 and toy models, or a local run of model_type " + ", ".join(BLOCK_MODEL_TYPES)
 
 
 def is_checkpoint_init(init) -> bool:
@@ -40,8 +48,10 @@ def resolve(inits: list, checkpoints: Iterable[Checkpoint]) -> list:
     model must be a `models` entry (with `family` when two families have a model of that name); `step` defaults
     to the model's earliest swept step and must be one of them. Raises ConfigError naming what to change."""
     swept: dict[tuple[str, str], list[int]] = {}
+    paths: dict[tuple[str, str, int], str | None] = {}
     for c in checkpoints:
         swept.setdefault((c.family, c.model), []).append(c.step)
+        paths[(c.family, c.model, c.step)] = getattr(c, "path", None)
     resolved = []
     for init in inits:
         if not is_checkpoint_init(init):
@@ -68,9 +78,28 @@ def resolve(inits: list, checkpoints: Iterable[Checkpoint]) -> list:
                 f"untrained.inits: {init}: step {step} is not a swept step of {key[0]}/{name} "
                 f"(its earliest is {steps[0]}); leave `step` out for the earliest, or add step {step} to its steps"
             )
+        _check_architecture(init, key[0], paths.get((*key, step)))
         resolved.append({"family": key[0], "model": name, "step": step})
     labels = [label(i) for i in resolved]
     repeated = sorted({x for x in labels if labels.count(x) > 1})
     if repeated:
         raise ConfigError(f"untrained.inits: {repeated} named twice; name each init once")
     return resolved
+
+
+def _check_architecture(init: dict, family: str, path: str | None) -> None:
+    """A checkpoint init whose architecture cannot run its first block alone is an error now, before its weights
+    are fetched (GBs for the Hub's 1B models)."""
+    arch = OTHER_FAMILIES.get(family)
+    if family == "local" and path:
+        try:
+            arch = json.loads((Path(path) / "config.json").read_text()).get("model_type")
+        except (OSError, ValueError, AttributeError):
+            arch = None  # fetch reports an unreadable config.json
+        arch = None if arch in BLOCK_MODEL_TYPES else arch
+    if arch is not None:
+        raise ConfigError(
+            f"untrained.inits: {init}: {family}/{init['model']} is a {arch} model, whose first block the untrained "
+            f"experiment cannot run alone yet (its adapter has no rotary module for it); name one of {SUPPORTED}, "
+            f"or a config-built init ({', '.join(CONFIG_INITS)})"
+        )

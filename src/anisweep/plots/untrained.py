@@ -9,6 +9,7 @@ import numpy as np
 import polars as pl
 
 from anisweep.plots.kit import pyplot, save_figure
+from anisweep.tables import read_parquet
 
 SITE_COLOURS = {"input": "tab:blue", "output": "tab:red", "q": "tab:green", "k": "tab:purple"}
 P_COLOURS = {"p_max_mean": "tab:red", "p_median_mean": "tab:orange", "p_min_mean": "tab:blue"}
@@ -163,7 +164,7 @@ UNTRAINED_FIGURES = tuple(PLOTTERS)
 
 def plot_untrained(tables_dir: Path, out_dir: Path) -> list[Path]:
     tables_dir, out_dir = Path(tables_dir), Path(out_dir)
-    tables = {name: pl.read_parquet(tables_dir / f"{name}.parquet") for name in ("summary", "histogram")}
+    tables = {name: read_parquet(tables_dir / f"{name}.parquet") for name in ("summary", "histogram")}
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, (table, plotter) in PLOTTERS.items():

@@ -97,6 +97,15 @@ class SiteSums:
             sums["act_unit"][index] += a_unit[rows].sum(0)
             sums["grad_norm"][index] += g_norm[rows].sum()
 
+    @classmethod
+    def of(cls, **arrays: np.ndarray) -> SiteSums:
+        """Finished sums from their arrays (`all` first, then the strata), as read back from Parquet."""
+        sums = object.__new__(cls)
+        sums.d, sums.device = arrays["grad_sum"].shape[1], "cpu"
+        for name, value in arrays.items():
+            setattr(sums, name, value)
+        return sums
+
     def finish(self) -> SiteSums:
         for name, value in self._sums.items():
             per_stratum = value.cpu().numpy()

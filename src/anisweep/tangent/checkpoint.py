@@ -28,31 +28,29 @@ early window of steps (anisweep.tangent.fixed; rows with fit = "fixed").
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
-import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from anisweep.tangent.seminmf import orthonormal_basis, semi_nmf
 
 if TYPE_CHECKING:
-    from anisweep.adapters import Adapter
+    from collections.abc import Callable
 
-from anisweep.tangent.backward import GradientPass, gradient_pass, load_lm
+    from anisweep.adapters import Adapter
+    from anisweep.extract.model import LoadedModel
+
+from anisweep.tangent.backward import GradientPass, gradient_pass
 from anisweep.tangent.batch import lm_batch
 from anisweep.tangent.settings import GradientSettings
 from anisweep.tangent.shares import isotropy_rows, pca_basis, random_bases, share_rows
 
 
-def _fixed_bases_of(fixed: dict | None, key: tuple[int, str], rank: int, d_model: int) -> dict[str, np.ndarray]:
-    if fixed is None:
-        raise ValueError(
-            "gradients.subspaces asks for fixed subspaces but none were given: the workflow fits them per model "
-            "(rule gradient_fixed_bases); in Python pass fixed=anisweep.tangent.fixed.read_fixed_bases(path)"
-        )
+def _fixed_bases_of(fixed: dict, key: tuple[int, str], rank: int, d_model: int) -> dict[str, np.ndarray]:
     bases = fixed.get((*key, rank))
     if bases is None:
         raise ValueError(
@@ -67,46 +65,49 @@ def _fixed_bases_of(fixed: dict | None, key: tuple[int, str], rank: int, d_model
     return bases
 
 
-def analyse(
+def _check_rank(rank: int, d_model: int, n_sampled: int) -> None:
+    if rank >= d_model or rank > n_sampled:
+        raise ValueError(
+            f"gradients.rank {rank} must be less than d_model = {d_model} (a rank-d subspace is the whole space: "
+            f"every share is 1) and at most the {n_sampled} sampled tokens; lower gradients.rank or raise "
+            "gradients.sample_tokens"
+        )
+
+
+def _finite_sample(result: GradientPass, key: tuple[int, str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    act, grad = result.act_sample[key], result.grad_sample[key]
+    finite = np.isfinite(act).all(1) & np.isfinite(grad).all(1)
+    return act[finite], grad[finite], result.sample_strata[finite]
+
+
+def checkpoint_rows(
     result: GradientPass,
     settings: GradientSettings,
     d_model: int,
     progress: bool = True,
-    fixed: dict | None = None,
     bases_out: dict | None = None,
 ) -> pl.DataFrame:
-    """Every row of gradients.parquet (without the identity columns) from a gradient pass.
-
-    `fixed`: {(layer, site, rank): {"seminmf": U, "pca": U}} held-fixed bases (anisweep.tangent.fixed), whose
-    shares are added with fit = "fixed". `bases_out`, when given, receives the per-checkpoint orthonormal bases as
-    {(layer, site, rank): {"seminmf": U, "pca": U}}."""
+    """The rows of gradients.parquet that depend on this checkpoint alone: per site and rank the subspaces fitted
+    on its activations (their fit's quality; their shares, fit = "checkpoint", unless gradients.subspaces is
+    fixed), the isotropy of activations and gradients, and the LM loss. `bases_out`, when given, receives the
+    orthonormal bases as {(layer, site, rank): {"seminmf": U, "pca": U}}."""
     rows = []
     per_checkpoint = settings.subspaces != "fixed"
-    keys = sorted(result.sums)
-    for key in tqdm(keys, desc="subspaces", unit="site", disable=not progress, leave=False):
+    for key in tqdm(sorted(result.sums), desc="subspaces", unit="site", disable=not progress, leave=False):
         layer, site = key
-        act, grad = result.act_sample[key], result.grad_sample[key]
-        finite = np.isfinite(act).all(1) & np.isfinite(grad).all(1)
-        act, grad, strata = act[finite], grad[finite], result.sample_strata[finite]
+        act, grad, strata = _finite_sample(result, key)
         where = {"layer": layer, "site": site}
         for rank in settings.ranks():
-            if rank > min(act.shape):
-                raise ValueError(
-                    f"gradients.rank {rank} is larger than d_model = {d_model} or the {len(act)} sampled tokens; "
-                    "lower gradients.rank or raise gradients.sample_tokens"
-                )
+            _check_rank(rank, d_model, len(act))
             fit = semi_nmf(act, rank, seed=settings.seed, max_iter=settings.max_iter)
             pca = pca_basis(act, rank)
             bases = {"seminmf": orthonormal_basis(fit.F), "pca": pca}
             if bases_out is not None:
                 bases_out[(*key, rank)] = bases
-            controls = random_bases(d_model, rank, settings.n_random, settings.seed + rank)
-            by_fit = {"checkpoint": bases} if per_checkpoint else {}
-            if settings.subspaces != "per_checkpoint":
-                by_fit["fixed"] = _fixed_bases_of(fixed, key, rank, d_model)
-            for fit_name, fitted in by_fit.items():
-                for row in share_rows(fitted, controls, result.sums[key], rank):
-                    rows.append({**where, **row, "fit": fit_name, "chance": rank / d_model})
+            if per_checkpoint:
+                controls = random_bases(d_model, rank, settings.n_random, settings.seed + rank)
+                for row in share_rows(bases, controls, result.sums[key], rank):
+                    rows.append({**where, **row, "fit": "checkpoint", "chance": rank / d_model})
             centred = act - act.mean(0)
             explained = float((np.linalg.norm(centred @ pca) ** 2) / np.linalg.norm(centred) ** 2)
             fit_rows = {
@@ -127,14 +128,45 @@ def analyse(
                     for m, v in values.items()
                 ]
         rows += [{**where, **row} for row in isotropy_rows(result.sums[key], act, grad, strata, d_model)]
-    rows.append({"layer": None, "site": "lm", "stratum": "all", "measure": "loss", "value": result.loss})
-    rows.append({"layer": None, "site": "lm", "stratum": "all", "measure": "n_targets", "value": result.n_targets})
-    # the pass's time goes to the log, not the table: a rerun writes the same bytes, so nothing downstream reruns
-    print(f"gradients: backward pass {result.seconds:.2f} s", file=sys.stderr)
-    rows += [
-        {"layer": None, "site": "lm", "stratum": "all", "measure": m, "value": v} for m, v in result.strata_info.items()
-    ]
+    lm = {"loss": result.loss, "n_targets": result.n_targets, **result.strata_info}
+    rows += [{"layer": None, "site": "lm", "stratum": "all", "measure": m, "value": v} for m, v in lm.items()]
     return pl.DataFrame(rows, schema=GRADIENT_SCHEMA)
+
+
+def fixed_rows(sums: dict, fixed: dict, settings: GradientSettings) -> pl.DataFrame:
+    """The shares of every site's gradients (`sums`: {(layer, site): SiteSums}) in the subspaces held fixed
+    (`fixed`: {(layer, site, rank): {"seminmf": U, "pca": U}}, anisweep.tangent.fixed), fit = "fixed", against
+    the same random controls as the per-checkpoint fits."""
+    rows = []
+    for key in sorted(sums):
+        d_model = sums[key].d
+        for rank in settings.ranks():
+            controls = random_bases(d_model, rank, settings.n_random, settings.seed + rank)
+            bases = _fixed_bases_of(fixed, key, rank, d_model)
+            for row in share_rows(bases, controls, sums[key], rank):
+                rows.append({"layer": key[0], "site": key[1], **row, "fit": "fixed", "chance": rank / d_model})
+    return pl.DataFrame(rows, schema=GRADIENT_SCHEMA)
+
+
+def analyse(
+    result: GradientPass,
+    settings: GradientSettings,
+    d_model: int,
+    progress: bool = True,
+    fixed: dict | None = None,
+    bases_out: dict | None = None,
+) -> pl.DataFrame:
+    """Every row of gradients.parquet (without the identity columns) from a gradient pass: `checkpoint_rows`,
+    and with `gradients.subspaces` fixed or both the `fixed_rows` of `fixed` (which must then be given)."""
+    table = checkpoint_rows(result, settings, d_model, progress, bases_out)
+    if settings.subspaces == "per_checkpoint":
+        return table
+    if fixed is None:
+        raise ValueError(
+            "gradients.subspaces asks for fixed subspaces but none were given: the workflow fits them per model "
+            "(rule gradient_fixed_bases); in Python pass fixed=anisweep.tangent.fixed.read_fixed_bases(path)"
+        )
+    return pl.concat([table, fixed_rows(result.sums, fixed, settings)])
 
 
 GRADIENT_SCHEMA = {
@@ -175,47 +207,107 @@ def analyse_model(
     return analyse(result, settings, geometry_.d_model, progress, fixed=fixed, bases_out=bases_out)
 
 
-def gradients_checkpoint(
-    manifest: dict,
-    texts: list[str],
-    extract_settings,
+def pass_tables_of(
+    model: nn.Module,
+    adapter: Adapter,
+    batch: dict,
+    tokenizer,
     settings: GradientSettings,
-    out: str,
-    fixed_bases: str | None = None,
-    bases_out: str | None = None,
-    embeddings_out: str | None = None,
-) -> None:
-    """Load the checkpoint a fetch manifest names, run the gradient analysis on extract's evaluation batch
-    (same texts, seq_len, n_sequences and seed), write gradients.parquet; with `fixed_bases` (the model's
-    gradient_fixed_bases.parquet) also the shares in the fixed subspaces; with `bases_out` and `embeddings_out`
-    the layer-0 bases and the kept token-embedding rows the embedding-change alignment reads
-    (anisweep.tangent.embedding_change)."""
-    from anisweep.checkpoints import preflight
-    from anisweep.tables import with_identity, write_atomic
+    batch_size: int,
+    ident: dict,
+    progress: bool = True,
+) -> dict[str, pl.DataFrame]:
+    """The backward pass of a model in memory as its tables (anisweep.tangent.pass_tables), with identity columns;
+    with `gradients.embedding_change` also embedding_rows, the kept token-embedding rows."""
+    from anisweep.tables import with_identity
     from anisweep.tangent import embedding_change
-    from anisweep.tangent.fixed import bases_frame, read_fixed_bases
+    from anisweep.tangent.pass_tables import pass_tables
 
-    if extract_settings.threads:
-        torch.set_num_threads(extract_settings.threads)
-    where = f"{manifest['family']}/{manifest['model']}/step{manifest['step']}"
-    batch = preflight.evaluation_batch(manifest["path"], manifest.get("tokenizer_path"), extract_settings, texts, where)
-    tokenizer = preflight.load_tokenizer(manifest.get("tokenizer_path"), manifest["path"], where)
-    model, adapter = load_lm(manifest["path"], extract_settings.dtype, extract_settings.torch_device())
-    fixed = read_fixed_bases(fixed_bases) if fixed_bases else None
+    if model.get_output_embeddings() is None:
+        raise ValueError(
+            f"gradients: the model is a {type(model).__name__}, without an LM head: the gradient of the LM loss needs "
+            "the checkpoint's LM class (e.g. BertForMaskedLM, GPTNeoXForCausalLM); leave its steps out of "
+            "gradients.steps or set gradients.enabled: false"
+        )
+    geometry_ = adapter.geometry(model.config)
+    masking = {"probability": settings.mlm_probability, "seed": settings.seed}
+    vocab = model.get_output_embeddings().weight.shape[0]
+    lm = lm_batch(batch, geometry_.causal, tokenizer, vocab_size=vocab, **masking)
+    result = gradient_pass(model, adapter, geometry_.d_model, geometry_.n_layers, lm, settings, batch_size, progress)
+    print(f"gradients: backward pass {result.seconds:.2f} s", file=sys.stderr)
+    tables = pass_tables(result)
+    if settings.embedding_change:
+        kept = embedding_change.sample_ids(
+            batch["input_ids"], batch["attention_mask"].bool(), settings.embedding_tokens, settings.seed
+        )
+        weights = model.get_input_embeddings().weight.detach().float().cpu().numpy()
+        tables["embedding_rows"] = embedding_change.embedding_rows(weights, kept)
+    return {name: with_identity(table, ident) for name, table in tables.items()}
+
+
+def pass_tables_for(
+    manifest: dict, gradients: GradientSettings, batch_size: int, progress: bool = True
+) -> Callable[[LoadedModel, dict, dict], dict[str, pl.DataFrame]]:
+    """extract's `more_tables` for a checkpoint of a sweep with the gradient analysis on: the pass's tables where
+    gradients.steps covers the checkpoint, the same tables without rows where it does not."""
+    from anisweep.checkpoints import preflight
+    from anisweep.tables import with_identity
+    from anisweep.tangent.embedding_change import EMBEDDING_SCHEMA
+    from anisweep.tangent.pass_tables import empty_pass_tables
+
+    def more_tables(loaded: LoadedModel, batch: dict, ident: dict) -> dict[str, pl.DataFrame]:
+        if gradients.steps is not None and manifest["step"] not in gradients.steps:
+            empty = empty_pass_tables()
+            if gradients.embedding_change:
+                empty["embedding_rows"] = pl.DataFrame(schema=EMBEDDING_SCHEMA)
+            return {name: with_identity(table, ident) for name, table in empty.items()}
+        where = f"{manifest['family']}/{manifest['model']}/step{manifest['step']}"
+        tokenizer = preflight.load_tokenizer(manifest.get("tokenizer_path"), manifest["path"], where)
+        loaded.model.set_attn_implementation("sdpa")
+        return pass_tables_of(loaded.model, loaded.adapter, batch, tokenizer, gradients, batch_size, ident, progress)
+
+    return more_tables
+
+
+def _read_pass(sums: str | Path, sample: str | Path | None = None) -> tuple[GradientPass, dict]:
+    from anisweep.tables import IDENTITY
+    from anisweep.tangent.pass_tables import SAMPLE_SCHEMA, read_pass
+
+    sums_table = pl.read_parquet(sums)
+    sample_table = pl.read_parquet(sample) if sample else pl.DataFrame(schema=SAMPLE_SCHEMA)
+    ident = sums_table.select(IDENTITY).row(0, named=True) if sums_table.height else {}
+    return read_pass(sums_table, sample_table, where=str(sums)), ident
+
+
+def checkpoint_shares(
+    sums: str | Path, sample: str | Path, settings: GradientSettings, out: str | Path, bases_out: str | None = None
+) -> None:
+    """The gradients rule: gradients.parquet of one checkpoint from its pass tables (`checkpoint_rows`); with
+    `bases_out` also its layer-0 bases for the embedding-change alignment."""
+    from anisweep.tables import with_identity, write_atomic
+    from anisweep.tangent.fixed import bases_frame
+
+    result, ident = _read_pass(sums, sample)
+    d_model = next(iter(result.sums.values())).d
     bases: dict = {}
-    table = analyse_model(
-        model, adapter, batch, tokenizer, settings, extract_settings.batch_size, fixed=fixed, bases_out=bases
-    )
-    ident = {key: manifest.get(key) for key in ("family", "model", "seed", "step", "tokens_seen")}
+    table = checkpoint_rows(result, settings, d_model, bases_out=bases)
     if bases_out:
         layer0 = {key: value for key, value in bases.items() if key[:2] == (0, "resid")}
         if not layer0:
             raise ValueError("gradients.embedding_change needs the embedding-output site: put 0 in gradients.layers")
         write_atomic(bases_frame(layer0), bases_out)
-    if embeddings_out:
-        kept = embedding_change.sample_ids(
-            batch["input_ids"], batch["attention_mask"].bool(), settings.embedding_tokens, settings.seed
-        )
-        weights = model.get_input_embeddings().weight.detach().float().cpu().numpy()
-        write_atomic(embedding_change.embedding_rows(weights, kept), embeddings_out)
     write_atomic(with_identity(table, ident), out)
+
+
+def fixed_shares(sums: list[str | Path], fixed_bases: str | Path, settings: GradientSettings, out: str | Path) -> None:
+    """The gradient_fixed_shares rule: every analysed checkpoint's shares in its model's fixed subspaces
+    (`fixed_rows`), one table with identity columns, in step order."""
+    from anisweep.tables import with_identity, write_atomic
+    from anisweep.tangent.fixed import read_fixed_bases
+
+    fixed = read_fixed_bases(fixed_bases)
+    tables = []
+    for path in sums:
+        result, ident = _read_pass(path)
+        tables.append(with_identity(fixed_rows(result.sums, fixed, settings), ident))
+    write_atomic(pl.concat(tables).sort("step", "layer", "site", "rank", "subspace", "stratum", "measure"), out)

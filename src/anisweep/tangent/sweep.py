@@ -13,8 +13,10 @@ def gradients_sweep(
     embeddings: list[Path] = (),
     fixed_bases: Path | None = None,
     settings: dict | None = None,
+    fixed_shares: Path | None = None,
 ) -> pl.DataFrame:
-    """Every checkpoint's gradients.parquet of one model, in one table sorted by step; with the checkpoints'
+    """Every checkpoint's gradients.parquet of one model, in one table sorted by step, with `fixed_shares` (the
+    model's gradient_fixed_shares.parquet: the shares in its fixed subspaces) when given; with the checkpoints'
     `bases` and `embeddings` (gradient_bases.parquet, embedding_rows.parquet, in the same order) also the
     embedding-change rows (anisweep.tangent.embedding_change; measure embedding_change_*, from step_from to step)."""
     from anisweep.tangent import embedding_change
@@ -22,7 +24,7 @@ def gradients_sweep(
     if not paths:
         raise ValueError("gradients-sweep: no gradients.parquet given")
     tables = [pl.read_parquet(p) for p in paths]
-    sweep = pl.concat(tables, how="diagonal_relaxed")
+    sweep = pl.concat([*tables, *([pl.read_parquet(fixed_shares)] if fixed_shares else [])], how="diagonal_relaxed")
     if embeddings:
         if len(bases) != len(embeddings) or len(embeddings) != len(paths):
             raise ValueError("gradients-sweep: give one --bases and one --embeddings file per gradients.parquet")

@@ -1,0 +1,101 @@
+"""What the schema cannot say, checked when the config is read (anisweep.config), before any job: values that must
+agree with each other (a bin range, the gradient sample against the rank) and with each model's shape (the rank
+below d_model, the qk_svd heads inside the model). Each failure is a ConfigError naming the key and what to change.
+A model whose shape is unknown until it is fetched is left to the checks of the jobs. No torch here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from anisweep.checkpoints.preflight import ModelShape
+from anisweep.errors import ConfigError
+
+
+def ranks(gradients: dict) -> list[int]:
+    """gradients.rank as a sorted list (it may be one rank or several)."""
+    rank = gradients.get("rank", 16)
+    return sorted(set(rank if isinstance(rank, list) else [rank]))
+
+
+def check_sections(config: dict) -> None:
+    """The checks that need no model, of a config with its defaults filled in."""
+    bins = config["extract"]["score_bins"]
+    if bins is not None and not bins["low"] < bins["high"]:
+        raise ConfigError(
+            f"extract.score_bins: low = {bins['low']} is not below high = {bins['high']}: the histogram's bins run "
+            "from low to high; swap them, e.g. {low: -20, high: 20, n: 80}"
+        )
+    _check_gradients(config["gradients"])
+    _check_untrained(config["untrained"])
+    for name, spec in config["toy"].items():
+        _check_heads(f"toy.{name}", spec["d_model"], spec["n_heads"])
+
+
+def _check_heads(where: str, d_model: int, n_heads: int) -> None:
+    if d_model % n_heads:
+        raise ConfigError(
+            f"{where}: d_model = {d_model} is not a multiple of n_heads = {n_heads} (each head takes d_model / "
+            f"n_heads dimensions); change {where}.d_model or {where}.n_heads"
+        )
+
+
+def _check_gradients(gradients: dict) -> None:
+    if not gradients["enabled"]:
+        return
+    if gradients["steps"] == []:
+        raise ConfigError(
+            "gradients.steps is [] while gradients.enabled is true: no checkpoint would be analysed; list the steps "
+            "to analyse, leave gradients.steps out (every swept step), or set gradients.enabled: false"
+        )
+    top = ranks(gradients)[-1]
+    if gradients["sample_tokens"] < top:
+        raise ConfigError(
+            f"gradients.sample_tokens = {gradients['sample_tokens']} is less than gradients.rank {top}: a rank-k "
+            f"subspace is fitted on the sampled tokens and needs at least k of them; raise gradients.sample_tokens "
+            f"to at least {top}, or lower gradients.rank"
+        )
+
+
+def _check_untrained(untrained: dict) -> None:
+    if not untrained["enabled"]:
+        return
+    norms = untrained["norms"]
+    repeated = sorted({n for n in norms if norms.count(n) > 1})
+    if repeated:
+        raise ConfigError(f"untrained.norms: {repeated} listed more than once; list each bias norm once")
+    _check_heads("untrained", untrained["d_model"], untrained["n_heads"])
+    if not untrained["score_min"] < untrained["score_max"]:
+        raise ConfigError(
+            f"untrained: score_min = {untrained['score_min']} is not below score_max = {untrained['score_max']}; "
+            "swap them"
+        )
+
+
+def check_models(config: dict, shapes: Mapping[str, ModelShape | None], analysed: list[str]) -> None:
+    """The settings that depend on a model's shape: `shapes` by "family/model" (None where unknown before the
+    model is fetched); `analysed`: the models the gradient analysis covers."""
+    gradients = config.get("gradients", {})
+    if gradients.get("enabled"):
+        for model in analysed:
+            shape = shapes.get(model)
+            too_large = [r for r in ranks(gradients) if shape is not None and r >= shape.d_model]
+            if too_large:
+                raise ConfigError(
+                    f"gradients.rank {too_large[0]} is not less than d_model = {shape.d_model} of {model}: a "
+                    "subspace of rank d_model is the whole residual space, so every gradient lies in it and the "
+                    "z-scores against random subspaces are rounding noise; set gradients.rank below "
+                    f"{shape.d_model}, or leave {model} out of the gradient analysis (gradients.steps)"
+                )
+    heads = config.get("qk_svd", {}).get("heads", "auto")
+    if heads == "auto":
+        return
+    for model, shape in shapes.items():
+        if shape is None or shape.n_layers is None or shape.n_heads is None:
+            continue
+        outside = [list(h) for h in heads if not (h[0] < shape.n_layers and h[1] < shape.n_heads)]
+        if outside:
+            raise ConfigError(
+                f"qk_svd.heads: {outside} are not [layer, head] pairs of {model}, which has layers "
+                f"0..{shape.n_layers - 1} and heads 0..{shape.n_heads - 1}; every model's figures draw these heads, "
+                "so name pairs inside each model's range, or set qk_svd.heads: auto"
+            )
