@@ -451,10 +451,12 @@ def test_workflow_feeds_a_checkpoint_init_its_weights_and_stops_on_a_bad_one(tmp
     done = subprocess.run(snakemake_command(tmp_path, target, *args), capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     jobs = done.stdout + done.stderr
-    assert "--weights=toy-bert@step0=weights/toy/toy-bert/step0" in jobs
+    assert "--weights=toy-bert@step0=weights/untrained/toy/toy-bert/step0" in jobs
     assert '{"family": "toy", "model": "toy-bert", "step": 0}' in jobs
     untrained_job = jobs.split("rule untrained:")[1].split("Shell command")[0]
-    assert "input: weights/toy/toy-bert/step0" in untrained_job  # a consumer: the temp weights wait for it
+    # its own copy of the weights (rule fetch_init): the sweep's model runs and this block never rerun each other
+    assert "input: weights/untrained/toy/toy-bert/step0" in untrained_job
+    assert "rule fetch_init:" in jobs
     config["untrained"]["inits"] = [{"model": "toy-bert", "step": 1}]
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     done = subprocess.run(snakemake_command(tmp_path, *args), capture_output=True, text=True)
