@@ -1,6 +1,8 @@
 rule metrics:
     input:
-        rules.extract.output,
+        # extract's own tables, not the backward pass's, which gradients reads
+        [f"results/{{family}}/{{model}}/step{{step}}/{name}.parquet" for name in EXTRACT_TABLES],
+        info="results/{family}/{model}/step{step}/extract.json",
         code=ANALYSIS_CODE["metrics"],
         gradients=gradient_table_of,
     output:

@@ -66,16 +66,22 @@ def gradient_settings_of(keys):
     return settings_of(GRADIENT_SETTINGS, keys)
 
 
+def in_gradient_steps(wildcards):
+    """Whether gradients.steps (all when null) holds the wildcards' checkpoint, the analysis on or off."""
+    steps = GRADIENTS["steps"]
+    return steps is None or int(wildcards.step) in steps
+
+
 def covered(wildcards):
     """Whether the gradient analysis covers the wildcards' checkpoint."""
-    steps = {c.step for c in gradient_checkpoints(wildcards.family, wildcards.model)}
-    return GRADIENTS["enabled"] and int(wildcards.step) in steps
+    return GRADIENTS["enabled"] and in_gradient_steps(wildcards)
 
 
 def gradient_pass_settings(wildcards):
-    """extract's recorded param: the backward pass's settings where the analysis covers the checkpoint, else ""
-    (as with the analysis off: turning it on reruns only the covered checkpoints)."""
-    return gradient_settings_of(PASS_KEYS) if covered(wildcards) else ""
+    """extract's recorded param: the backward pass's settings where gradients.steps holds the checkpoint, else "".
+    The same with the analysis on or off, so that turning it off reruns nothing (the pass tables stay) and turning
+    it on reruns only the checkpoints without them."""
+    return gradient_settings_of(PASS_KEYS) if in_gradient_steps(wildcards) else ""
 
 
 def gradient_pass_arg(wildcards):
