@@ -211,11 +211,19 @@ def gradient_run(tmp_path_factory) -> dict:
     workdir = root / "work"
     workdir.mkdir()
     configfile = root / "sweep.yaml"
-    configfile.write_text(yaml.safe_dump({**TINY, "models": [neox("all")], "untrained": {"enabled": False}}))
+    configfile.write_text(yaml.safe_dump(gradient_config()))
     done = snakemake(workdir, configfile)
     assert done.returncode == 0, done.stderr[-5000:]
     assert planned(workdir, configfile, "--max-checksum-file-size", "0") == {}
-    return {"workdir": workdir, "config": configfile}
+    return {"root": root, "workdir": workdir, "config": configfile}
+
+
+def gradient_config() -> dict:
+    return {**TINY, "models": [neox("all")], "untrained": {"enabled": False}}
+
+
+MODEL_RUNS = {"train_toy", "fetch", "extract"}
+GRADIENT_JOBS = {"gradients", "gradient_fixed_shares", "gradients_sweep", "sweep", "plot_gradients"}
 
 
 @pytest.mark.parametrize(
@@ -225,19 +233,96 @@ def gradient_run(tmp_path_factory) -> dict:
         ("mechanism/qk_svd.py", {"qk_svd", "plot_score_hist"}),
         ("tangent/sweep.py", {"gradients_sweep", "plot_gradients"}),
         ("extract/run.py", set()),
-        ("tangent/backward.py", set()),
-        # docs/reruns.md, last row: the refitted fixed bases are read by the gradients jobs, which need the weights
-        ("tangent/fixed.py", {"gradient_fixed_bases", "fetch", "extract", "gradients", "gradients_sweep", "metrics"}),
-        ("tables.py", {"gradient_fixed_bases", "fetch", "extract", "gradients", "metrics", "sweep", "qk_svd"}),
+        ("tangent/fixed.py", {"gradient_fixed_bases", *GRADIENT_JOBS, "metrics"}),
+        ("tangent/backward.py", {*GRADIENT_JOBS, "metrics"}),
+        ("tables.py", {"gradient_fixed_bases", *GRADIENT_JOBS, "metrics", "qk_svd"}),
     ],
 )
 def test_code_edits_with_the_gradient_analysis_rerun_what_docs_reruns_says(gradient_run, module, reruns):
+    """docs/reruns.md, Changing code: with fixed subspaces too, no code edit reruns a model (the shares are
+    computed from the backward pass's Parquet, never in the job that holds the weights)."""
     after = edited_plan(gradient_run["workdir"], gradient_run["config"], module)
-    if "fetch" not in reruns:
+    assert reruns <= set(after), after
+    assert not MODEL_RUNS & set(after), after
+    if not {"gradients", "metrics"} & reruns:
         assert set(after) == reruns, after
-    else:
-        assert reruns <= set(after), after
-        assert after["fetch"] == after["extract"] == after["gradients"] == 2  # the gradient steps 0 and 32 alone
+
+
+def _set(section: str, **values):
+    return lambda config: config[section].update(values)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        # the order of keys, a default written out, how a job runs
+        (lambda c: c.update(extract={**dict(reversed(c["extract"].items())), "attention": "auto"}), {}),
+        (_set("extract", batch_size=2, device="cpu"), {}),
+        (lambda c: c.update(corpus={"source": "builtin"}, fetch={"keep_weights": False, "retries": 3}), {}),
+        (_set("gradients", rank=[4], subspaces="both"), {}),
+        # settings of the analyses that read Parquet: no model reruns
+        (_set("gradients", rank=3), {"gradients": 2, "gradient_fixed_bases": 1, "gradient_fixed_shares": 1}),
+        (_set("gradients", n_random=4), {"gradients": 2, "gradient_fixed_shares": 1, "metrics": 2}),
+        (_set("gradients", fit_window=[0, 8]), {"gradient_fixed_bases": 1, "gradient_fixed_shares": 1}),
+        (_set("gradients", enabled=False), {"metrics": 2, "sweep": 1}),
+        (_set("qk_svd", fraction=0.5), {"qk_svd": 1}),
+        # what changes the model runs: those checkpoints alone
+        (_set("gradients", steps=[0, 8, 32]), {"fetch": 1, "extract": 1, "gradients": 1}),
+        (_set("gradients", layers=[0, 1]), {"fetch": 2, "extract": 2, "gradients": 2}),
+        (_set("gradients", embedding_tokens=30), {"fetch": 2, "extract": 2}),
+        (_set("extract", seq_len=24), {"fetch": 3, "extract": 3, "gradients": 2}),
+    ],
+    ids=[
+        "key-order",
+        "how-extract-runs",
+        "defaults-written-out",
+        "rank-as-a-list",
+        "gradient-rank",
+        "gradient-controls",
+        "fit-window",
+        "gradients-off",
+        "qk-svd",
+        "new-gradient-step",
+        "gradient-layers",
+        "embedding-tokens",
+        "extract-seq-len",
+    ],
+)
+def test_config_changes_rerun_what_docs_reruns_says(gradient_run, change, expected):
+    """docs/reruns.md, What a change reruns: a dry run after each change of the table schedules those jobs,
+    and a model run (fetch, extract) only where the change changes one."""
+    config = gradient_config()
+    config.setdefault("qk_svd", {})
+    change(config)
+    configfile = gradient_run["root"] / "changed.yaml"
+    configfile.write_text(yaml.safe_dump(config, sort_keys=False))
+    after = planned(gradient_run["workdir"], configfile, "--max-checksum-file-size", "0")
+    for rule, count in expected.items():
+        assert after.get(rule) == count, (rule, after)
+    if not expected:
+        assert after == {}, after
+    for rule in MODEL_RUNS - set(expected):
+        assert rule not in after, (rule, after)
+
+
+def test_a_local_run_saved_again_is_analysed_again(gradient_run, tmp_path):
+    """A local run's checkpoint saved again into its step folder (new weights, same names) is fetched and
+    extracted again; the other checkpoints are not (docs/reruns.md: the checkpoint's content identity)."""
+    workdir = copy_run(gradient_run, tmp_path)
+    run_dir = tmp_path / "my-run"
+    for step in (0, 8):
+        shutil.copytree(workdir / "resources" / "toy" / "toy-neox" / f"step{step}", run_dir / f"step{step}")
+    config = {**TINY, "models": [{"family": "local", "name": "my-run", "path": str(run_dir), "steps": "all"}]}
+    config |= {"toy": {}, "untrained": {"enabled": False}, "gradients": {"enabled": False}}
+    configfile = tmp_path / "local.yaml"
+    configfile.write_text(yaml.safe_dump(config))
+    done = snakemake(workdir, configfile, "--until", "extract")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "extract" not in planned(workdir, configfile, "--until", "extract")
+    weights = run_dir / "step8" / "model.safetensors"
+    weights.write_bytes((run_dir / "step0" / "model.safetensors").read_bytes())  # saved again: other weights
+    again = planned(workdir, configfile, "--until", "extract")
+    assert again == {"fetch": 1, "extract": 1}, again
 
 
 # ---------------------------------------------------------------------------------------------- failures
@@ -337,6 +422,30 @@ def test_a_run_killed_mid_write_resumes_with_rerun_incomplete(run, tmp_path):
     for table in [*step8.glob("*.parquet"), step8 / "extract.json"]:
         assert table.stat().st_mtime_ns > started
     assert pl.read_parquet(step8 / "metrics.parquet").height > 0
+
+
+def test_a_forced_rerun_whose_model_job_is_killed_leaves_the_checkpoint_whole(run, tmp_path):
+    """`--forcerun extract` of one checkpoint, its extract killed (SIGKILL, as the out-of-memory killer does):
+    Snakemake puts the checkpoint's previous tables back (update() outputs), so its tables and the metrics read
+    from them agree, nothing is left half-done, no weights stay, and the next plain run has nothing to redo."""
+    workdir, configfile = copy_run(run, tmp_path), run["config"]
+    step8 = workdir / NEOX / "step8"
+    before = {p.name: p.read_bytes() for p in step8.iterdir() if p.is_file()}
+    snake = subprocess.Popen(
+        command(workdir, configfile, f"{NEOX}/step8/metrics.parquet", "--forcerun", "extract"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for(lambda: extract_process(snake, "weights/toy/toy-neox/step8/")).kill()
+        snake.wait(timeout=300)
+    finally:
+        kill_tree(snake)
+    assert snake.returncode != 0
+    assert {p.name: p.read_bytes() for p in step8.iterdir() if p.is_file()} == before
+    assert not [p for p in (workdir / "weights").rglob("*") if p.is_file()]
+    assert planned(workdir, configfile) == {}
 
 
 def stall_after_first_table(tmp_path: Path) -> Path:
