@@ -184,35 +184,28 @@ def _check_live_local(found: list[Checkpoint], config: dict) -> None:
     gradients = config.get("gradients", {})
     if not live or not gradients.get("enabled"):
         return
-    missing = missing_gradients([c for c in found if c.family == "local" and c.model in live], gradients.get("steps"))
+    names = ["gradient_sums.parquet", "gradient_sample.parquet"]
+    names += ["embedding_rows.parquet"] if gradients.get("embedding_change") else []
+    found_live = [c for c in found if c.family == "local" and c.model in live]
+    missing = missing_gradients(found_live, gradients.get("steps"), names)
     if missing:
         raise ConfigError(
-            f"live local runs: gradients.enabled, but {', '.join(map(str, missing))} hold no gradient_sums.parquet "
-            "(the callback ran with gradients disabled there); run AnisweepCallback with the gradient analysis at "
-            "these steps, leave them out of gradients.steps, or set gradients.enabled: false"
+            f"live local runs: gradients.enabled, but {', '.join(map(str, missing))} lack one of {', '.join(names)} "
+            "(the callback ran with gradients disabled there, or without embedding_change); run AnisweepCallback "
+            "with the config's gradient analysis at these steps, leave them out of gradients.steps, or set "
+            "gradients.enabled: false"
         )
 
 
 def _check_live_toys(
     live: list[str], config: dict, what: str = "live toys", instead: str = "train these toys with live: false"
 ) -> None:
-    """What needs a toy's saved weights, or its activations after training, cannot run on a live toy (nor on
-    another model without weights: `what` names them, `instead` says what to do)."""
+    """What needs a toy's saved weights cannot run on a live toy (nor on another model without weights: `what`
+    names them, `instead` says what to do): the untrained block's inits. The gradient analysis, fixed subspaces
+    and embedding change included, reads the tables written while it trained."""
     if not live:
         return
-    gradients, untrained = config.get("gradients", {}), config.get("untrained", {})
-    if gradients.get("enabled"):
-        if gradients.get("subspaces", "per_checkpoint") != "per_checkpoint":
-            raise ConfigError(
-                f"{what} {live}: gradients.subspaces: {gradients['subspaces']} fits subspaces on steps after "
-                "the gradients were taken, which they no longer have; set gradients.subspaces: "
-                "per_checkpoint, or " + instead
-            )
-        if gradients.get("embedding_change"):
-            raise ConfigError(
-                f"{what} {live}: gradients.embedding_change reads each step's saved embedding table; set "
-                "gradients.embedding_change: false, or " + instead
-            )
+    untrained = config.get("untrained", {})
     inits = untrained.get("inits", []) if untrained.get("enabled") else []
     named = sorted({i["model"] for i in inits if isinstance(i, dict) and i.get("model") in live})
     if named:

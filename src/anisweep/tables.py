@@ -182,7 +182,9 @@ class DamagedTable(ValueError):
 _MADE_BY = {
     **dict.fromkeys(EXTRACT_TABLES, "extract"),
     **dict.fromkeys(UNTRAINED_TABLES, "untrained"),
-    **dict.fromkeys(("gradients", "gradient_bases", "embedding_rows"), "gradients"),
+    **dict.fromkeys(("gradient_sums", "gradient_sample", "embedding_rows"), "extract"),
+    **dict.fromkeys(("gradients", "gradient_bases"), "gradients"),
+    "gradient_fixed_shares": "gradient_fixed_shares",
     "metrics": "metrics",
     "spectra": "metrics",
     "sweep": "sweep",

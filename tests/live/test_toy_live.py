@@ -108,13 +108,15 @@ def test_a_live_toy_needs_its_analysis(tmp_path):
         train_toy("bert", tmp_path, [0], 0, TINY, live=True, texts=builtin_text()[:200], progress=False)
 
 
+MODELS = ("live-neox", "toy-neox")
+
+
 @pytest.mark.slow  # two toys through the whole DAG
 def test_workflow_with_a_live_toy_runs_to_figures_and_equals_the_saved_toy(tmp_path):
     tiny = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text())
     neox = tiny["toy"]["toy-neox"]
     tiny["toy"] = {"toy-neox": neox, "live-neox": {**neox, "live": True}}
     tiny["models"] = [{"family": "toy", "name": name, "steps": "all"} for name in tiny["toy"]]
-    tiny["gradients"] |= {"subspaces": "per_checkpoint", "embedding_change": False}  # need saved weights
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny))
     command = snakemake_command(tmp_path, "--configfile", str(tmp_path / "config.yaml"), "--cores", "2")
     run = subprocess.run(command, capture_output=True, text=True)
@@ -131,8 +133,15 @@ def test_workflow_with_a_live_toy_runs_to_figures_and_equals_the_saved_toy(tmp_p
             saved = pl.read_parquet(results / "toy-neox" / f"step{step}" / f"{name}.parquet")
             assert set(live["model"].unique()) == {"live-neox"}
             assert_tables_equal(live.drop("model"), saved.drop("model"), f"step{step}/{name}")
-    sweeps = [pl.read_parquet(results / m / "sweep.parquet").drop("model") for m in ("live-neox", "toy-neox")]
-    assert_tables_equal(sweeps[0].drop("weights_sha256"), sweeps[1].drop("weights_sha256"), "sweep")
+    sweeps = [pl.read_parquet(results / m / "sweep.parquet").drop("model") for m in MODELS]
+    assert_tables_equal(sweeps[0].drop("weights_sha256"), sweeps[1].drop("weights_sha256"), "sweep", rtol=1e-4)
+    # the gradient analysis from the tables written while it trained, fixed subspaces and embedding change too
+    assert set(sweeps[0].filter(pl.col("metric").str.starts_with("grad_"))["fit"].unique()) == {"checkpoint", "fixed"}
+    gradients = [
+        pl.read_parquet(results / m / "gradients_sweep.parquet").drop("model") for m in ("live-neox", "toy-neox")
+    ]
+    assert gradients[0]["measure"].str.starts_with("embedding_change").any()
+    assert_tables_equal(gradients[0], gradients[1], "gradients_sweep", rtol=1e-4)
 
 
 def test_a_half_precision_analysis_runs_a_cast_copy(tmp_path):
@@ -151,8 +160,6 @@ def test_a_half_precision_analysis_runs_a_cast_copy(tmp_path):
 @pytest.mark.parametrize(
     "change, named",
     [
-        ({"gradients": {"enabled": True, "subspaces": "both"}}, "gradients.subspaces"),
-        ({"gradients": {"enabled": True, "embedding_change": True}}, "gradients.embedding_change"),
         (
             {"gradients": {"enabled": False}, "untrained": {"enabled": True, "inits": ["bert", {"model": "toy-neox"}]}},
             "untrained.inits",

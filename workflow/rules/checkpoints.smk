@@ -1,6 +1,7 @@
 # Downloads run on the submit host in cluster runs: compute nodes often have no internet.
 localrules:
     fetch,
+    fetch_init,
 
 
 # Weights live here only until extract has read them (temp), unless fetch.keep_weights keeps them

@@ -65,6 +65,8 @@ rule gradients:
     # numpy's BLAS (the subspace fits) keeps to the job's threads: spinning BLAS threads on busy cores cost 15x
     # the CPU time.
     threads: config["resources"]["extract_threads"]
+    resources:
+        mem_mb=lambda wildcards, input, attempt: int(2000 + 4 * input.size_mb) * attempt,
     params:
         on_failure=on_failure("gradients"),
         cli=CLI,

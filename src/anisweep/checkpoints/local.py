@@ -292,11 +292,13 @@ def _check_against_config(where: str, key: str, group: tuple[Any, list[int]], ex
         )
 
 
-def missing_gradients(checkpoints: Sequence[Checkpoint], steps: Sequence[int] | None) -> list[Path]:
+def missing_gradients(
+    checkpoints: Sequence[Checkpoint], steps: Sequence[int] | None, names: Sequence[str] = ("gradient_sums.parquet",)
+) -> list[Path]:
     """The step folders among `checkpoints` the gradient analysis covers (`gradients.steps`, all when None)
-    that hold no gradient_sums.parquet (the backward pass's tables, analyse_live with gradients enabled)."""
+    that lack one of the backward pass's tables `names` (analyse_live with gradients enabled writes them)."""
     return [
         Path(c.path)
         for c in checkpoints
-        if (steps is None or c.step in steps) and not (Path(c.path) / "gradient_sums.parquet").is_file()
+        if (steps is None or c.step in steps) and not all((Path(c.path) / name).is_file() for name in names)
     ]

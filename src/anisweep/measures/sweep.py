@@ -161,7 +161,7 @@ def aggregate(
     if gradient_fixed_shares is not None:
         from anisweep.measures.gradient_metrics import gradient_metric_frame
 
-        fixed = gradient_metric_frame(pl.read_parquet(gradient_fixed_shares))
+        fixed = gradient_metric_frame(read_parquet(gradient_fixed_shares))
         sweep = pl.concat([sweep, fixed.filter(pl.col("step").is_in(sweep["step"].unique().implode()))])
     check_metric_keys(sweep, (*IDENTITY, *METRIC_KEY), "sweep")
     duplicates = duplicate_steps(provenance, final_step)

@@ -270,11 +270,11 @@ def pass_tables_for(
 
 
 def _read_pass(sums: str | Path, sample: str | Path | None = None) -> tuple[GradientPass, dict]:
-    from anisweep.tables import IDENTITY
+    from anisweep.tables import IDENTITY, read_parquet
     from anisweep.tangent.pass_tables import SAMPLE_SCHEMA, read_pass
 
-    sums_table = pl.read_parquet(sums)
-    sample_table = pl.read_parquet(sample) if sample else pl.DataFrame(schema=SAMPLE_SCHEMA)
+    sums_table = read_parquet(sums)
+    sample_table = read_parquet(sample) if sample else pl.DataFrame(schema=SAMPLE_SCHEMA)
     ident = sums_table.select(IDENTITY).row(0, named=True) if sums_table.height else {}
     return read_pass(sums_table, sample_table, where=str(sums)), ident
 

@@ -19,6 +19,7 @@ import numpy as np
 import polars as pl
 
 from anisweep.errors import ConfigError
+from anisweep.tables import read_parquet
 from anisweep.tangent.seminmf import orthonormal_basis, semi_nmf
 
 #: the default window: the model's first swept steps
@@ -142,14 +143,14 @@ def bases_from_frame(frame: pl.DataFrame) -> dict[tuple[int, str, int], dict[str
 
 
 def read_fixed_bases(path: str | Path) -> dict[tuple[int, str, int], dict[str, np.ndarray]]:
-    return bases_from_frame(pl.read_parquet(path))
+    return bases_from_frame(read_parquet(path))
 
 
 def fixed_bases_file(hidden_paths: list[str | Path], settings, out: str | Path) -> None:
     """The gradient_fixed_bases rule: fit from the window's hidden.parquet files, write the bases' Parquet."""
     from anisweep.tables import write_atomic
 
-    hidden = [pl.read_parquet(p, columns=["layer", "site", "vector"]) for p in hidden_paths]
+    hidden = [read_parquet(p, columns=["layer", "site", "vector"]) for p in hidden_paths]
     write_atomic(bases_frame(fit_fixed_bases(hidden, settings)), out)
 
 

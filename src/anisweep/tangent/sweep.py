@@ -6,6 +6,8 @@ from pathlib import Path
 
 import polars as pl
 
+from anisweep.tables import read_parquet
+
 
 def gradients_sweep(
     paths: list[Path],
@@ -23,8 +25,8 @@ def gradients_sweep(
 
     if not paths:
         raise ValueError("gradients-sweep: no gradients.parquet given")
-    tables = [pl.read_parquet(p) for p in paths]
-    sweep = pl.concat([*tables, *([pl.read_parquet(fixed_shares)] if fixed_shares else [])], how="diagonal_relaxed")
+    tables = [read_parquet(p) for p in paths]
+    sweep = pl.concat([*tables, *([read_parquet(fixed_shares)] if fixed_shares else [])], how="diagonal_relaxed")
     if embeddings:
         if len(bases) != len(embeddings) or len(embeddings) != len(paths):
             raise ValueError("gradients-sweep: give one --bases and one --embeddings file per gradients.parquet")
@@ -35,9 +37,9 @@ def gradients_sweep(
         steps = [int(t["step"][0]) for t in tables]
         rows = embedding_change.sweep_rows(
             steps,
-            dict(zip(steps, (pl.read_parquet(p) for p in embeddings), strict=True)),
-            dict(zip(steps, (pl.read_parquet(p) for p in bases), strict=True)),
-            pl.read_parquet(fixed_bases) if fixed_bases and gs.subspaces != "per_checkpoint" else None,
+            dict(zip(steps, (read_parquet(p) for p in embeddings), strict=True)),
+            dict(zip(steps, (read_parquet(p) for p in bases), strict=True)),
+            read_parquet(fixed_bases) if fixed_bases and gs.subspaces != "per_checkpoint" else None,
             gs.n_random,
             gs.seed,
             per_checkpoint=gs.subspaces != "fixed",
