@@ -19,6 +19,7 @@ STAGES = (
     "errors",
     "atomic",
     "code_inputs",
+    "schema",
     "tables",
     "corpus",
     "adapters",

@@ -169,7 +169,7 @@ def _blas_threads(threads: int | None) -> None:
 
 def cmd_gradients(args) -> None:
     _blas_threads(args.threads)
-    from anisweep.tangent.checkpoint import checkpoint_shares
+    from anisweep.tangent.analysis import checkpoint_shares
     from anisweep.tangent.settings import GradientSettings
 
     checkpoint_shares(args.sums, args.sample, GradientSettings(**args.gradients), args.out, bases_out=args.bases_out)
@@ -177,7 +177,7 @@ def cmd_gradients(args) -> None:
 
 def cmd_gradient_fixed_shares(args) -> None:
     _blas_threads(args.threads)
-    from anisweep.tangent.checkpoint import fixed_shares
+    from anisweep.tangent.analysis import fixed_shares
     from anisweep.tangent.settings import GradientSettings
 
     fixed_shares(args.sums, args.fixed_bases, GradientSettings(**args.gradients), args.out)

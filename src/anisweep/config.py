@@ -8,7 +8,6 @@ run of the workflow stays fast.
 from __future__ import annotations
 
 import copy
-import functools
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,23 +19,9 @@ from anisweep.checkpoints.catalogue import model_shape, resolve_all
 from anisweep.checkpoints.config_checks import check_models, check_sections
 from anisweep.checkpoints.preflight import ModelShape, PreflightError, check_model_config
 from anisweep.errors import ConfigError
+from anisweep.schema import SCHEMA_PATH, defaults, schema  # noqa: F401 - the config's names too
 
-SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 TOY_ROOT = "resources/toy"
-
-
-@functools.cache
-def schema() -> dict:
-    return yaml.safe_load(SCHEMA_PATH.read_text())
-
-
-def defaults(section: str) -> dict[str, Any]:
-    """The schema's default of every key of a section (`extract`, `fetch`, `resources`, `corpus`, or `toy`
-    for one toy model's entry)."""
-    properties = schema()["properties"][section]
-    if section == "toy":
-        properties = properties["additionalProperties"]
-    return {key: copy.deepcopy(p["default"]) for key, p in properties["properties"].items() if "default" in p}
 
 
 def _fill_defaults(node: dict, instance: Any) -> None:

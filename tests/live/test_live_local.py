@@ -4,6 +4,8 @@ those folders."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -203,6 +205,29 @@ def test_workflow_sweeps_a_live_local_run_without_weights_and_reruns_nothing(tmp
     assert forced.returncode == 0, forced.stderr[-4000:]
     assert "rule extract_live_local:" in forced.stderr  # forced, it checks the files in place, deleting none
     assert {p: p.read_bytes() for p in before} == contents
+
+
+@pytest.mark.slow  # the workflow once on a live local run written elsewhere
+def test_a_step_the_callback_wrote_again_elsewhere_is_taken_again(tmp_path):
+    """With `path:` elsewhere the callback's files are copied in; a step it writes again (new times) is taken
+    again, and nothing else (docs/reruns.md: the step folder's content is a recorded param of the take)."""
+    elsewhere = tmp_path / "elsewhere"
+    _train(elsewhere, gradient_steps=(0, 4))
+    config = {k: v for k, v in _tiny().items() if k not in ("toy", "untrained")}
+    config |= {"models": [{**LIVE, "path": str(elsewhere / "local" / "my-run")}], "untrained": {"enabled": False}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    command = snakemake_command(tmp_path, "--configfile", str(tmp_path / "config.yaml"), "--cores", "2")
+    first = subprocess.run(command, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert "Nothing to be done" in subprocess.run([*command, "-n"], capture_output=True, text=True).stdout
+    written = elsewhere / "local" / "my-run" / "step2" / "qk.parquet"
+    stat = written.stat()
+    os.utime(written, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # the callback wrote step 2 again
+    again = subprocess.run([*command, "-n"], capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-4000:]
+    planned = again.stdout + again.stderr
+    assert re.search(r"^extract_live_local\s+1$", planned, re.M), planned[-3000:]
+    assert not re.search(r"^(fetch|extract)\s", planned, re.M)
 
 
 def test_live_is_a_key_of_local_entries_only():

@@ -17,9 +17,9 @@ from test_geometry import machina_mercer_iw, naive_partition_isotropy
 from anisweep.measures.gradient_metrics import GRADIENT_METRICS
 from anisweep.measures.metrics import checkpoint_metrics
 from anisweep.tables import IDENTITY, METRIC_KEY, METRIC_SCHEMA, with_identity, write_atomic
+from anisweep.tangent.analysis import analyse
 from anisweep.tangent.backward import gradient_pass, load_lm
 from anisweep.tangent.batch import causal_lm_batch, masked_lm_batch
-from anisweep.tangent.checkpoint import analyse
 from anisweep.tangent.settings import GradientSettings
 
 from conftest import bert_config, neox_config, padded_batch, run_extract, saved

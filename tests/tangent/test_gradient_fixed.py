@@ -15,9 +15,9 @@ from anisweep.errors import ConfigError
 from anisweep.measures.gradient_metrics import GRADIENT_METRICS, gradient_metric_rows
 from anisweep.tangent import embedding_change as ec
 from anisweep.tangent import fixed as gs
+from anisweep.tangent.analysis import GRADIENT_SCHEMA, analyse
 from anisweep.tangent.backward import gradient_pass
 from anisweep.tangent.batch import causal_lm_batch, frequency_strata
-from anisweep.tangent.checkpoint import GRADIENT_SCHEMA, analyse
 from anisweep.tangent.settings import GradientSettings
 from anisweep.tangent.shares import pca_basis, random_bases
 

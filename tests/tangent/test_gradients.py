@@ -9,9 +9,9 @@ import torch
 from transformers import BertForMaskedLM, GPTNeoXForCausalLM
 
 from anisweep.adapters import adapter_for
-from anisweep.tangent.backward import SiteSums, gradient_pass, gradient_sites, load_lm
+from anisweep.tangent.analysis import analyse
+from anisweep.tangent.backward import gradient_pass, gradient_sites, load_lm
 from anisweep.tangent.batch import LMBatch, causal_lm_batch, frequency_strata, masked_lm_batch
-from anisweep.tangent.checkpoint import analyse
 from anisweep.tangent.seminmf import orthonormal_basis, principal_angles, semi_nmf, semi_nmf_als
 from anisweep.tangent.settings import GradientSettings
 from anisweep.tangent.shares import (
@@ -24,6 +24,7 @@ from anisweep.tangent.shares import (
     share_rows,
     top_eigenpairs,
 )
+from anisweep.tangent.sums import SiteSums
 
 from conftest import bert_config, neox_config, padded_batch, saved, tiny_neox_lm
 

@@ -6,6 +6,7 @@ change would schedule, and the tests that break things (corrupt weights, SIGKILL
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -219,10 +220,11 @@ def gradient_run(tmp_path_factory) -> dict:
 
 
 def gradient_config() -> dict:
-    return {**TINY, "models": [neox("all")], "untrained": {"enabled": False}}
+    return copy.deepcopy({**TINY, "models": [neox("all")], "untrained": {"enabled": False}})
 
 
 MODEL_RUNS = {"train_toy", "fetch", "extract"}
+CORPUS_CHANGED = {"corpus": 1, "fetch": 3, "extract": 3}
 GRADIENT_JOBS = {"gradients", "gradient_fixed_shares", "gradients_sweep", "sweep", "plot_gradients"}
 
 
@@ -234,7 +236,8 @@ GRADIENT_JOBS = {"gradients", "gradient_fixed_shares", "gradients_sweep", "sweep
         ("tangent/sweep.py", {"gradients_sweep", "plot_gradients"}),
         ("extract/run.py", set()),
         ("tangent/fixed.py", {"gradient_fixed_bases", *GRADIENT_JOBS, "metrics"}),
-        ("tangent/backward.py", {*GRADIENT_JOBS, "metrics"}),
+        ("tangent/backward.py", set()),
+        ("tangent/analysis.py", {*GRADIENT_JOBS, "metrics"}),
         ("tables.py", {"gradient_fixed_bases", *GRADIENT_JOBS, "metrics", "qk_svd"}),
     ],
 )
@@ -271,6 +274,10 @@ def _set(section: str, **values):
         (_set("gradients", layers=[0, 1]), {"fetch": 2, "extract": 2, "gradients": 2}),
         (_set("gradients", embedding_tokens=30), {"fetch": 2, "extract": 2}),
         (_set("extract", seq_len=24), {"fetch": 3, "extract": 3, "gradients": 2}),
+        (lambda c: c.update(corpus={"source": "text", "paths": [str(ROOT / "README.md")]}), CORPUS_CHANGED),
+        (lambda c: c["toy"]["toy-neox"].update(lr=0.002), {"train_toy": 1, "fetch": 3, "extract": 3}),
+        # the untrained block fetches a swept model's init for itself: never the sweep's model runs
+        (_set("untrained", enabled=True, inits=["bert", {"model": "toy-neox"}]), {"untrained": 1, "fetch_init": 1}),
     ],
     ids=[
         "key-order",
@@ -286,6 +293,9 @@ def _set(section: str, **values):
         "gradient-layers",
         "embedding-tokens",
         "extract-seq-len",
+        "corpus-texts",
+        "toy-training",
+        "untrained-block",
     ],
 )
 def test_config_changes_rerun_what_docs_reruns_says(gradient_run, change, expected):
@@ -346,20 +356,9 @@ def test_failing_checkpoints_fail_alone_and_the_sweep_lists_them(run, tmp_path):
 
     log = tmp_path / "snakemake.out"
     with log.open("w") as out:
-        snake = subprocess.Popen(
-            command(workdir, configfile, "--keep-going"),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            wait_for(lambda: extract_process(snake, "weights/local/my-run/step32/")).kill()
-            snake.wait(timeout=300)
-        finally:
-            kill_tree(snake)
+        returncode = run_killing_an_extract(command(workdir, configfile, "--keep-going"), "local/my-run/step32", out)
     output = log.read_text()
-    assert snake.returncode != 0
+    assert returncode != 0
     for cause in (
         r"toy/toy-neox/step4: SafetensorError: .*header",
         r"local/my-run/step8: FetchError: .*no \*\.safetensors",
@@ -386,7 +385,8 @@ def test_failing_checkpoints_fail_alone_and_the_sweep_lists_them(run, tmp_path):
 
 def test_a_run_killed_mid_write_resumes_with_rerun_incomplete(run, tmp_path):
     """SIGKILL of the whole run (Snakemake and extract) while extract writes its tables: the tables present
-    are whole (atomic writes), Snakemake refuses to let metrics read the incomplete checkpoint, and after
+    are whole (atomic writes; the ones not yet written again are the previous run's, update() outputs, and
+    extract.json is written last), Snakemake refuses to let metrics read the incomplete checkpoint, and after
     --unlock a rerun with --rerun-incomplete completes it."""
     workdir = copy_run(run, tmp_path)
     configfile, step8 = run["config"], workdir / NEOX / "step8"
@@ -405,7 +405,6 @@ def test_a_run_killed_mid_write_resumes_with_rerun_incomplete(run, tmp_path):
         wait_for(lambda: newer(step8 / "qk.parquet", started), poll=0.01)
     finally:
         kill_tree(snake)
-    assert not (step8 / "extract.json").exists()
     for table in step8.glob("*.parquet"):
         pl.read_parquet(table)  # whole, or absent: never half a file under a table's name
     refused = snakemake(workdir, configfile, target)
@@ -431,18 +430,8 @@ def test_a_forced_rerun_whose_model_job_is_killed_leaves_the_checkpoint_whole(ru
     workdir, configfile = copy_run(run, tmp_path), run["config"]
     step8 = workdir / NEOX / "step8"
     before = {p.name: p.read_bytes() for p in step8.iterdir() if p.is_file()}
-    snake = subprocess.Popen(
-        command(workdir, configfile, f"{NEOX}/step8/metrics.parquet", "--forcerun", "extract"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        wait_for(lambda: extract_process(snake, "weights/toy/toy-neox/step8/")).kill()
-        snake.wait(timeout=300)
-    finally:
-        kill_tree(snake)
-    assert snake.returncode != 0
+    forced = command(workdir, configfile, f"{NEOX}/step8/metrics.parquet", "--forcerun", "extract")
+    assert run_killing_an_extract(forced, "toy/toy-neox/step8") != 0
     assert {p.name: p.read_bytes() for p in step8.iterdir() if p.is_file()} == before
     assert not [p for p in (workdir / "weights").rglob("*") if p.is_file()]
     assert planned(workdir, configfile) == {}
@@ -470,6 +459,18 @@ def newer(path: Path, than_ns: int) -> bool:
         return path.stat().st_mtime_ns > than_ns
     except FileNotFoundError:
         return False
+
+
+def run_killing_an_extract(snakemake_command: list[str], checkpoint: str, out=subprocess.DEVNULL) -> int:
+    """Run Snakemake and SIGKILL the extract of `checkpoint` ({family}/{model}/step{N}) once it starts, as the
+    out-of-memory killer does; the run's exit status."""
+    snake = subprocess.Popen(snakemake_command, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: extract_process(snake, f"weights/{checkpoint}/")).kill()
+        snake.wait(timeout=300)
+    finally:
+        kill_tree(snake)
+    return snake.returncode
 
 
 def extract_process(snake: subprocess.Popen, weights: str):

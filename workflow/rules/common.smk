@@ -95,8 +95,8 @@ ANALYSIS_CODE = {
     "score_hist": code_inputs("plots.distributions"),
     "spectra": code_inputs("plots.spectra"),
     "fixed_bases": code_inputs("tangent.fixed"),
-    "fixed_shares": code_inputs("tangent.checkpoint"),
-    "gradients": code_inputs("tangent.checkpoint"),
+    "fixed_shares": code_inputs("tangent.analysis"),
+    "gradients": code_inputs("tangent.analysis"),
     "gradients_sweep": code_inputs("tangent.sweep"),
     "plot_gradients": code_inputs("plots.gradients"),
 }

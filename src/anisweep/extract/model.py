@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from anisweep import config
+from anisweep import schema
 from anisweep.adapters import Adapter, Geometry, adapter_for
 from anisweep.extract.device import torch_device as resolve_device
 from anisweep.extract.recorder import (
@@ -19,7 +19,7 @@ from anisweep.extract.recorder import (
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-_DEFAULTS = config.defaults("extract")
+_DEFAULTS = schema.defaults("extract")
 
 
 @dataclass

@@ -25,7 +25,7 @@ import polars as pl
 import torch
 from tqdm.auto import tqdm
 
-from anisweep import config
+from anisweep import schema
 from anisweep.extract.attention_torch import Workers
 from anisweep.extract.recorder import ATTENTION_NAME, Hooks, Recorder, Sample, recording, register_attention
 from anisweep.extract.streaming import ROW_FIELDS, AttentionStats
@@ -35,7 +35,7 @@ from anisweep.tables import UNTRAINED_SCHEMAS
 
 INITS = CONFIG_INITS
 CHECKPOINT_INIT_KEYS = {"model", "family", "step"}
-_DEFAULTS = config.defaults("untrained")
+_DEFAULTS = schema.defaults("untrained")
 
 
 @dataclass

@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from anisweep.tangent.backward import GradientPass, SiteSums
 from anisweep.tangent.shares import STRATA
+from anisweep.tangent.sums import GradientPass, SiteSums
 
 SUMS_SCHEMA = {
     "layer": pl.Int64,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from anisweep import config
+from anisweep import schema
 
-_DEFAULTS = config.defaults("gradients")
+_DEFAULTS = schema.defaults("gradients")
 
 
 SUBSPACES = ("seminmf", "pca")

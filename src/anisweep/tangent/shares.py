@@ -11,7 +11,7 @@ import numpy as np
 from anisweep.measures import geometry
 
 if TYPE_CHECKING:
-    from anisweep.tangent.backward import SiteSums
+    from anisweep.tangent.sums import SiteSums
 
 STRATA = ("all", "frequent", "middle", "rare")  # `all` is the strata's sum
 

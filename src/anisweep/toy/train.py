@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from anisweep import config
+from anisweep import schema
 from anisweep.atomic import replacing, write_json
 from anisweep.corpus import builtin_text, special_affixes, tokenize_stream
 from anisweep.toy.tokenizers import build_tokenizer, check_arch
@@ -33,7 +33,7 @@ from anisweep.toy.tokenizers import build_tokenizer, check_arch
 DEFAULT_STEPS: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000)
 
 
-_DEFAULTS = config.defaults("toy")
+_DEFAULTS = schema.defaults("toy")
 
 
 @dataclass(frozen=True)
