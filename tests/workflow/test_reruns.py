@@ -251,6 +251,18 @@ def test_code_edits_with_the_gradient_analysis_rerun_what_docs_reruns_says(gradi
         assert set(after) == reruns, after
 
 
+def test_one_gradient_checkpoint_alone(gradient_run):
+    """The README's recipe on a gradient step, fixed subspaces on: that checkpoint's fetch, extract (the forward
+    and the backward pass), gradients and metrics, never the fit window's checkpoints."""
+    target = f"{NEOX}/step32/metrics.parquet"
+    plan = planned(gradient_run["workdir"], gradient_run["config"], target, "--forcerun", "extract")
+    assert plan == {"fetch": 1, "extract": 1, "gradients": 1, "metrics": 1}
+
+
+def _reversed(section: dict) -> dict:
+    return dict(reversed(section.items()))
+
+
 def _set(section: str, **values):
     return lambda config: config[section].update(values)
 
@@ -259,7 +271,8 @@ def _set(section: str, **values):
     ("change", "expected"),
     [
         # the order of keys, a default written out, how a job runs
-        (lambda c: c.update(extract={**dict(reversed(c["extract"].items())), "attention": "auto"}), {}),
+        (lambda c: c.update(extract=_reversed(c["extract"]) | {"attention": "auto"}), {}),
+        (lambda c: c.update(gradients=_reversed(c["gradients"])), {}),
         (_set("extract", batch_size=2, device="cpu"), {}),
         (lambda c: c.update(corpus={"source": "builtin"}, fetch={"keep_weights": False, "retries": 3}), {}),
         (_set("gradients", rank=[4], subspaces="both"), {}),
@@ -281,6 +294,7 @@ def _set(section: str, **values):
     ],
     ids=[
         "key-order",
+        "gradients-key-order",
         "how-extract-runs",
         "defaults-written-out",
         "rank-as-a-list",

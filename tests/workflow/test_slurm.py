@@ -163,11 +163,11 @@ def minutes(limit: str) -> int:
     return (int(days or 0) * 24 + h) * 60 + m + (s > 0)
 
 
-def resources_of(out: str, rule: str) -> dict[str, str]:
-    """The resources Snakemake printed for the first job of `rule` (as `resources: a=1, b=2`)."""
-    match = re.search(rf"^\s*(?:local)?rule {rule}:\n(?:\s+\w+:.*\n)*?\s+resources: (.*)$", out, re.M)
-    assert match, f"no resources printed for rule {rule}"
-    return dict(item.split("=", 1) for item in match[1].split(", "))
+def resources_of(out: str, rule: str) -> list[dict[str, str]]:
+    """The resources Snakemake printed for every job of `rule` (as `resources: a=1, b=2`)."""
+    found = re.findall(rf"^\s*(?:local)?rule {rule}:\n(?:\s+\w+:.*\n)*?\s+resources: (.*)$", out, re.M)
+    assert found, f"no resources printed for rule {rule}"
+    return [dict(item.split("=", 1) for item in line.split(", ")) for line in found]
 
 
 @pytest.fixture(scope="module")
@@ -232,15 +232,18 @@ def test_sweep_goes_through_slurm(cluster_run, slurm_cluster):
 
     # A group job runs its checkpoints one after the other, and is sized so: the largest memory and thread
     # count of one member, the wall times of all members summed (not memory summed as for parallel members).
+    # (extract asks for more at the gradient steps, where it runs the backward pass too)
     extract, metrics = resources_of(out, "extract"), resources_of(out, "metrics")
-    assert extract["gpu"] == "0"  # extract.device: cpu
-    for group, rule in (("group_sweep", extract), ("group_measure", metrics)):
+    assert {r["gpu"] for r in extract} == {"0"}  # extract.device: cpu
+    for group, members in (("group_sweep", extract), ("group_measure", metrics)):
+        assert len(members) == n_checkpoints
+        memory, runtime = {int(m["mem_mb"]) for m in members}, [int(m["runtime"]) for m in members]
         jobs = [scontrol_job(job_id) for job_id, log in submitted if group in log]
         for job in jobs:
-            assert job["MinMemoryNode"] == f"{int(rule['mem_mb'])}M", job
+            assert job["MinMemoryNode"] in {f"{mb}M" for mb in memory}, job
             assert job["NumCPUs"] == "1", job
-            assert minutes(job["TimeLimit"]) in {k * int(rule["runtime"]) for k in range(1, PER_GROUP + 1)}, job
-        assert sum(minutes(job["TimeLimit"]) for job in jobs) == n_checkpoints * int(rule["runtime"])
+            assert minutes(job["TimeLimit"]) <= PER_GROUP * max(runtime), job
+        assert sum(minutes(job["TimeLimit"]) for job in jobs) == sum(runtime)
     groups = [scontrol_job(job_id) for job_id, log in submitted if "group_sweep" in log]
     # ... and `jobslot` limits the members of one group job only, not the SLURM jobs: the two ran together
     # (where the node has room for both).
@@ -312,10 +315,10 @@ def test_gpu_only_for_cuda_and_profile_semantics(tmp_path):
     cuda.write_text(yaml.safe_dump(config))
     run = snakemake(tmp_path / "cuda", "-n", "--workflow-profile", str(PROFILE), configfile=cuda, timeout=120)
     assert run.rc == 0, run.out[-4000:]
-    assert resources_of(run.out, "extract")["gpu"] == "1"
+    assert {r["gpu"] for r in resources_of(run.out, "extract")} == {"1"}
     assert "profiles/default" not in run.out
 
     run = snakemake(tmp_path / "profile", "-n", "--profile", str(PROFILE), timeout=120)
     assert run.rc == 0, run.out[-4000:]
     assert re.search(r"^Using profiles? \S+ and workflow specific profile \S*profiles/default for", run.out, re.M)
-    assert resources_of(run.out, "extract")["gpu"] == "0"
+    assert {r["gpu"] for r in resources_of(run.out, "extract")} == {"0"}
