@@ -55,7 +55,9 @@ def both(request, tmp_path_factory):
 
 def test_live_toy_saves_no_checkpoint_and_trains_as_the_saved_one(both):
     _, saved, live, weights, _ = both
-    assert sorted(p.name for p in live.iterdir()) == sorted([f"step{s}" for s in STEPS] + ["train_log.json"])
+    assert sorted(p.name for p in live.iterdir()) == sorted(
+        [f"step{s}" for s in STEPS] + ["token_counts.parquet", "train_log.json"]
+    )
     assert not list(live.rglob("*.safetensors")) and not list(live.rglob("config.json"))
     for step in STEPS:  # training is deterministic on the CPU, and the analysis leaves it alone
         stored = load_lm(saved / f"step{step}")[0].state_dict()

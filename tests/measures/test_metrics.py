@@ -232,7 +232,7 @@ def test_gradient_metrics_carry_their_parameters_in_columns_not_in_the_name(meas
     grad = metrics.filter(pl.col("metric").str.starts_with("grad_"))
     assert set(grad["metric"]) == set(GRADIENT_METRICS)
     assert grad.select("subspace", "fit", "rank", "stratum").null_count().row(0) == (0, 0, 0, 0)
-    assert set(grad["subspace"]) == {"seminmf", "pca"} and set(grad["fit"]) == {"checkpoint", "fixed"}
+    assert set(grad["subspace"]) == {"seminmf", "pca", "pca_uncentred"} and set(grad["fit"]) == {"checkpoint", "fixed"}
     assert set(grad["rank"]) == {2, 4} and "all" in set(grad["stratum"])
     other = metrics.filter(~pl.col("metric").str.starts_with("grad_"))
     assert other.select("subspace", "fit", "rank", "stratum").null_count().row(0) == (other.height,) * 4

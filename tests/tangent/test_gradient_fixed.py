@@ -64,7 +64,10 @@ def test_embedding_change_shares_against_brute_force():
         assert row["value"] == pytest.approx(brute_share(delta[keep], w, raw), rel=1e-9)
         controls = [brute_share(delta[keep], w, u) for u in random_bases(d, k, 6, 3 + k)]
         assert row["control_mean"] == pytest.approx(np.mean(controls), rel=1e-9)
-        assert row["z"] == pytest.approx((row["value"] - np.mean(controls)) / np.std(controls, ddof=1), rel=1e-9)
+        assert row["control_sd"] == pytest.approx(np.std(controls, ddof=1), rel=1e-9)
+        a = (delta[keep] * w[:, None]).T @ delta[keep]  # the share is tr(P a) / tr(a): the exact null's z
+        var = 2 * k * (d - k) / (d * (d - 1) * (d + 2)) * (np.trace(a @ a) - np.trace(a) ** 2 / d) / np.trace(a) ** 2
+        assert row["z"] == pytest.approx((row["value"] - k / d) / np.sqrt(var), rel=1e-9)
         assert row["n_tokens"] == keep.sum() and row["step_from"] == 0 and row["chance"] == k / d
         relative = np.sqrt((w @ (delta[keep] ** 2).sum(1)) / (w @ (e1[keep].astype(float) ** 2).sum(1)))
         assert by[(stratum, None, "embedding_change_relative")]["value"] == pytest.approx(relative, rel=1e-9)
@@ -111,12 +114,81 @@ def test_kept_token_ids_are_a_seeded_stratified_sample():
         assert r["count"] == int((ids[valid] == r["token_id"]).sum())
     capped = ec.sample_ids(ids, valid, 30, seed=0)
     assert capped.equals(ec.sample_ids(ids, valid, 30, seed=0))
-    for name in ec.STRATUM_NAMES:
-        total = (every["stratum"] == name).sum()
+    assert not capped.equals(ec.sample_ids(ids, valid, 30, seed=1))
+    sizes = [int((every["stratum"] == name).sum()) for name in ec.STRATUM_NAMES]
+    assert sizes == [1, 4, 60]  # the frequent and middle strata leave most of their thirds to the rare one
+    for name, total, quota in zip(ec.STRATUM_NAMES, sizes, [1, 4, 25], strict=True):
         part = capped.filter(pl.col("stratum") == name)
-        assert part.height == min(total, 10)
+        assert part.height == quota
         assert set(part["token_id"]) <= set(every["token_id"])
         assert np.allclose(part["weight"], total / part.height)
+    assert capped.height == 30
+
+
+def zipf_batch():
+    """A batch whose strata hold 2 (frequent), 18 (middle) and 268 (rare) distinct ids."""
+    rng = np.random.default_rng(5)
+    ids = torch.from_numpy(rng.zipf(1.3, size=(16, 64)) % 2000)
+    return ids, torch.ones_like(ids, dtype=torch.bool)
+
+
+def test_stratum_quotas_pass_unused_budget_on():
+    assert ec.stratum_quotas([2, 18, 268], 100) == [2, 18, 80]
+    assert ec.stratum_quotas([100, 5, 100], 90) == [43, 5, 42]  # the remainder to the first open stratum
+    assert ec.stratum_quotas([10, 40, 100], 90) == [10, 40, 40]
+    assert ec.stratum_quotas([100, 100, 100], 90) == [30, 30, 30]
+    assert ec.stratum_quotas([100, 100, 100], 91) == [31, 30, 30]
+    assert ec.stratum_quotas([0, 50, 50], 60) == [0, 30, 30]
+    assert ec.stratum_quotas([1, 2, 3], 100) == [1, 2, 3]
+    assert ec.stratum_quotas([5, 5, 5], 0) == [0, 0, 0]
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        sizes, cap = rng.integers(0, 60, 3).tolist(), int(rng.integers(0, 200))
+        quota = ec.stratum_quotas(sizes, cap)
+        assert sum(quota) == min(cap, sum(sizes))  # the whole budget, when there are ids for it
+        assert all(0 <= q <= n for q, n in zip(quota, sizes, strict=True))
+        # a stratum short of its quota is kept whole; the sampled ones differ by at most one id
+        sampled = [q for q, n in zip(quota, sizes, strict=True) if q < n]
+        assert not sampled or max(sampled) - min(sampled) <= 1
+        assert all(n <= max(sampled) for q, n in zip(quota, sizes, strict=True) if q == n) if sampled else True
+
+
+def test_every_id_is_kept_when_the_budget_allows_and_the_budget_is_used():
+    """Issue 28 item 7: each stratum capped at a third of the budget kept 477 of 664 ids under 1,024."""
+    ids, valid = zipf_batch()
+    every = ec.sample_ids(ids, valid, 10_000, seed=0)
+    assert every.height == 288 and (every["weight"] == 1).all()
+    for cap in (288, 300):
+        assert ec.sample_ids(ids, valid, cap, seed=3).equals(every)  # exact: every distinct id, weight 1
+    for cap in (60, 100, 287):
+        kept = ec.sample_ids(ids, valid, cap, seed=3)
+        assert kept.height == cap and kept["token_id"].n_unique() == cap
+        by = {name: kept.filter(pl.col("stratum") == name) for name in ec.STRATUM_NAMES}
+        assert by["frequent"].height == 2 and by["middle"].height == 18  # kept whole
+        assert by["rare"].height == cap - 20 and np.allclose(by["rare"]["weight"], 268 / (cap - 20))
+
+
+def test_the_weighted_all_share_is_unbiased_over_seeds():
+    """The `all` share of a stratified sample (w = the stratum's ids / its sampled ids) averages to the share over
+    every distinct id; the unweighted sample's does not (the small strata are over-represented)."""
+    ids, valid = zipf_batch()
+    every = ec.sample_ids(ids, valid, 10_000, seed=0)
+    rng = np.random.default_rng(6)
+    d, k = 16, 4
+    basis = np.linalg.qr(rng.normal(size=(d, k)))[0]
+    delta = {}
+    for r in every.iter_rows(named=True):  # frequent and middle ids move along the basis, rare ones isotropically
+        v = rng.normal(size=d) * (0.3 if r["stratum"] == "rare" else 1.0)
+        delta[r["token_id"]] = v if r["stratum"] == "rare" else v + basis @ rng.normal(size=k) * 3
+    exact = ec.weighted_share(np.stack([delta[i] for i in every["token_id"]]), np.ones(every.height), basis)
+    weighted, plain = [], []
+    for seed in range(400):
+        kept = ec.sample_ids(ids, valid, 60, seed=seed)
+        sample = np.stack([delta[i] for i in kept["token_id"]])
+        weighted.append(ec.weighted_share(sample, kept["weight"].to_numpy(), basis))
+        plain.append(ec.weighted_share(sample, np.ones(kept.height), basis))
+    assert np.mean(weighted) == pytest.approx(exact, abs=max(3 * np.std(weighted) / np.sqrt(400), 1e-3))
+    assert np.mean(plain) - exact > 0.05
 
 
 def test_mismatched_token_ids_are_named():
@@ -164,6 +236,37 @@ def test_fixed_bases_equal_a_direct_fit_on_the_pooled_sample():
             np.testing.assert_array_equal(again[key][method], fitted[method])
 
 
+def test_the_fixed_bases_file_names_its_window_and_the_rows_carry_it(tmp_path):
+    from anisweep.tables import read_parquet, with_identity, write_atomic
+
+    rng = np.random.default_rng(4)
+    paths = []
+    for step in (64, 16, 32):
+        x = rng.normal(size=(30, 6))
+        frame = pl.concat([hidden_frame(x, layer, "resid") for layer in (0, 1, 2)])
+        ident = {"family": "toy", "model": "m", "seed": 0, "step": step, "tokens_seen": step * 64}
+        paths.append(tmp_path / f"step{step}" / "hidden.parquet")
+        write_atomic(with_identity(frame, ident), paths[-1])
+    settings = GradientSettings(rank=2, max_iter=2000, final_ln=False)
+    gs.fixed_bases_file(paths, settings, tmp_path / "fixed.parquet")
+    frame = read_parquet(tmp_path / "fixed.parquet")
+    assert frame["window"].unique().to_list() == ["steps 16, 32, 64"] and gs.window_of(frame) == "steps 16, 32, 64"
+    tables = [read_parquet(p, columns=["layer", "site", "vector"]) for p in paths]
+    direct = gs.fit_fixed_bases(tables, settings)
+    for key, by in gs.bases_from_frame(frame).items():
+        for method, basis in by.items():
+            np.testing.assert_array_equal(basis, direct[key][method])
+    # the embedding-change rows of the fixed bases carry the window; the per-checkpoint ones do not
+    d, ids = 6, list(range(9))
+    strata = ["frequent", "middle", "rare"] * 3
+    embeddings = {t: rows_frame(ids, strata, [1.0] * 9, rng.normal(size=(9, d))) for t in (0, 10)}
+    layer0 = frame.filter((pl.col("layer") == 0) & (pl.col("site") == "resid"))
+    rows = ec.sweep_rows([0, 10], embeddings, {0: layer0.drop("window")}, frame, 4, 0)
+    fits = {(r.get("fit"), r.get("window")) for r in rows}
+    assert ("fixed", "steps 16, 32, 64") in fits and ("checkpoint", None) in fits
+    assert not any(r.get("window") for r in rows if r.get("fit") != "fixed")
+
+
 def test_analyse_with_fixed_bases_equal_to_its_own_gives_the_same_shares(tmp_path):
     model, adapter, batch = tiny_neox_lm(tmp_path)
     lm = causal_lm_batch(batch["input_ids"], batch["attention_mask"].bool())
@@ -193,9 +296,51 @@ def test_analyse_with_fixed_bases_equal_to_its_own_gives_the_same_shares(tmp_pat
 
 
 # --------------------------------------------------------------------------- config
+DEFAULT_GRID = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000]  # config/config.yaml's toys
+PYTHIA_GRID = [0, *(2**i for i in range(10)), *range(1000, 143_001, 1000)]
+
+
+def test_the_default_fit_window_is_early_training_not_the_initialisation():
+    """Issue 28 item 5: the default was the first three swept steps, on log-spaced grids 0, 1, 2 (the
+    initialisation's subspaces). Now the swept steps within 1-10% of the final step."""
+    assert gs.window_steps(DEFAULT_GRID, None) == [16, 32, 64]
+    assert gs.window_steps(DEFAULT_GRID, None, final=1000) == [16, 32, 64]
+    assert gs.window_steps(PYTHIA_GRID, None) == list(range(2000, 14_001, 1000))
+    assert gs.window_steps(PYTHIA_GRID[::-1] + [2000], None, final=143_000) == list(range(2000, 14_001, 1000))
+    multiberts = [0, *range(20_000, 200_001, 20_000), *range(300_000, 2_000_001, 100_000)]
+    assert gs.window_steps(multiberts, None) == list(range(20_000, 200_001, 20_000))
+    for grid in (DEFAULT_GRID, PYTHIA_GRID, [0, 1, 2, 4, 8, 16]):
+        assert 0 not in gs.window_steps(grid, None)  # never the initialisation while a trained step is swept
+        assert gs.window_steps(grid, None) != sorted(grid)[:3]
+    # the final step is the model's, not the last swept one: Pythia swept up to 1000 is still warming up at 64
+    assert gs.window_steps(DEFAULT_GRID, None, final=143_000) == [1000]
+    # fallbacks: no swept step in the window -> the nearest trained one on a log scale, the earlier on a tie
+    assert gs.window_steps([0, 143_000], None, final=143_000) == [143_000]
+    assert gs.window_steps([0, 1, 2], None, final=1000) == [2]
+    assert gs.window_steps([0, 5, 500], None, final=5000) == [500]  # 500 is the window's upper end
+    assert gs.window_steps([0, 30, 300], None, final=10_000) == [300]  # log distance 0.52 vs 0.48
+    assert gs.window_steps([0, 100, 100_000], None, final=100_000) == [100]  # 1 decade each way: the earlier
+    assert gs.window_steps([0, 3, 30, 31], None, final=300) == [3, 30]  # the window's ends are in it
+    assert gs.window_steps([0], None) == [0]  # only the initialisation is swept
+    assert gs.window_steps([7], None) == [7]
+    # a pure function of the swept steps and the final step: order and repeats do not matter
+    assert gs.window_steps(DEFAULT_GRID[::-1] * 2, None) == [16, 32, 64]
+    # check_config takes each model's final step
+    section = {"enabled": True, "subspaces": "both", "fit_window": None, "layers": None}
+    gs.check_config(section, {"pythia/m": DEFAULT_GRID}, {"pythia/m": 143_000})
+
+
+def test_window_labels():
+    assert gs.window_label([64, 16, 32, 16]) == "steps 16, 32, 64"
+    assert gs.window_label([1000]) == "step 1000"
+    assert gs.window_label(range(2000, 14_001, 1000)) == "steps 2000-14000 (13 swept steps)"
+    assert gs.window_of(pl.DataFrame({"layer": [0]})) is None
+    assert gs.window_of(pl.DataFrame({"layer": [0], "window": ["step 8"]})) == "step 8"
+
+
 def test_window_steps_and_config_errors():
     steps = [0, 1, 2, 4, 8, 16]
-    assert gs.window_steps(steps, None) == [0, 1, 2]
+    assert gs.window_steps(steps, [0, 2]) == [0, 1, 2]  # the old default, now explicit
     assert gs.window_steps(steps, [3, 8]) == [4, 8]
     with pytest.raises(ConfigError, match=r"fit_window \[9, 12\] holds none of the swept steps of toy/m"):
         gs.window_steps(steps, [9, 12], "toy/m")

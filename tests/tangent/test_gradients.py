@@ -1,24 +1,27 @@
-"""Gradient analysis (anisweep.tangent, anisweep.tangent.seminmf) against independent computations: planted
-factorisations, an alternating least-squares reference, brute-force shares, and torch.autograd on tiny models."""
+"""Gradient analysis (anisweep.tangent) against independent computations: brute-force shares, planted subspaces,
+and torch.autograd on tiny models. Semi-NMF itself (anisweep.tangent.seminmf): test_seminmf.py."""
 
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
 from transformers import BertForMaskedLM, GPTNeoXForCausalLM
 
 from anisweep.adapters import adapter_for
+from anisweep.measures import geometry
 from anisweep.tangent.analysis import analyse
 from anisweep.tangent.backward import gradient_pass, gradient_sites, load_lm
 from anisweep.tangent.batch import LMBatch, causal_lm_batch, frequency_strata, masked_lm_batch
-from anisweep.tangent.seminmf import orthonormal_basis, principal_angles, semi_nmf, semi_nmf_als
+from anisweep.tangent.seminmf import orthonormal_basis, semi_nmf
 from anisweep.tangent.settings import GradientSettings
 from anisweep.tangent.shares import (
     STRATA,
     anisotropy_share,
     energy_share,
     moments,
+    null_moments,
     pca_basis,
     random_bases,
     share_rows,
@@ -27,47 +30,6 @@ from anisweep.tangent.shares import (
 from anisweep.tangent.sums import SiteSums
 
 from conftest import bert_config, neox_config, padded_batch, saved, tiny_neox_lm
-
-
-def planted(n=400, d=30, k=5, seed=1):
-    rng = np.random.default_rng(seed)
-    f = rng.normal(size=(d, k))
-    g = np.maximum(rng.normal(size=(n, k)), 0)
-    return g @ f.T, f, g
-
-
-# --------------------------------------------------------------------------- semi-NMF
-def test_semi_nmf_recovers_a_planted_factorisation():
-    x, f, _ = planted()
-    fit = semi_nmf(x, 5, seed=0, max_iter=2000, tol=1e-10)
-    assert fit.error < 1e-3
-    assert np.degrees(principal_angles(fit.F, f)).max() < 0.5
-    assert (fit.G >= 0).all()
-    np.testing.assert_allclose(fit.error, np.linalg.norm(x - fit.G @ fit.F.T) / np.linalg.norm(x))
-
-
-def test_semi_nmf_matches_alternating_least_squares():
-    x, _, _ = planted()
-    x = x + 0.1 * np.random.default_rng(2).normal(size=x.shape)
-    fit, reference = semi_nmf(x, 5, seed=0, max_iter=2000, tol=1e-9), semi_nmf_als(x, 5, seed=0)
-    assert reference.error <= fit.error + 1e-9  # exact block minimisation is never worse
-    assert fit.error < reference.error * 1.01
-    assert np.degrees(principal_angles(fit.F, reference.F)).max() < 1.0
-
-
-def test_semi_nmf_is_seeded_and_never_increases_the_error():
-    x = np.random.default_rng(3).normal(size=(200, 12))
-    a, b = semi_nmf(x, 4, seed=5, max_iter=30), semi_nmf(x, 4, seed=5, max_iter=30)
-    np.testing.assert_array_equal(a.F, b.F)
-    errors = [semi_nmf(x, 4, seed=5, max_iter=i, tol=-1).error for i in (1, 5, 20, 60)]
-    assert all(later <= earlier + 1e-12 for earlier, later in zip(errors, errors[1:], strict=False))
-
-
-def test_semi_nmf_rejects_bad_input():
-    with pytest.raises(ValueError, match="rank 40"):
-        semi_nmf(np.ones((10, 5)), 40)
-    with pytest.raises(ValueError, match="NaN"):
-        semi_nmf(np.full((10, 5), np.nan), 2)
 
 
 # --------------------------------------------------------------------------- shares
@@ -109,6 +71,36 @@ def test_shares_against_brute_force():
     assert sums.n[0] == 300
 
 
+@pytest.mark.parametrize(("d", "k"), [(12, 3), (32, 4), (64, 16)])
+def test_the_exact_null_equals_many_random_subspaces(d, k):
+    """null_moments against 20,000 Haar-random rank-k projectors (QR of Gaussian matrices), for a spread-out and
+    a nearly rank-one A: mean k / d and the sd to Monte Carlo precision (a few percent)."""
+    rng = np.random.default_rng(0)
+    for scale in (np.linspace(1, 3, d), np.r_[50.0, np.ones(d - 1) * 0.1]):
+        q = np.linalg.qr(rng.normal(size=(d, d)))[0]
+        a = (q * scale) @ q.T
+        shares = np.array([energy_share(u, a) for u in random_bases(d, k, 20_000, seed=1)])
+        mean, sd = null_moments(float(np.trace(a)), float((a**2).sum()), d, k)
+        assert mean == k / d and shares.mean() == pytest.approx(mean, abs=3 * sd / np.sqrt(len(shares)))
+        assert sd == pytest.approx(shares.std(ddof=1), rel=0.03)
+
+
+def test_z_is_against_the_exact_null_the_controls_are_a_check():
+    rng = np.random.default_rng(3)
+    d, k, n = 24, 4, 500
+    act, grad = rng.normal(size=(n, d)), rng.normal(size=(n, d)) * np.linspace(1, 4, d)
+    sums = site_sums(act, grad, rng.integers(0, 3, n))
+    basis = np.linalg.qr(rng.normal(size=(d, k)))[0]
+    rows = share_rows({"u": basis}, random_bases(d, k, 50, seed=1), sums, k)
+    for r in rows:
+        if r["subspace"] == "u" and r["measure"] == "energy_share":
+            m = sums.grad_second[STRATA.index(r["stratum"])]
+            mean, sd = null_moments(float(np.trace(m)), float((m**2).sum()), d, k)
+            assert (r["null_mean"], r["null_sd"]) == (mean, sd)
+            assert r["z"] == pytest.approx((r["value"] - mean) / sd)
+            assert r["control_mean"] == pytest.approx(mean, abs=4 * sd / np.sqrt(50))
+
+
 def test_a_planted_subspace_is_found_and_a_random_one_is_not():
     rng = np.random.default_rng(4)
     n, d, k = 1500, 24, 4
@@ -121,7 +113,7 @@ def test_a_planted_subspace_is_found_and_a_random_one_is_not():
     controls = random_bases(d, k, 20, seed=1)
     rows = share_rows({"seminmf": fitted, "pca": pca_basis(act, k), "other": other}, controls, sums, k)
     by = {(r["stratum"], r["subspace"], r["measure"]): r for r in rows}
-    for stratum in STRATA:
+    for stratum in STRATA[:4]:  # no special tokens here
         for measure in ("energy_share", "anisotropy_share"):
             for found in ("seminmf", "pca"):
                 assert by[(stratum, found, measure)]["value"] > 0.9
@@ -141,8 +133,26 @@ def test_frequency_strata_split_tokens_at_the_count_terciles():
     expected = [0 if c >= q2 else 1 if c > q1 else 2 for c in per_token]
     assert strata[valid].tolist() == expected
     assert (strata[~valid] == -1).all()
-    assert info == {"count_q1": q1, "count_q2": q2}
+    assert info == {"count_q1": q1, "count_q2": q2, "strata_from_corpus": 0.0}
     assert strata[0, 0] == 0 and strata[0, 6] == 1 and strata[1, 3] == 2
+
+
+def test_strata_from_the_training_corpus_with_special_tokens_apart():
+    """With the training corpus's counts the strata follow them, not the batch's; special tokens are a stratum of
+    their own and take no part in the terciles (brute force)."""
+    ids = torch.tensor([[0, 5, 5, 5, 6, 7, 8, 1], [0, 8, 8, 9, 9, 9, 9, 1]])  # 0 and 1: [CLS] and [SEP]
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    corpus = np.array([50, 50, 0, 0, 0, 1, 900, 40, 2, 7], np.float64)  # 5 is rare in the corpus, 6 frequent
+    strata, info = frequency_strata(ids, valid, corpus, special_ids=[0, 1])
+    words = ~torch.isin(ids, torch.tensor([0, 1]))
+    per_token = corpus[ids[words].numpy()]
+    q1, q2 = np.quantile(per_token, [1 / 3, 2 / 3])
+    assert strata[words].tolist() == [0 if c >= q2 else 1 if c > q1 else 2 for c in per_token]
+    assert (strata[~words] == 3).all()
+    assert info == {"count_q1": q1, "count_q2": q2, "strata_from_corpus": 1.0}
+    assert strata[0, 1] == 2 and strata[0, 4] == 0  # by the corpus: 5 rare, 6 frequent (once in the batch)
+    batch_strata, _ = frequency_strata(ids, valid, special_ids=[0, 1])
+    assert batch_strata[0, 4] == 2  # by the batch, 6 is rare
 
 
 # --------------------------------------------------------------------------- the gradient pass
@@ -201,10 +211,39 @@ def test_per_token_gradients_equal_full_backward(tmp_path, arch):
     np.testing.assert_allclose(result.sums[(1, "resid")].grad_second[0], g.T @ g, rtol=1e-5, atol=1e-12)
     table = analyse(result, GradientSettings(rank=[2, 4], n_random=5), 32, progress=False)
     shares = table.filter(table["measure"] == "energy_share")
-    assert set(shares["subspace"]) == {"seminmf", "pca", "random"}
+    assert set(shares["subspace"]) == {"seminmf", "pca", "pca_uncentred", "random"}
     assert {"all", "frequent", "rare"} <= set(shares["stratum"]) <= set(STRATA)  # random ids: middle may be empty
     assert set(shares["rank"]) == {2, 4}
     assert shares["value"].is_between(0, 1).all()
+
+
+def test_tokens_without_a_gradient_are_left_out_and_counted(tmp_path):
+    """At BERT's final sites only the masked targets have a gradient: the others are zero vectors, which have no
+    direction. They are counted apart (n_grad, n_zero_grad) and left out of avg_cos, the mean norm and the
+    shares' n_tokens, as geometry.unit_sum leaves zero rows out (brute force over the sampled tokens, here all)."""
+    model = BertForMaskedLM.from_pretrained(saved(tmp_path, BertForMaskedLM, bert_config(), "b")).eval()
+    batch = padded_batch()
+    valid = batch["attention_mask"].bool()
+    lm = masked_lm_batch(batch["input_ids"], valid, 4, [0, 1, 2, 3, 4], 60, probability=0.3, seed=0)
+    settings = GradientSettings(layers=[0, 1], sample_tokens=10_000)
+    result = gradient_pass(model, adapter_for(model.config), 32, 2, lm, settings, batch_size=2, progress=False)
+    key = (2, "final_ln_out")
+    grad = result.grad_sample[key].astype(np.float64)
+    has_grad = np.linalg.norm(grad, axis=1) > 0
+    n_targets = int((lm.labels != -100).sum())
+    assert has_grad.sum() == n_targets < len(grad)  # the masked targets alone
+    sums = result.sums[key]
+    assert (sums.n[0], sums.n_grad[0]) == (len(grad), n_targets)
+    table = analyse(result, GradientSettings(rank=2, n_random=3), 32, progress=False)
+    rows = table.filter((pl.col("layer") == 2) & (pl.col("site") == "final_ln_out") & (pl.col("stratum") == "all"))
+    value = dict(rows.filter(pl.col("subspace").is_null()).select("measure", "value").iter_rows())
+    unit, n = geometry.unit_sum(grad)
+    assert n == n_targets
+    assert value["grad_avg_cos"] == pytest.approx(geometry.avg_cos_from_sums(unit, n), rel=1e-6)
+    assert value["grad_norm_mean"] == pytest.approx(np.linalg.norm(grad[has_grad], axis=1).mean(), rel=1e-5)
+    assert (value["n_grad"], value["n_zero_grad"]) == (n_targets, len(grad) - n_targets)
+    shares = rows.filter(pl.col("measure") == "energy_share")
+    assert set(shares["n_tokens"]) == {n_targets}
 
 
 def test_the_gradient_pass_does_not_depend_on_the_mini_batch_size(tmp_path):

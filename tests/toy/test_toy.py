@@ -35,13 +35,30 @@ def runs(request, tmp_path_factory):
     return arch, a, b
 
 
+def test_the_training_corpus_token_counts_are_written_beside_the_checkpoints(runs):
+    """token_counts.parquet is the count of every token id in the training stream (the gradient analysis's strata
+    read it: anisweep.tangent.batch.read_token_counts, from a checkpoint folder's run folder)."""
+    from transformers import AutoTokenizer
+
+    from anisweep.tangent.batch import read_token_counts
+
+    _, out, _ = runs
+    tokenizer = AutoTokenizer.from_pretrained(out / "step0")
+    stream = tokenize_stream(tokenizer, _texts())
+    counts = read_token_counts(out / "step0")
+    expected = torch.bincount(torch.as_tensor(stream).reshape(-1), minlength=len(tokenizer)).numpy()
+    assert counts is not None and (counts == expected).all()
+
+
 def _digest(folder: Path) -> str:
     return hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
 
 
 def test_checkpoints_at_exact_steps(runs):
     _, out, _ = runs
-    assert sorted(p.name for p in out.iterdir()) == sorted([f"step{s}" for s in STEPS] + ["train_log.json"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [f"step{s}" for s in STEPS] + ["token_counts.parquet", "train_log.json"]
+    )
     for s in STEPS:
         assert (out / f"step{s}" / "model.safetensors").is_file()
         assert (out / f"step{s}" / "config.json").is_file()

@@ -1,4 +1,5 @@
 # The gradient analysis's checkpoints, inputs and targets (its rules: workflow/rules/tangent.smk).
+from anisweep.checkpoints.identity import token_counts_identity
 from anisweep.plots.gradients import gradient_figures
 from anisweep.tangent.fixed import check_config as check_gradient_config, window_steps
 
@@ -33,7 +34,9 @@ def gradient_models():
 def fixed_window_checkpoints(family, model):
     """The model's swept checkpoints whose extract samples fit its fixed subspaces (gradients.fit_window)."""
     checkpoints = model_checkpoints(family, model)
-    steps = window_steps([c.step for c in checkpoints], GRADIENTS["fit_window"], f"{family}/{model}")
+    steps = window_steps(
+        [c.step for c in checkpoints], GRADIENTS["fit_window"], f"{family}/{model}", final_step(checkpoints)
+    )
     return [c for c in checkpoints if c.step in steps]
 
 
@@ -41,7 +44,9 @@ FIXED_SUBSPACES = GRADIENTS["subspaces"] != "per_checkpoint"
 EMBEDDING_CHANGE = GRADIENTS["embedding_change"]
 try:
     check_gradient_config(
-        GRADIENTS, {f"{f}/{m}": [c.step for c in model_checkpoints(f, m)] for f, m in gradient_models()}
+        GRADIENTS,
+        {f"{f}/{m}": [c.step for c in model_checkpoints(f, m)] for f, m in gradient_models()},
+        {f"{f}/{m}": final_step(model_checkpoints(f, m)) for f, m in gradient_models()},
     )
 except ConfigError as error:
     raise WorkflowError(f"config: {error}") from None
@@ -81,7 +86,10 @@ def gradient_pass_settings(wildcards):
     """extract's recorded param: the backward pass's settings where gradients.steps holds the checkpoint, else "".
     The same with the analysis on or off, so that turning it off reruns nothing (the pass tables stay) and turning
     it on reruns only the checkpoints without them."""
-    return gradient_settings_of(PASS_KEYS) if in_gradient_steps(wildcards) else ""
+    if not in_gradient_steps(wildcards):
+        return ""
+    counts = token_counts_identity(checkpoint_of(wildcards))  # a local run's corpus counts, for the strata
+    return gradient_settings_of(PASS_KEYS) + (json_arg(counts) if counts else "")
 
 
 def gradient_pass_arg(wildcards):

@@ -42,3 +42,20 @@ def source_identity(checkpoint: Checkpoint, folder: str | Path | None = None) ->
     if folder is not None:
         identity["content"] = folder_content(folder)
     return identity
+
+
+def token_counts_identity(checkpoint: Checkpoint) -> dict[str, list[int]]:
+    """The training corpus's token counts a user put into a local run's folder or its step folder (the gradient
+    analysis's strata read them: anisweep.tangent.batch.read_token_counts), named as `folder_content` names
+    files; {} for other families (a toy's are written by its training, which reruns what depends on it)."""
+    if checkpoint.family != "local" or checkpoint.path is None:
+        return {}
+    step = Path(checkpoint.path)
+    return {
+        f"{where}/{name}": value
+        for where, folder in (("step", step), ("run", step.parent))
+        for name, value in folder_content(folder, [TOKEN_COUNTS]).items()
+    }
+
+
+TOKEN_COUNTS = "token_counts.parquet"  # as anisweep.tangent.batch.TOKEN_COUNTS, which the gradient pass reads

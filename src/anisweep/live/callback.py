@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -62,13 +63,15 @@ def analyse_live(
     ident: dict,
     settings: ExtractSettings | None = None,
     gradients: GradientSettings | None = None,
+    corpus_counts: np.ndarray | None = None,
 ) -> Path:
     """Write extract's tables, extract.json and (when `gradients.enabled`) the backward pass's tables
     (gradient_sums, gradient_sample: anisweep.tangent.pass_tables, from which the workflow computes
     gradients.parquet) of the model as it is now into `out_dir`. `batch` is the evaluation batch (`input_ids`,
     `attention_mask`: e.g. anisweep.corpus.make_batch, as extract builds it); `ident` the identity columns
-    (family, model, seed, step, tokens_seen). A model the batch or the settings do not fit (preflight's checks)
-    is a PreflightError, before anything runs."""
+    (family, model, seed, step, tokens_seen); `corpus_counts` the training corpus's count per token id, for the
+    gradient analysis's frequency strata (the batch's own counts when None). A model the batch or the settings
+    do not fit (preflight's checks) is a PreflightError, before anything runs."""
     from anisweep.adapters import adapter_for
 
     # the batch is what runs: its shape is the settings' n_sequences x seq_len, checked and in extract.json
@@ -88,7 +91,9 @@ def analyse_live(
         written = tables(recorder, loaded, ident)
         model.set_attn_implementation("sdpa")
         if gradients.enabled:
-            written |= pass_tables_of(model, adapter, batch, tokenizer, gradients, settings.batch_size, ident, False)
+            written |= pass_tables_of(
+                model, adapter, batch, tokenizer, gradients, settings.batch_size, ident, False, corpus_counts
+            )
     # extract's extract.json, the checkpoint being the identity of the live model
     info = extract_info({**ident, "live": True}, settings, next(model.parameters()).device, batch, recorder, seconds)
     write_extract(out_dir, written, info)

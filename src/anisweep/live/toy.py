@@ -21,6 +21,7 @@ import torch
 from anisweep.extract.model import DTYPES, ExtractSettings
 from anisweep.live.callback import analyse_live
 from anisweep.live.take import live_ident
+from anisweep.tangent.batch import read_token_counts
 from anisweep.tangent.settings import GradientSettings
 
 
@@ -67,4 +68,6 @@ class LiveAnalysis:
         if self.settings.dtype != "float32":  # as extract loads the checkpoint: cast, on a copy
             target = copy.deepcopy(model).to(DTYPES[self.settings.dtype])
         ident = live_ident(self.name, step, self.tokens_per_step, self.seed, family="toy")
-        analyse_live(target, self.batch, self.tokenizer, self.out_dir / f"step{step}", ident, self.settings, gradients)
+        out = self.out_dir / f"step{step}"
+        counts = read_token_counts(self.out_dir)  # train_toy's, of the toy's training corpus
+        analyse_live(target, self.batch, self.tokenizer, out, ident, self.settings, gradients, counts)

@@ -130,7 +130,10 @@ SITES: tuple[Term, ...] = (
 # --------------------------------------------------------------------------- metrics
 def _share(name: str, what: str) -> tuple[Term, ...]:
     """A gradient share, its random controls' mean and its z."""
-    where = "in the rank-`rank` `subspace` (`fit`) of the site's activations, over the `stratum`'s valid tokens"
+    where = (
+        "in the rank-`rank` `subspace` (`fit`) of the site's activations, over the `stratum`'s tokens that have a"
+        " gradient"
+    )
     return (
         Term(name, f"{what} {where}", TANGENT, GRADIENT_SITES),
         Term(
@@ -141,7 +144,8 @@ def _share(name: str, what: str) -> tuple[Term, ...]:
         ),
         Term(
             f"{name}_z",
-            f"(`{name}` - `{name}_control_mean`) / the controls' standard deviation (ddof 1)",
+            f"(`{name}` - k/d) / sd, against the exact null of a uniformly random rank-k subspace of R^d (mean k/d,"
+            " sd in closed form, anisweep.tangent.shares.null_moments); the sampled controls are a check of it",
             TANGENT,
             GRADIENT_SITES,
         ),
@@ -389,7 +393,9 @@ COLUMNS: tuple[Term, ...] = (
     Term("metric", "the metric's name (the metrics above)", ANISWEEP),
     Term(
         "subspace",
-        "gradient metrics: the subspace the share is in, `seminmf` (tangent proxy) or `pca`; null for other metrics",
+        "gradient metrics: the subspace the share is in, `seminmf` (the tangent proxy, fitted to the raw activations),"
+        " `pca` (the centred activations' top axes) or `pca_uncentred` (the raw activations': the reference semi-NMF"
+        " must beat to add anything to low-rank geometry); null for other metrics",
         TANGENT,
     ),
     Term(
@@ -401,8 +407,10 @@ COLUMNS: tuple[Term, ...] = (
     Term("rank", "gradient metrics: the subspace's rank k; null for other metrics", TANGENT),
     Term(
         "stratum",
-        "gradient metrics: the tokens the share is over, `all` or by their id's count in the batch `frequent`,"
-        " `middle`, `rare` (terciles); null for other metrics",
+        "gradient metrics: the tokens the share is over, `all`, or by their id's count (in the training corpus"
+        " where known: a toy's, or a run folder's token_counts.parquet; else in the evaluation batch) `frequent`,"
+        " `middle`, `rare` (terciles of the tokens' counts), or `special` (the tokenizer's special tokens); null"
+        " for other metrics",
         TANGENT,
     ),
     Term("value", "the metric's value (float64; NaN or null where undefined)", ANISWEEP),

@@ -22,7 +22,16 @@ FIXED_FIGURE, EMBEDDING_FIGURE = "gradients_fixed.png", "embedding_change.png"
 STRATUM_COLOURS = {"frequent": "tab:red", "middle": "tab:orange", "rare": "tab:blue"}
 
 
-SUBSPACE_COLOURS = {"seminmf": "tab:green", "pca": "tab:purple"}
+SUBSPACE_COLOURS = {"seminmf": "tab:green", "pca": "tab:purple", "pca_uncentred": "tab:brown"}
+
+
+#: markers that keep coinciding lines apart (semi-NMF's subspace is often uncentred PCA's)
+SUBSPACE_MARKERS = {"seminmf": "o", "pca": "s", "pca_uncentred": "x"}
+
+
+#: a share whose z against the random controls is below this is drawn with an open marker: not distinguishable
+#: from random subspaces of the same rank
+SIGNIFICANT_Z = 2.0
 
 
 def gradient_figures(settings: dict) -> list[str]:
@@ -57,11 +66,38 @@ def _rows(sweep, layer, site, all_fits: bool = False, **equal) -> pl.DataFrame:
     return rows.sort("step")
 
 
+def _fit_of(sweep: pl.DataFrame) -> str:
+    """The fit the per-checkpoint figures draw: "checkpoint", or "fixed" where the sweep has no per-checkpoint
+    shares (gradients.subspaces: fixed)."""
+    if "fit" not in sweep.columns:
+        return "checkpoint"
+    shares = sweep.filter(pl.col("measure") == "energy_share")
+    return "fixed" if shares.height and (shares["fit"] == "fixed").all() else "checkpoint"
+
+
+def fit_window(sweep: pl.DataFrame) -> str | None:
+    """The fixed subspaces' fit window as the rows name it (`window`, anisweep.tangent.fixed.window_label); None
+    where the table does not carry it."""
+    if "window" not in sweep.columns or "fit" not in sweep.columns:
+        return None
+    windows = sweep.filter(pl.col("fit") == "fixed")["window"].drop_nulls().unique().sort().to_list()
+    return "; ".join(windows) or None
+
+
+def _fixed_label(sweep: pl.DataFrame) -> str:
+    window = fit_window(sweep)
+    return f"fitted once on the pooled activations of {window}" if window else "fitted once on gradients.fit_window"
+
+
+def _fit_description(sweep: pl.DataFrame, fit: str) -> str:
+    return "fitted per checkpoint" if fit == "checkpoint" else f"held fixed, {_fixed_label(sweep)}"
+
+
 def shares_figure(sweep: pl.DataFrame, path: Path) -> None:
     """Per site (columns) and measure (rows): semi-NMF and PCA shares against the random controls' band."""
-    _shares_panels(
-        sweep, path, {"checkpoint": "-"}, "LM-loss gradient captured by activation subspaces vs random controls"
-    )
+    fit = _fit_of(sweep)
+    title = f"LM-loss gradient captured by activation subspaces ({_fit_description(sweep, fit)}) vs random controls"
+    _shares_panels(sweep, path, {fit: "-" if fit == "checkpoint" else "--"}, title)
 
 
 def _shares_panels(sweep: pl.DataFrame, path: Path, fits: dict[str, str], title: str) -> None:
@@ -81,7 +117,9 @@ def _shares_panels(sweep: pl.DataFrame, path: Path, fits: dict[str, str], title:
                 for subspace, colour in SUBSPACE_COLOURS.items():
                     lines = part.filter((pl.col("subspace") == subspace) & (pl.col("fit") == fit))
                     name = subspace if len(fits) == 1 else f"{subspace} ({fit})"
-                    ax.plot(lines["step"], lines["value"], style, marker=".", color=colour, label=name)
+                    if lines.height:
+                        marker = {"marker": SUBSPACE_MARKERS[subspace], "markersize": 3}
+                        ax.plot(lines["step"], lines["value"], style, **marker, color=colour, label=name)
             if part.height:
                 ax.axhline(part["chance"].drop_nulls()[0], color="black", linestyle=":", linewidth=0.8, label="k / d")
             ax.set_title(_site_label(layer, site), fontsize=9)
@@ -94,11 +132,14 @@ def _shares_panels(sweep: pl.DataFrame, path: Path, fits: dict[str, str], title:
 
 
 def strata_figure(sweep: pl.DataFrame, path: Path) -> None:
-    """Per site (columns): the semi-NMF subspace's z against the controls, and isotropy, per frequency stratum."""
-    sites, rank = _sites(sweep), int(sweep["rank"].drop_nulls().min())
+    """Per site (columns): the gradient's energy and anisotropy shares in the semi-NMF subspace per frequency
+    stratum against chance k / d (open markers: z < SIGNIFICANT_Z against the random controls), and isotropy per
+    stratum. Enrichment is read from the share (all strata of a site share k and d, so one chance line), never
+    from z: z also scales with each stratum's control spread, which differs between strata."""
+    sites, rank, fit = _sites(sweep), int(sweep["rank"].drop_nulls().min()), _fit_of(sweep)
     panels = {
-        ("energy_share", "z"): "energy share: z vs random",
-        ("anisotropy_share", "z"): "anisotropy share: z vs random",
+        ("energy_share", "value"): "gradient energy share",
+        ("anisotropy_share", "value"): "gradient anisotropy share",
         ("act_avg_cos", "value"): "activations avg_cos",
         ("act_isoscore", "value"): "activations IsoScore",
         ("grad_avg_cos", "value"): "gradients avg_cos",
@@ -106,22 +147,54 @@ def strata_figure(sweep: pl.DataFrame, path: Path) -> None:
     fig, axes = panel_grid(len(panels) * len(sites), len(sites), size=(3.2, 2.4))
     axes = list(axes)
     for row, ((measure, column), label) in enumerate(panels.items()):
+        share = measure.endswith("_share")
         for col, (layer, site) in enumerate(sites):
             ax = axes[row * len(sites) + col]
-            part = _rows(sweep, layer, site, measure=measure)
-            if column == "z":
+            part = _rows(sweep, layer, site, all_fits=share, measure=measure)
+            if share:
                 part = part.filter((pl.col("subspace") == "seminmf") & (pl.col("rank") == rank))
+                if "fit" in part.columns:
+                    part = part.filter(pl.col("fit").fill_null("checkpoint") == fit)
             for stratum, colour in STRATUM_COLOURS.items():
                 lines = part.filter(pl.col("stratum") == stratum)
-                ax.plot(lines["step"], lines[column], marker=".", color=colour, label=stratum)
+                if not lines.height:
+                    continue
+                ax.plot(lines["step"], lines[column], marker="" if share else ".", color=colour, label=stratum)
+                if share:
+                    _significance_markers(ax, lines, colour)
+            if share and part.height:
+                ax.axhline(part["chance"].drop_nulls()[0], color="black", linestyle=":", linewidth=0.8)
+                ax.set_ylim(bottom=0)
             if row == 0:
                 ax.set_title(_site_label(layer, site), fontsize=9)
             if col == 0:
                 ax.set_ylabel(label, fontsize=8)
             step_axis(ax, sweep)
-    axes[0].legend(fontsize=6, title="token frequency", title_fontsize=6)
-    fig.suptitle(f"{sweep_title(sweep)}: tangent enrichment (semi-NMF, k = {rank}) and isotropy per frequency stratum")
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        from matplotlib.lines import Line2D
+
+        handles += [
+            Line2D([], [], color="black", linestyle=":", linewidth=0.8),
+            Line2D([], [], color="grey", marker="o", linestyle="", markerfacecolor="white", markersize=4),
+        ]
+        labels += ["chance k / d", f"z < {SIGNIFICANT_Z:g} vs random"]
+        axes[0].legend(handles, labels, fontsize=6, title="token frequency", title_fontsize=6)
+    fig.suptitle(
+        f"{sweep_title(sweep)}: gradient share in the semi-NMF subspace (k = {rank}, {_fit_description(sweep, fit)}, "
+        "on all tokens) per frequency stratum vs chance k / d;\nenrichment = share above k / d (filled: z >= "
+        f"{SIGNIFICANT_Z:g} vs random subspaces, open: not significant); isotropy per stratum below"
+    )
     save_figure(fig, path)
+
+
+def _significance_markers(ax, lines: pl.DataFrame, colour: str) -> None:
+    """The share's points: filled where z >= SIGNIFICANT_Z, open where below (or unknown)."""
+    z = lines["z"].fill_null(float("nan")).to_numpy()
+    significant = np.nan_to_num(z, nan=-np.inf) >= SIGNIFICANT_Z
+    steps, values = lines["step"].to_numpy(), lines["value"].to_numpy()
+    ax.scatter(steps[significant], values[significant], s=14, color=colour, zorder=3)
+    ax.scatter(steps[~significant], values[~significant], s=14, facecolors="white", edgecolors=colour, zorder=3)
 
 
 def _band(ax, random: pl.DataFrame, x: str = "step", label: str = "random (mean ± 2 sd)") -> None:
@@ -136,7 +209,7 @@ def fixed_figure(sweep: pl.DataFrame, path: Path) -> None:
     fitted once on the early window and held fixed (dashed), against the random controls' band."""
     if "fit" not in sweep.columns or not (sweep["fit"] == "fixed").any():
         raise ValueError(f"{path.name}: the gradient sweep has no fixed-subspace rows (gradients.subspaces: both)")
-    title = "gradient in subspaces fitted per checkpoint (solid) vs fixed early (dashed)"
+    title = f"gradient in subspaces fitted per checkpoint (solid) vs held fixed (dashed: {_fixed_label(sweep)})"
     _shares_panels(sweep, path, {"checkpoint": "-", "fixed": "--"}, title)
 
 
@@ -159,10 +232,9 @@ def embedding_figure(sweep: pl.DataFrame, path: Path) -> None:
             for subspace, colour in SUBSPACE_COLOURS.items():
                 lines = part.filter((pl.col("subspace") == subspace) & (pl.col("fit") == fit))
                 if lines.height:
-                    share_ax.plot(
-                        lines["step"], lines["value"], style, marker=".", color=colour, label=f"{subspace} ({fit})"
-                    )
-                    z_ax.plot(lines["step"], lines["z"], style, marker=".", color=colour)
+                    marker = {"marker": SUBSPACE_MARKERS[subspace], "markersize": 3, "color": colour}
+                    share_ax.plot(lines["step"], lines["value"], style, **marker, label=f"{subspace} ({fit})")
+                    z_ax.plot(lines["step"], lines["z"], style, **marker)
         share_ax.axhline(part["chance"].drop_nulls()[0], color="black", linestyle=":", linewidth=0.8, label="k / d")
         z_ax.axhline(0, color="grey", linewidth=0.8)
         share_ax.set_title(f"{stratum} tokens", fontsize=9)
@@ -172,7 +244,11 @@ def embedding_figure(sweep: pl.DataFrame, path: Path) -> None:
             share_ax.set_ylabel(f"share of ΔE in layer-0 subspace (k = {rank})", fontsize=8)
             z_ax.set_ylabel("z vs random subspaces", fontsize=8)
     axes[0].legend(fontsize=6)
-    fig.suptitle(f"{sweep_title(sweep)}: token-embedding change from the previous analysed step vs layer-0 subspaces")
+    fixed = f";\nfixed (dashed): {_fixed_label(sweep)}" if (change["fit"] == "fixed").any() else ""
+    fig.suptitle(
+        f"{sweep_title(sweep)}: token-embedding change from the previous analysed step vs layer-0 subspaces "
+        f"(solid: fitted at the previous step){fixed}"
+    )
     save_figure(fig, path)
 
 

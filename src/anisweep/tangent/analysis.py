@@ -18,7 +18,9 @@ subspaces of the same rank. With P the orthogonal projector on a subspace U (ort
   eigenpairs of the gradients' centred covariance C = M / n - mu mu^T: how much of the gradient's
   dominant-direction variance the subspace holds. Chance level: k / d.
 
-Each share comes with the random controls' mean and sd (ddof=1) and z = (share - mean) / sd. Strata: tokens
+Each share comes with z = (share - null_mean) / null_sd against the exact null of a uniformly random subspace
+of the same rank (null_mean = k / d, null_sd in closed form: anisweep.tangent.shares.null_moments), and, as a
+check, the `n_random` sampled controls' mean and sd (ddof=1; subspace `random`). Strata: tokens
 by the count of their token id in the evaluation batch (frequent, middle, rare: see `frequency_strata`).
 
 The subspaces are fitted per checkpoint on that checkpoint's activations (rows with fit = "checkpoint") and,
@@ -36,7 +38,7 @@ from tqdm.auto import tqdm
 
 from anisweep.tangent.seminmf import orthonormal_basis, semi_nmf
 from anisweep.tangent.settings import GradientSettings
-from anisweep.tangent.shares import isotropy_rows, pca_basis, random_bases, share_rows
+from anisweep.tangent.shares import isotropy_rows, random_bases, reference_bases, share_rows
 from anisweep.tangent.sums import GradientPass
 
 
@@ -80,7 +82,7 @@ def checkpoint_rows(
     """The rows of gradients.parquet that depend on this checkpoint alone: per site and rank the subspaces fitted
     on its activations (their fit's quality; their shares, fit = "checkpoint", unless gradients.subspaces is
     fixed), the isotropy of activations and gradients, and the LM loss. `bases_out`, when given, receives the
-    orthonormal bases as {(layer, site, rank): {"seminmf": U, "pca": U}}."""
+    orthonormal bases as {(layer, site, rank): {"seminmf": U, "pca": U, "pca_uncentred": U}}."""
     rows = []
     per_checkpoint = settings.subspaces != "fixed"
     for key in tqdm(sorted(result.sums), desc="subspaces", unit="site", disable=not progress, leave=False):
@@ -90,8 +92,7 @@ def checkpoint_rows(
         for rank in settings.ranks():
             _check_rank(rank, d_model, len(act))
             fit = semi_nmf(act, rank, seed=settings.seed, max_iter=settings.max_iter)
-            pca = pca_basis(act, rank)
-            bases = {"seminmf": orthonormal_basis(fit.F), "pca": pca}
+            bases = {"seminmf": orthonormal_basis(fit.F), **reference_bases(act, rank)}
             if bases_out is not None:
                 bases_out[(*key, rank)] = bases
             if per_checkpoint:
@@ -99,10 +100,15 @@ def checkpoint_rows(
                 for row in share_rows(bases, controls, result.sums[key], rank):
                     rows.append({**where, **row, "fit": "checkpoint", "chance": rank / d_model})
             centred = act - act.mean(0)
-            explained = float((np.linalg.norm(centred @ pca) ** 2) / np.linalg.norm(centred) ** 2)
             fit_rows = {
-                "seminmf": {"fit_error": fit.error, "fit_iterations": fit.iterations, "dim": bases["seminmf"].shape[1]},
-                "pca": {"explained_variance": explained, "dim": rank},
+                "seminmf": {
+                    "fit_error": fit.error,
+                    "fit_iterations": fit.iterations,
+                    "fit_converged": float(fit.converged),
+                    "dim": bases["seminmf"].shape[1],
+                },
+                "pca": {"explained_variance": _captured(centred, bases["pca"]), "dim": rank},
+                "pca_uncentred": {"explained_energy": _captured(act, bases["pca_uncentred"]), "dim": rank},
             }
             for subspace, values in fit_rows.items():
                 rows += [
@@ -123,10 +129,15 @@ def checkpoint_rows(
     return pl.DataFrame(rows, schema=GRADIENT_SCHEMA)
 
 
+def _captured(x: np.ndarray, basis: np.ndarray) -> float:
+    """The share of x's squared norm in the span of an orthonormal basis."""
+    return float(np.linalg.norm(x @ basis) ** 2 / np.linalg.norm(x) ** 2)
+
+
 def fixed_rows(sums: dict, fixed: dict, settings: GradientSettings) -> pl.DataFrame:
     """The shares of every site's gradients (`sums`: {(layer, site): SiteSums}) in the subspaces held fixed
-    (`fixed`: {(layer, site, rank): {"seminmf": U, "pca": U}}, anisweep.tangent.fixed), fit = "fixed", against
-    the same random controls as the per-checkpoint fits."""
+    (`fixed`: {(layer, site, rank): {subspace: U}}, anisweep.tangent.fixed), fit = "fixed", against the same
+    random controls as the per-checkpoint fits."""
     rows = []
     for key in sorted(sums):
         d_model = sums[key].d
@@ -170,7 +181,9 @@ GRADIENT_SCHEMA = {
     "value": pl.Float64,
     "control_mean": pl.Float64,
     "control_sd": pl.Float64,
-    "z": pl.Float64,
+    "null_mean": pl.Float64,  # the exact null of a uniformly random subspace of the same rank (shares.null_moments)
+    "null_sd": pl.Float64,
+    "z": pl.Float64,  # (value - null_mean) / null_sd
     "chance": pl.Float64,
     "n_tokens": pl.Int64,
 }
@@ -208,13 +221,14 @@ def checkpoint_shares(
 
 def fixed_shares(sums: list[str | Path], fixed_bases: str | Path, settings: GradientSettings, out: str | Path) -> None:
     """The gradient_fixed_shares rule: every analysed checkpoint's shares in its model's fixed subspaces
-    (`fixed_rows`), one table with identity columns, in step order."""
-    from anisweep.tables import with_identity, write_atomic
-    from anisweep.tangent.fixed import read_fixed_bases
+    (`fixed_rows`), one table with identity columns, in step order, each row naming the fit window (`window`)."""
+    from anisweep.tables import read_parquet, with_identity, write_atomic
+    from anisweep.tangent.fixed import bases_from_frame, window_of
 
-    fixed = read_fixed_bases(fixed_bases)
+    frame = read_parquet(fixed_bases)
+    fixed, window = bases_from_frame(frame), pl.lit(window_of(frame), pl.String).alias("window")
     tables = []
     for path in sums:
         result, ident = _read_pass(path)
-        tables.append(with_identity(fixed_rows(result.sums, fixed, settings), ident))
+        tables.append(with_identity(fixed_rows(result.sums, fixed, settings), ident).with_columns(window))
     write_atomic(pl.concat(tables).sort("step", "layer", "site", "rank", "subspace", "stratum", "measure"), out)

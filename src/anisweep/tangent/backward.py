@@ -83,7 +83,7 @@ def gradient_pass(
     device = next(model.parameters()).device
     base = adapter.base_model(model)
     sites = gradient_sites(adapter, base, n_layers, settings)
-    strata, strata_info = frequency_strata(lm.token_ids, lm.valid)
+    strata, strata_info = frequency_strata(lm.token_ids, lm.valid, lm.corpus_counts, lm.special_ids)
     sample = Sample.draw(lm.token_ids, lm.valid, settings.sample_tokens, settings.seed)
     sample_strata = strata[sample.seq, sample.position].numpy()
     sums = {(s.layer, s.site): SiteSums(d_model, device) for s in sites}

@@ -4,7 +4,10 @@ and the tokens' frequency strata.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -19,6 +22,8 @@ class LMBatch:
     valid: torch.Tensor  # (N, T) bool
     labels: torch.Tensor  # (N, T), -100 where no target; for a decoder, the NEXT token
     token_ids: torch.Tensor  # (N, T) the evaluation batch's own tokens (the strata's ids)
+    special_ids: tuple[int, ...] = ()  # the tokenizer's special tokens: a stratum of their own
+    corpus_counts: np.ndarray | None = None  # the training corpus's count per token id, when known
 
     @property
     def n_targets(self) -> int:
@@ -64,17 +69,28 @@ def masked_lm_batch(
     return LMBatch(inputs, valid, labels, input_ids)
 
 
-def lm_batch(batch: dict, causal: bool, tokenizer=None, vocab_size: int | None = None, **masking) -> LMBatch:
+def lm_batch(
+    batch: dict,
+    causal: bool,
+    tokenizer=None,
+    vocab_size: int | None = None,
+    corpus_counts: np.ndarray | None = None,
+    **masking,
+) -> LMBatch:
     """The LM batch of an evaluation batch: causal targets for a decoder, seeded masking for an encoder (which
-    needs the tokenizer's mask token)."""
+    needs the tokenizer's mask token); with the tokenizer's special tokens and the training corpus's token counts
+    (`corpus_counts`, when known) for the strata."""
     ids, valid = batch["input_ids"], batch["attention_mask"].bool()
+    special = tuple(sorted(tokenizer.all_special_ids)) if tokenizer is not None else ()
     if causal:
-        return causal_lm_batch(ids, valid)
-    if tokenizer is None or tokenizer.mask_token_id is None:
+        lm = causal_lm_batch(ids, valid)
+    elif tokenizer is None or tokenizer.mask_token_id is None:
         raise ValueError("gradients: a masked-LM checkpoint needs a tokenizer with a mask token ([MASK])")
-    return masked_lm_batch(
-        ids, valid, tokenizer.mask_token_id, list(tokenizer.all_special_ids), vocab_size or len(tokenizer), **masking
-    )
+    else:
+        lm = masked_lm_batch(
+            ids, valid, tokenizer.mask_token_id, list(special), vocab_size or len(tokenizer), **masking
+        )
+    return dataclasses.replace(lm, special_ids=special, corpus_counts=corpus_counts)
 
 
 def lm_logits(output) -> torch.Tensor:
@@ -86,16 +102,52 @@ def lm_logits(output) -> torch.Tensor:
     raise ValueError(f"gradients: the model's output ({type(output).__name__}) has no LM logits")
 
 
-def frequency_strata(token_ids: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    """Each token's stratum, 0 frequent, 1 middle, 2 rare (-1 where not valid), by the count c of its id over
-    the batch's valid tokens, split at the terciles of c over the valid TOKENS (not the distinct ids):
-    q1, q2 = the 1/3 and 2/3 quantiles (numpy's linear) of the tokens' counts; frequent c >= q2, middle
-    q1 < c < q2, rare c <= q1 (and c < q2). Ties keep equal ids together, so the strata are not exactly thirds
-    (the most frequent id alone may hold more than a third of the tokens)."""
-    ids = token_ids[valid]
-    counts = torch.bincount(ids, minlength=int(token_ids.max()) + 1)
-    per_token = counts[token_ids].double().numpy()
-    q1, q2 = np.quantile(per_token[valid.numpy()], [1 / 3, 2 / 3])
+def frequency_strata(
+    token_ids: torch.Tensor,
+    valid: torch.Tensor,
+    corpus_counts: np.ndarray | None = None,
+    special_ids: Sequence[int] = (),
+) -> tuple[torch.Tensor, dict]:
+    """Each token's stratum, 0 frequent, 1 middle, 2 rare, 3 special (-1 where not valid). Special tokens
+    ([CLS], [SEP], <|endoftext|>: `special_ids`) are a stratum of their own. The others go by the count c of their
+    id: in the training corpus (`corpus_counts`, indexed by id; an id past its end counts 0) where known, else over
+    the batch's valid tokens; split at the terciles of c over the batch's valid non-special TOKENS (not the
+    distinct ids): q1, q2 = the 1/3 and 2/3 quantiles (numpy's linear) of the tokens' counts; frequent c >= q2,
+    middle q1 < c < q2, rare c <= q1 (and c < q2). Ties keep equal ids together, so the strata are not exactly
+    thirds (the most frequent id alone may hold more than a third of the tokens). The info says which counts:
+    `strata_from_corpus` 1 or 0."""
+    ids = token_ids.numpy()
+    valid_ = valid.numpy()
+    special = np.isin(ids, np.asarray(list(special_ids), dtype=ids.dtype)) & valid_
+    words = valid_ & ~special
+    if corpus_counts is not None:
+        counts = np.asarray(corpus_counts, np.float64)
+        per_token = np.where(ids < len(counts), counts[np.minimum(ids, len(counts) - 1)], 0.0)
+    else:
+        per_token = np.bincount(ids[words], minlength=int(ids.max()) + 1)[ids].astype(np.float64)
+    q1, q2 = np.quantile(per_token[words], [1 / 3, 2 / 3]) if words.any() else (np.nan, np.nan)
     strata = np.where(per_token >= q2, 0, np.where(per_token > q1, 1, 2))
-    strata = np.where(valid.numpy(), strata, -1)
-    return torch.from_numpy(strata), {"count_q1": float(q1), "count_q2": float(q2)}
+    strata = np.where(special, 3, np.where(valid_, strata, -1))
+    info = {"count_q1": float(q1), "count_q2": float(q2), "strata_from_corpus": float(corpus_counts is not None)}
+    return torch.from_numpy(strata), info
+
+
+def read_token_counts(checkpoint: str | Path) -> np.ndarray | None:
+    """The training corpus's count per token id (token_counts.parquet: token_id, count) beside a checkpoint: in
+    its folder or the run folder above it (the toys write theirs there); None where there is none."""
+    import polars as pl
+
+    from anisweep.tables import read_parquet
+
+    for folder in (Path(checkpoint), Path(checkpoint).parent):
+        path = folder / TOKEN_COUNTS
+        if path.is_file():
+            table = read_parquet(path, columns=["token_id", "count"])
+            counts = np.zeros(int(table["token_id"].max()) + 1 if table.height else 0, np.float64)
+            counts[table["token_id"].to_numpy()] = table["count"].cast(pl.Float64).to_numpy()
+            return counts
+    return None
+
+
+#: the training corpus's token counts, in a checkpoint's folder or its run folder (anisweep.toy.train writes it)
+TOKEN_COUNTS = "token_counts.parquet"

@@ -8,12 +8,13 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
+import numpy as np
 import polars as pl
 from torch import nn
 
 from anisweep.tangent.analysis import analyse
 from anisweep.tangent.backward import gradient_pass
-from anisweep.tangent.batch import lm_batch
+from anisweep.tangent.batch import lm_batch, read_token_counts
 from anisweep.tangent.settings import GradientSettings
 
 if TYPE_CHECKING:
@@ -33,13 +34,14 @@ def analyse_model(
     progress: bool = True,
     fixed: dict | None = None,
     bases_out: dict | None = None,
+    corpus_counts: np.ndarray | None = None,
 ) -> pl.DataFrame:
     """The gradient pass and every share, of a model in memory (a checkpoint, or a model being trained).
     `fixed` and `bases_out` as in `analyse`."""
     geometry_ = adapter.geometry(model.config)
     masking = {"probability": settings.mlm_probability, "seed": settings.seed}
     vocab = model.get_output_embeddings().weight.shape[0]
-    lm = lm_batch(batch, geometry_.causal, tokenizer, vocab_size=vocab, **masking)
+    lm = lm_batch(batch, geometry_.causal, tokenizer, vocab_size=vocab, corpus_counts=corpus_counts, **masking)
     result = gradient_pass(model, adapter, geometry_.d_model, geometry_.n_layers, lm, settings, batch_size, progress)
     return analyse(result, settings, geometry_.d_model, progress, fixed=fixed, bases_out=bases_out)
 
@@ -53,9 +55,11 @@ def pass_tables_of(
     batch_size: int,
     ident: dict,
     progress: bool = True,
+    corpus_counts: np.ndarray | None = None,
 ) -> dict[str, pl.DataFrame]:
     """The backward pass of a model in memory as its tables (anisweep.tangent.pass_tables), with identity columns;
-    with `gradients.embedding_change` also embedding_rows, the kept token-embedding rows."""
+    with `gradients.embedding_change` also embedding_rows, the kept token-embedding rows. `corpus_counts`: the
+    training corpus's count per token id, for the strata (anisweep.tangent.batch.frequency_strata)."""
     from anisweep.tables import with_identity
     from anisweep.tangent import embedding_change
     from anisweep.tangent.pass_tables import pass_tables
@@ -69,13 +73,13 @@ def pass_tables_of(
     geometry_ = adapter.geometry(model.config)
     masking = {"probability": settings.mlm_probability, "seed": settings.seed}
     vocab = model.get_output_embeddings().weight.shape[0]
-    lm = lm_batch(batch, geometry_.causal, tokenizer, vocab_size=vocab, **masking)
+    lm = lm_batch(batch, geometry_.causal, tokenizer, vocab_size=vocab, corpus_counts=corpus_counts, **masking)
     result = gradient_pass(model, adapter, geometry_.d_model, geometry_.n_layers, lm, settings, batch_size, progress)
     print(f"gradients: backward pass {result.seconds:.2f} s", file=sys.stderr)
     tables = pass_tables(result)
     if settings.embedding_change:
         kept = embedding_change.sample_ids(
-            batch["input_ids"], batch["attention_mask"].bool(), settings.embedding_tokens, settings.seed
+            lm.token_ids, lm.valid, settings.embedding_tokens, settings.seed, lm.corpus_counts, lm.special_ids
         )
         weights = model.get_input_embeddings().weight.detach().float().cpu().numpy()
         tables["embedding_rows"] = embedding_change.embedding_rows(weights, kept)
@@ -101,6 +105,9 @@ def pass_tables_for(
         where = f"{manifest['family']}/{manifest['model']}/step{manifest['step']}"
         tokenizer = preflight.load_tokenizer(manifest.get("tokenizer_path"), manifest["path"], where)
         loaded.model.set_attn_implementation("sdpa")
-        return pass_tables_of(loaded.model, loaded.adapter, batch, tokenizer, gradients, batch_size, ident, progress)
+        counts = read_token_counts(manifest["path"])
+        return pass_tables_of(
+            loaded.model, loaded.adapter, batch, tokenizer, gradients, batch_size, ident, progress, counts
+        )
 
     return more_tables

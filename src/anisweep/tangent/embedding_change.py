@@ -4,9 +4,13 @@
 Per analysed checkpoint, the gradients rule keeps the input-embedding rows (the raw table,
 `get_input_embeddings().weight`) of a bounded set of the evaluation batch's token ids, and the orthonormal
 bases fitted at the embedding-output site (layer 0). The ids: every distinct valid id of the batch, by its
-frequency stratum (anisweep.tangent.batch.frequency_strata: the count of the id in the batch); where a stratum
-holds more than its share of `embedding_tokens` (a third, the remainder to the first strata), a seeded sample
-of it. The batch, the strata and the sample are the same at every step, so the rows of two steps pair up.
+frequency stratum (anisweep.tangent.batch.frequency_strata: the count of the id in the training corpus where
+known, else in the batch; special tokens are left out), at most
+`embedding_tokens` in all: each stratum gets a third of that budget, a stratum with fewer ids is kept whole and
+the budget it leaves goes to the others (`stratum_quotas`), so every id is kept when the batch has no more
+distinct ids than the budget, and otherwise the whole budget is used; a stratum with more ids than its quota is
+a seeded uniform sample of them. The batch, the strata and the sample are the same at every step, so the rows
+of two steps pair up.
 
 For consecutive analysed steps t1 < t2, with ΔE = E(t2) - E(t1) over those rows and P the projector on a
 rank-k basis U at t1 (per-checkpoint) or the fixed one:
@@ -14,8 +18,10 @@ rank-k basis U at t1 (per-checkpoint) or the fixed one:
     share = sum_i w_i ||ΔE_i U||^2 / sum_i w_i ||ΔE_i||^2
 
 per stratum (w_i = 1) and over all strata (w_i = the stratum's distinct ids / its sampled ids, so that `all`
-estimates the share over every distinct id of the batch; exact when nothing is sampled). Chance: k / d. The
-controls are the gradient analysis's matched-rank random subspaces (same seed), mean, sd (ddof=1) and z.
+estimates the share over every distinct id of the batch: a ratio of two unbiased stratified sums, so nearly
+unbiased, and exact when nothing is sampled). Chance: k / d. z is against the exact null of a uniformly random
+rank-k subspace (the share is tr(P A) / tr(A), A = ΔE^T W ΔE: anisweep.tangent.shares.null_moments); the gradient
+analysis's matched-rank random subspaces (same seed) are a check of it (control_mean, control_sd).
 
 For BERT the layer-0 site is the embedding output AFTER the embeddings' LayerNorm (and the position and
 token-type embeddings), while ΔE lives in the raw token-embedding table's space.
@@ -37,20 +43,44 @@ EMBEDDING_SCHEMA = {
 }
 
 
-def sample_ids(token_ids, valid, cap: int, seed: int) -> pl.DataFrame:
-    """The kept ids: token_id, stratum, count (in the batch), weight (see the module's docstring)."""
+def stratum_quotas(sizes: list[int], cap: int) -> list[int]:
+    """How many ids to keep of each stratum of `sizes` distinct ids under a budget of `cap`: equal shares of the
+    budget (the remainder one each to the first strata), a stratum smaller than its share kept whole and the
+    share it leaves split among the others in turn, so that min(cap, sum(sizes)) ids are kept in all and a
+    stratum is sampled only when it holds more ids than its quota."""
+    quota = [0] * len(sizes)
+    remaining, open_ = cap, [i for i, size in enumerate(sizes) if size > 0]
+    while open_ and remaining > 0:
+        share, extra = divmod(remaining, len(open_))
+        small = [i for i in open_ if sizes[i] <= share]
+        if not small:  # every open stratum fills its share: split the rest
+            for j, i in enumerate(open_):
+                quota[i] = share + (1 if j < extra else 0)
+            break
+        for i in small:
+            quota[i] = sizes[i]
+            remaining -= sizes[i]
+        open_ = [i for i in open_ if i not in small]
+    return quota
+
+
+def sample_ids(token_ids, valid, cap: int, seed: int, corpus_counts=None, special_ids=()) -> pl.DataFrame:
+    """The kept ids: token_id, stratum, count (in the batch), weight (see the module's docstring); per stratum
+    `stratum_quotas` of its distinct ids, a seeded uniform sample without replacement where the quota is less
+    than the stratum (the strata drawn in order from one generator). The strata are the gradient pass's
+    (`corpus_counts`, `special_ids`: anisweep.tangent.batch.frequency_strata); special tokens are not kept."""
     from anisweep.tangent.batch import frequency_strata
 
-    strata, _ = frequency_strata(token_ids, valid)
+    strata, _ = frequency_strata(token_ids, valid, corpus_counts, special_ids)
     ids, strata = token_ids[valid].numpy(), strata[valid].numpy()
     distinct, first, counts = np.unique(ids, return_index=True, return_counts=True)
     id_strata = strata[first]  # an id's stratum depends on its count alone
     rng = np.random.default_rng(seed)
-    quota = [cap // 3 + (1 if i < cap % 3 else 0) for i in range(3)]
+    members_of = [np.flatnonzero(id_strata == index) for index in range(len(STRATUM_NAMES))]
+    quota = stratum_quotas([len(m) for m in members_of], cap)
     rows = []
-    for index, name in enumerate(STRATUM_NAMES):
-        members = np.flatnonzero(id_strata == index)
-        chosen = members if len(members) <= quota[index] else np.sort(rng.choice(members, quota[index], replace=False))
+    for name, members, n in zip(STRATUM_NAMES, members_of, quota, strict=True):
+        chosen = members if len(members) <= n else np.sort(rng.choice(members, n, replace=False))
         weight = len(members) / len(chosen) if len(chosen) else float("nan")
         rows += [
             {"token_id": int(distinct[i]), "stratum": name, "count": int(counts[i]), "weight": weight} for i in chosen
@@ -90,7 +120,7 @@ def change_rows(
 ) -> list[dict]:
     """The share of ΔE = E(t2) - E(t1) in each basis, per stratum and over all, against random controls.
     `bases`: {fit: {(subspace, rank): U}} (the per-checkpoint ones at t1, the fixed ones)."""
-    from anisweep.tangent.shares import control_stats, random_bases
+    from anisweep.tangent.shares import control_stats, null_moments, random_bases
 
     paired = _pair(rows1, rows2, steps)
     delta = np.stack(paired["delta"].to_list()).astype(np.float64)
@@ -108,8 +138,12 @@ def change_rows(
         where = {"layer": 0, "site": "resid", "stratum": name, "n_tokens": int(keep.sum()), "step_from": steps[0]}
         relative = np.sqrt((w @ (dx**2).sum(1)) / max(float(w @ (old[keep] ** 2).sum(1)), 1e-300))
         rows.append({**where, "measure": "embedding_change_relative", "value": float(relative)})
+        # the share is tr(P A) / tr(A) with A = dx^T W dx: its exact null (anisweep.tangent.shares.null_moments)
+        a = (dx * w[:, None]).T @ dx
+        trace, trace_sq = float(np.trace(a)), float((a**2).sum())
         for rank in ranks:
             control = np.array([weighted_share(dx, w, u) for u in controls[rank]])
+            null = null_moments(trace, trace_sq, d, rank)
             for fit, by in bases.items():
                 for (subspace, r), basis in sorted(by.items()):
                     if r != rank:
@@ -126,7 +160,7 @@ def change_rows(
                             "measure": "embedding_change_share",
                             "value": value,
                             "chance": rank / d,
-                            **control_stats(value, control),
+                            **control_stats(value, control, null),
                         }
                     )
             rows.append(
@@ -137,8 +171,7 @@ def change_rows(
                     "measure": "embedding_change_share",
                     "value": float(control.mean()),
                     "chance": rank / d,
-                    **control_stats(float(control.mean()), control),
-                    "z": 0.0,
+                    **control_stats(float(control.mean()), control, null),
                 }
             )
     return rows
@@ -161,15 +194,19 @@ def sweep_rows(
     seed: int,
     per_checkpoint: bool = True,
 ) -> list[dict]:
-    """change_rows for every consecutive pair of `steps`, the per-checkpoint bases taken at the earlier step."""
+    """change_rows for every consecutive pair of `steps`, the per-checkpoint bases taken at the earlier step; the
+    rows of the fixed bases carry their fit window (`window`, anisweep.tangent.fixed.window_of) where the bases'
+    table names it."""
+    from anisweep.tangent.fixed import window_of
+
     steps = sorted(steps)
     fixed = layer0_bases(fixed_bases) if fixed_bases is not None else None
+    window = window_of(fixed_bases) if fixed_bases is not None else None
     rows = []
     for t1, t2 in zip(steps, steps[1:], strict=False):
         bases = {"checkpoint": layer0_bases(checkpoint_bases[t1])} if per_checkpoint else {}
         if fixed is not None:
             bases["fixed"] = fixed
-        rows += [
-            {**r, "step": t2} for r in change_rows(embeddings[t1], embeddings[t2], bases, n_random, seed, (t1, t2))
-        ]
+        for r in change_rows(embeddings[t1], embeddings[t2], bases, n_random, seed, (t1, t2)):
+            rows.append({**r, "step": t2, **({"window": window} if window and r.get("fit") == "fixed" else {})})
     return rows

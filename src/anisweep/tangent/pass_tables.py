@@ -37,7 +37,7 @@ SAMPLE_SCHEMA = {
     "grad": pl.List(pl.Float32),
 }
 PASS_TABLES = ("gradient_sums", "gradient_sample")
-SCALARS = ("n", "grad_norm")
+SCALARS = ("n", "n_grad", "n_act", "grad_norm")
 VECTORS = ("grad_sum", "grad_unit", "act_unit")
 
 
@@ -90,7 +90,8 @@ def _site_sums(rows: pl.DataFrame) -> SiteSums:
     arrays["grad_second"] = second
     # `all` first, the strata's sum, as SiteSums.finish() leaves them
     arrays = {q: np.concatenate([v.sum(0, keepdims=True), v]) for q, v in arrays.items()}
-    arrays["n"] = arrays["n"].astype(np.int64)
+    for count in ("n", "n_grad", "n_act"):
+        arrays[count] = arrays[count].astype(np.int64)
     return SiteSums.of(**arrays)
 
 

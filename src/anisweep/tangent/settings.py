@@ -9,7 +9,9 @@ from anisweep import schema
 _DEFAULTS = schema.defaults("gradients")
 
 
-SUBSPACES = ("seminmf", "pca")
+#: the fitted subspaces: semi-NMF of the raw activations (the tangent proxy), and its references, PCA of the
+#: centred and of the raw activations (semi-NMF must beat the uncentred one to add anything to low-rank geometry)
+SUBSPACES = ("seminmf", "pca", "pca_uncentred")
 
 
 @dataclass

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from anisweep import schema
@@ -186,6 +187,17 @@ def _lr_factor(step: int, warmup: int, total: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def write_token_counts(stream, vocab_size: int, path: Path) -> None:
+    """The training corpus's count per token id (token_id, count), beside the checkpoints: the gradient analysis's
+    frequency strata read it (anisweep.tangent.batch.read_token_counts)."""
+    import polars as pl
+
+    from anisweep.tables import write_atomic
+
+    counts = np.bincount(np.asarray(stream, np.int64).ravel(), minlength=vocab_size)
+    write_atomic(pl.DataFrame({"token_id": np.arange(len(counts)), "count": counts}), path)
+
+
 def train_toy(
     arch: str,
     out_dir: str | Path,
@@ -242,6 +254,7 @@ def train_toy(
         tokenizer = build_tokenizer(arch, texts, spec.vocab_size)
         tokenizer.model_max_length = spec.max_position_embeddings or spec.seq_len
         stream = tokenize_stream(tokenizer, texts)
+        write_token_counts(stream, len(tokenizer), out_dir / "token_counts.parquet")
         say(f"tokenizer: {len(tokenizer)} tokens; corpus: {len(stream)} tokens; {total} steps")
 
         torch.manual_seed(seed)
