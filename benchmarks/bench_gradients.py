@@ -11,7 +11,7 @@ process, interleaved over --repeat repetitions (median reported):
 
 * `extract`: anisweep.extract.run.run, the base model's recorded forward, as the extract rule runs it;
 * `gradient_pass`: anisweep.tangent.backward.gradient_pass, forward through the LM head plus backward to the sites;
-* `analysis`: anisweep.tangent.checkpoint.analyse (semi-NMF, PCA, random controls, shares, isotropy per stratum);
+* `analysis`: anisweep.tangent.analysis.analyse (semi-NMF, PCA, random controls, shares, isotropy per stratum);
 
 reported as ratios to `extract`. Peak memory, each variant in a fresh process: on a CPU the kernel's
 high-water mark of resident memory (VmHWM, reset through /proc/self/clear_refs after one warm-up pass) minus
@@ -104,8 +104,8 @@ class Case:
 
     def run(self, variant: str) -> None:
         from anisweep.extract.run import run
+        from anisweep.tangent.analysis import analyse
         from anisweep.tangent.backward import gradient_pass
-        from anisweep.tangent.checkpoint import analyse
 
         g = self.geometry
         if variant == "extract":
