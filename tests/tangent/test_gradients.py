@@ -101,6 +101,18 @@ def test_z_is_against_the_exact_null_the_controls_are_a_check():
             assert r["control_mean"] == pytest.approx(mean, abs=4 * sd / np.sqrt(50))
 
 
+def test_the_two_pca_references_are_the_centred_and_the_raw_top_axes():
+    """`pca` spans the top eigenvectors of the covariance, `pca_uncentred` those of X^T X (an eigendecomposition,
+    against the SVD the code takes); with a large mean they differ, the uncentred one holding the mean."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(400, 8)) * np.linspace(3, 0.5, 8) + 10 * np.eye(8)[5]
+    for centred, matrix in ((True, np.cov(x.T)), (False, x.T @ x)):
+        top = np.linalg.eigh(matrix)[1][:, ::-1][:, :2]
+        cosines = np.linalg.svd(pca_basis(x, 2, centred=centred).T @ top, compute_uv=False)
+        assert cosines.min() > 1 - 1e-9
+    assert abs(pca_basis(x, 1, centred=False)[5, 0]) > 0.99 and abs(pca_basis(x, 1)[5, 0]) < 0.1
+
+
 def test_a_planted_subspace_is_found_and_a_random_one_is_not():
     rng = np.random.default_rng(4)
     n, d, k = 1500, 24, 4
