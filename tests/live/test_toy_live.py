@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = [0, 3, 6]
 TINY = ToySpec(d_model=32, n_layers=2, n_heads=4, d_ff=64, seq_len=32, batch_size=8, lr=5e-3, vocab_size=400, warmup=2)
 SETTINGS = ExtractSettings(n_sequences=6, seq_len=24, batch_size=4, sample_tokens=64, device="cpu", seed=0)
-GRADIENTS = GradientSettings(enabled=True, steps=[0, 6], rank=4, n_random=5, sample_tokens=64, max_iter=50)
+GRADIENTS = GradientSettings(enabled=True, steps=[0, 6], rank=4, n_random=5, sample_tokens=64)
 
 
 @pytest.fixture(scope="module", params=["bert", "gpt_neox"])

@@ -218,7 +218,7 @@ def test_fixed_bases_equal_a_direct_fit_on_the_pooled_sample():
             parts.append(hidden_frame(x, layer, site))
             pooled.setdefault((layer, site), []).append(x[np.isfinite(x).all(1)].astype(np.float32))
         tables.append(pl.concat(parts))
-    settings = GradientSettings(rank=[2, 3], max_iter=50)
+    settings = GradientSettings(rank=[2, 3])
     bases = gs.fit_fixed_bases(tables, settings)
     # the default sites: layers 0 and n_layers // 2, and the final LayerNorm's input and output
     assert sorted({key[:2] for key in bases}) == [(0, "resid"), (1, "resid"), (2, "final_ln_in"), (2, "final_ln_out")]
