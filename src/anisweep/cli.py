@@ -484,7 +484,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("qk-svd", help="one model's queries and keys across training on their singular directions")
     p.add_argument("--out", required=True, help="qk_svd.parquet")
     p.add_argument("--figures-dir", required=True)
-    p.add_argument("--fraction", type=float, default=0.2, help="share of the sampled vectors the SVD is computed on")
+    p.add_argument("--fraction", type=float, default=1.0, help="share of the q/k sample the SVD is computed on")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--heads", type=_json, default='"auto"', help='JSON: "auto" or [[layer, head], ...] to plot')
     p.add_argument("extract_dirs", nargs="+", help="the model's per-step extract folders")

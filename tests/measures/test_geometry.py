@@ -474,3 +474,17 @@ def test_layernorm_param_stats_and_bias_share():
     expect = np.dot(b, mean_out) / np.dot(mean_out, mean_out)
     assert M.bias_drift_share(b, mean_out) == pytest.approx(expect)
     assert np.isnan(M.bias_drift_share(b, np.zeros(4)))
+
+
+@pytest.mark.parametrize("n", [3, 5, 12, 30])
+def test_layer_correlations_ttest_p_is_scipys(n):
+    """The t-test p-values (the paper's convention) offered beside the permutation ones are scipy's."""
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal(n)
+    b = 0.6 * a + rng.standard_normal(n)
+    out = M.layer_correlations(a, b)
+    assert out["pearson_p_ttest"] == pytest.approx(stats.pearsonr(a, b).pvalue, rel=1e-9)
+    assert out["spearman_p_ttest"] == pytest.approx(stats.spearmanr(a, b).pvalue, rel=1e-9)
+    perfect = M.layer_correlations(np.arange(5.0), np.arange(5.0) ** 2)
+    assert perfect["spearman_p_ttest"] == 0.0 and perfect["spearman_p"] == pytest.approx(2 / 120)
+    assert np.isnan(M.layer_correlations([1.0, 2.0], [3.0, 4.0])["pearson_p_ttest"])

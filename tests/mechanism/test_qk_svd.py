@@ -8,6 +8,7 @@ import polars as pl
 import pytest
 import transformers
 
+from anisweep import config
 from anisweep.measures import geometry
 from anisweep.measures import spectra as spectra_module
 from anisweep.measures.metrics import checkpoint_metrics, qk_sample_rows
@@ -114,6 +115,44 @@ def synthetic_model(tmp_path, steps=(0, 5, 50), n_heads=3, layers=2, n=40):
     return dirs
 
 
+def test_default_fit_is_the_svd_of_the_whole_union(tmp_path):
+    """By default (the schema's qk_svd.fraction and the functions' own) the SVD is fitted on every sampled q and k
+    vector of every step: its singular values and directions are numpy's SVD of the union read back from the
+    parquet files independently."""
+    run = config.complete({"models": [{"family": "toy", "name": "t", "steps": [0]}]})
+    assert run["qk_svd"]["fraction"] == qk_svd.DEFAULT_FRACTION == 1.0
+    dirs = synthetic_model(tmp_path, n=40)
+    table, _ = qk_svd.qk_svd(dirs)
+    samples = pl.concat([pl.read_parquet(d / "qk_sample.parquet") for d in dirs])
+    means = pl.concat([pl.read_parquet(d / "qk.parquet") for d in dirs])
+    checked = 0
+    for (layer, head), group in samples.group_by("layer", "head"):
+        q, k = (np.stack(group[c].to_list()).astype(np.float64) for c in ("q", "k"))
+        for basis, union in (("common", np.concatenate([q, k])), ("q", q), ("k", k)):
+            _, s, vt = np.linalg.svd(union, full_matrices=False)
+            rows = table.filter((pl.col("layer") == layer) & (pl.col("head") == head) & (pl.col("basis") == basis))
+            assert rows["n_svd"].unique().to_list() == [len(union)] == [3 * 40 * (2 if basis == "common" else 1)]
+            np.testing.assert_allclose(rows["sv_1"].to_numpy(), s[0], rtol=1e-9)
+            np.testing.assert_allclose(rows["sv_2"].to_numpy(), s[1], rtol=1e-9)
+            np.testing.assert_allclose(rows["sv_share_1"].to_numpy(), s[0] / s.sum(), rtol=1e-9)
+            for r in rows.iter_rows(named=True):
+                m = means.filter((pl.col("layer") == layer) & (pl.col("head") == head) & (pl.col("step") == r["step"]))
+                q_mean, k_mean = (np.asarray(m[c][0], np.float64) for c in ("q_mean", "k_mean"))
+                for i in range(2):
+                    sign = np.sign(vt[i][np.abs(vt[i]).argmax()])  # the module's sign convention
+                    assert r[f"q_{i + 1}"] == pytest.approx(sign * vt[i] @ q_mean, abs=1e-9)
+                    assert r[f"k_{i + 1}"] == pytest.approx(sign * vt[i] @ k_mean, abs=1e-9)
+            checked += 1
+    assert checked == 2 * 3 * 3
+
+
+def test_fraction_outside_zero_one_is_refused():
+    x = np.random.default_rng(0).standard_normal((10, D))
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match=r"qk_svd.fraction must be in \(0, 1\]"):
+            qk_svd.directions(x, bad, 0)
+
+
 def test_qk_svd_of_a_model_and_its_figures(tmp_path):
     dirs = synthetic_model(tmp_path)
     table, extras = qk_svd.qk_svd(dirs, fraction=0.5, seed=0)
@@ -142,6 +181,43 @@ def test_score_hist_figure(tmp_path):
     )
     plots_distributions.score_hist_figure(hist, tmp_path / "h.png")
     assert (tmp_path / "h.png").stat().st_size > 10_000
+
+
+def score_table(counts_by_step: dict[int, list[int]], low=-2.0, width=0.5) -> pl.DataFrame:
+    """score_hist rows of one layer: counts[0] the underflow bin, counts[-1] the overflow bin."""
+    rows = []
+    for step, counts in counts_by_step.items():
+        n = len(counts) - 2
+        edges = [-np.inf, *(low + width * np.arange(n + 1)), np.inf]
+        for b, c in enumerate(counts):
+            rows.append(
+                {"family": "toy", "model": "m", "step": step, "layer": 0, "bin": b, "count": c}
+                | {"bin_lo": edges[b], "bin_hi": edges[b + 1]}
+            )
+    return pl.DataFrame(rows)
+
+
+def test_score_hist_names_unresolved_steps_and_zooms_to_the_occupied_bins():
+    """Steps whose scores all fall in two bins are named as too narrow for the bins; the x range is the occupied
+    bins plus one each side; nothing outside the bins reads 'none' (not '0.0% below, 0.0% above')."""
+    hist = score_table(
+        {
+            0: [0, 0, 0, 0, 5, 7, 0, 0, 0, 0, 0, 0],  # bins [-0.5, 0) and [0, 0.5)
+            1: [0, 0, 0, 0, 3, 9, 0, 0, 0, 0, 0, 0],
+            2: [0, 0, 1, 2, 5, 7, 2, 1, 0, 0, 0, 0],  # six bins, [-1.5, 1.5)
+        }
+    )
+    data = plots_distributions.score_hist_panel_data(hist, 0)
+    assert data["xlim"] == (-2.0, 2.0)  # occupied [-1.5, 1.5) plus one bin each side
+    assert [u[0] for u in data["unresolved"]] == [0, 1]
+    assert data["unresolved"][0][1:] == (-0.5, 0.5, 2)
+    np.testing.assert_allclose(data["shares"][0][3:5], [5 / 12, 7 / 12])
+    words = plots_distributions._unresolved_words(data["unresolved"], data["steps"], 0.5)
+    assert words.startswith("steps 0-1: every score in [-0.5, 0.5)") and "2 bins of width 0.5" in words
+    assert plots_distributions._outside_words(0.0, 0.0, -20.0, 20.0) == "scores outside the bins (-20 to 20): none"
+    assert plots_distributions._outside_words(0.0123, 0.0, -20.0, 20.0) == (
+        "scores outside the bins: 1.23% below -20, none above 20"
+    )
 
 
 @pytest.fixture(scope="module")

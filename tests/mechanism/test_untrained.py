@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -498,3 +500,148 @@ def test_a_local_runs_init_is_judged_by_its_config_json(tmp_path, model_type, re
         return
     with pytest.raises(ConfigError, match=f"local/run is a {model_type} model"):
         resolve([{"model": "run"}], swept)
+
+
+REPORT = Path(__file__).resolve().parents[2] / "workflow" / "report"
+
+
+def test_score_std_is_float64_exact_where_the_float32_moments_cancel():
+    """Scores shifted ~1500x their spread (a common bias through W_Q, W_K): sqrt(E[s^2] - E[s]^2) of float32 row
+    sums, the streaming sweep's formula, is off by ~1e-3 relative; QKExtras' float64 two-pass moments agree
+    with numpy float64 to 1e-9, in one sequence or merged across several, causal or not."""
+    generator = torch.Generator().manual_seed(0)
+    b, n_heads, t, d_head = 4, 2, 64, 16
+    common = 3 * torch.randn(n_heads, 1, d_head, generator=generator)
+    query = common + 0.005 * torch.randn(b, n_heads, t, d_head, generator=generator)
+    key = common + 0.005 * torch.randn(b, n_heads, t, d_head, generator=generator)
+    scaling = 1 / math.sqrt(d_head)
+    for causal in (False, True):
+        extras = untrained.QKExtras(n_heads, d_head, UntrainedSettings(**TINY).edges())
+        for start in range(0, b, 3):  # two mini-batches of 3 and 1 sequences: the moments are merged
+            part = slice(start, start + 3)
+            extras.update(
+                query[part], key[part], scaling, torch.ones(query[part].shape[0], t, dtype=torch.bool), causal
+            )
+        mean, std = extras.score_moments()
+        visible = torch.ones(t, t, dtype=torch.bool).tril() if causal else torch.ones(t, t, dtype=torch.bool)
+        s32 = torch.matmul(query, key.transpose(-1, -2)) * scaling  # the float32 scores the histogram counts
+        for h in range(n_heads):
+            expected = (query[:, h].double() @ key[:, h].double().transpose(-1, -2) * scaling)[:, visible].numpy()
+            assert float(mean[h]) == pytest.approx(expected.mean(), rel=1e-7)
+            # numpy float64 of the float32 scores QKExtras sees: to rounding; of float64 q.k: to the scores' rounding
+            assert float(std[h]) == pytest.approx(s32[:, h][:, visible].double().numpy().std(), rel=1e-9)
+            assert float(std[h]) == pytest.approx(expected.std(), rel=1e-5)
+            assert expected.mean() / expected.std() > 500
+            # the old formula on the same float32 scores: float32 sums per row, float64 across rows
+            rows = s32[:, h].masked_fill(~visible, 0.0)
+            n = int(visible.sum()) * b
+            old_mean = float(rows.sum(-1).double().sum()) / n
+            old_sq = float(torch.linalg.vector_norm(rows, dim=-1).double().square().sum()) / n
+            old = math.sqrt(max(old_sq - old_mean**2, 0.0))
+            assert abs(old / expected.std() - 1) > 2e-4  # what the float64 two-pass sums fix
+
+
+def _avg_cos_in_out(rows: pl.DataFrame) -> pl.DataFrame:
+    return (
+        rows.filter(
+            pl.col("head").is_null() & (pl.col("metric") == "avg_cos") & pl.col("site").is_in(["input", "output"])
+        )
+        .pivot("site", index=["init", "seed", "norm"], values="value")
+        .sort("init", "seed", "norm")
+    )
+
+
+def test_the_norms_caption_says_what_the_tables_show(tmp_path):
+    """untrained_norms.rst's claims against tables computed here: at initialisation the output avg_cos follows
+    the input's within the caption's bound at every N, above or below (no `at or above`), both rise toward 1;
+    the post-LayerNorm block's output norm is sqrt(d_model) at every N (gain 1, bias 0), so N* lies just below
+    sqrt(d_model); a checkpoint init with non-trivial LayerNorm parameters does not hold its output at sqrt(d_model)."""
+    caption = (REPORT / "untrained_norms.rst").read_text()
+    assert "at or above" not in caption
+    bound = float(re.search(r"avg_cos follows the input's within (\d\.\d+) at every N", caption).group(1))
+    assert "gain 1 and bias 0" in caption and "pre-LayerNorm block" in caption
+
+    path = _saved_checkpoint(tmp_path, "bert")
+    init = {"family": "local", "model": path.name, "step": 0}
+    settings = UntrainedSettings(
+        inits=["bert", init],
+        n_sequences=2,
+        seq_len=32,
+        norms=[0, 0.1, 0.3, 1, 3, 10, 30, 100],
+        n_seeds=3,
+        d_model=64,
+        n_heads=4,
+        d_ff=128,
+        vocab_size=500,
+    )
+    tables = untrained.run(settings, progress=False, weights={f"{path.name}@step0": path})
+    cos = _avg_cos_in_out(tables["untrained"]).with_columns(diff=pl.col("output") - pl.col("input"))
+    assert (cos.filter(pl.col("init") == "bert")["diff"].abs() < bound).all()
+    biased = cos.filter(pl.col("norm") > 0)
+    assert (biased["diff"] < 0).any() and (biased["diff"] > 0).any()  # above or below: neither always
+    top = cos.filter(pl.col("norm") == 100)
+    assert (top["input"] > 0.99).all() and (top["output"] > 0.99).all()
+
+    summary = tables["summary"]
+    norms = summary.filter(
+        (pl.col("site") == "output") & (pl.col("metric") == "norm_mean") & pl.col("head").is_null()
+    ).filter(pl.col("norm").is_not_null())
+    forced = norms.filter(pl.col("init") == "bert")
+    assert np.allclose(forced["min"].to_numpy(), 8.0, rtol=1e-4) and np.allclose(forced["max"], 8.0, rtol=1e-4)
+    star = summary.filter((pl.col("init") == "bert") & (pl.col("metric") == "fixed_point_norm"))
+    assert 0.9 * 8.0 < star["min"][0] <= star["max"][0] < 8.0 * 1.001
+    trained_ln = norms.filter(pl.col("init") == f"{path.name}@step0")
+    assert not np.allclose(trained_ln["mean"].to_numpy(), math.sqrt(16), rtol=1e-3)
+
+
+def test_score_figure_folds_scores_onto_their_magnitude_by_sign(tmp_path):
+    """The histogram folded onto |score|: a symmetric histogram gives equal positive and negative curves, the
+    shares (curves, the central bin, the open-ended bins) add up to 1, and the figure is written."""
+    from anisweep.plots.untrained import score_magnitudes, scores
+
+    settings = UntrainedSettings(**TINY)
+    edges = [-math.inf, *settings.edges().tolist(), math.inf]
+    rng = np.random.default_rng(0)
+    rows = []
+    for norm, scale, shift in ((0.0, 0.03, 0.0), (10.0, 0.3, 0.5)):
+        values = rng.normal(shift, scale, 20_000)
+        counts, _ = np.histogram(values, bins=np.array(edges))
+        for head in (0, 1):
+            rows += [
+                {
+                    "init": "bert",
+                    "seed": 0,
+                    "norm": norm,
+                    "layer": 0,
+                    "head": head,
+                    "bin_lo": lo,
+                    "bin_hi": hi,
+                    "count": int(c),
+                }
+                for lo, hi, c in zip(edges[:-1], edges[1:], counts)
+            ]
+    histogram = pl.DataFrame(rows, schema=UNTRAINED_SCHEMAS["histogram"])
+    folded = score_magnitudes(histogram)
+    for _, part in folded.group_by("norm"):
+        total = part["positive"].sum() + part["negative"].sum() + part["small"][0] + part["beyond"][0]
+        assert total == pytest.approx(1.0)
+        assert (part["bin_lo"] > 0).all()
+    centred = folded.filter(pl.col("norm") == 0.0)
+    assert np.abs(centred["positive"] - centred["negative"]).max() < 0.02  # zero-centred: the curves coincide
+    shifted = folded.filter(pl.col("norm") == 10.0)
+    assert shifted["positive"].sum() > 0.9  # shifted positive: the negative curve is near empty
+    scores(histogram, tmp_path / "untrained_scores.png")
+    assert (tmp_path / "untrained_scores.png").stat().st_size > 10_000
+
+
+def test_untrained_captions_are_valid_restructuredtext():
+    """Snakemake's report renders the captions with docutils: none may raise a warning or error (`|score|` was
+    read as an undefined substitution reference)."""
+    import io
+
+    from docutils.core import publish_doctree
+
+    for caption in sorted(REPORT.glob("untrained_*.rst")):
+        messages = io.StringIO()
+        publish_doctree(caption.read_text(), settings_overrides={"warning_stream": messages, "report_level": 2})
+        assert messages.getvalue() == "", (caption.name, messages.getvalue())

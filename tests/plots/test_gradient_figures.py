@@ -176,3 +176,15 @@ def test_every_gradient_figure_is_written(tmp_path):
     names = gp.gradient_figures({"subspaces": "both", "embedding_change": True})
     written = gp.plot_gradients(sweep_table(), tmp_path, names)
     assert [p.name for p in written] == names and all(p.stat().st_size > 0 for p in written)
+
+
+def test_the_gradient_figures_use_the_log_step_axis_of_every_other_figure(drawn, tmp_path):
+    """Issue 25 item 11: steps 0, 16, 64, 1000 on a linear axis squeezed three of four points left."""
+    sweep = sweep_table()
+    gp.shares_figure(sweep, tmp_path / "gradients.png")
+    gp.strata_figure(sweep, tmp_path / "gradients_strata.png")
+    for name in ("gradients.png", "gradients_strata.png"):
+        panels = [ax for ax in drawn[name].axes if ax.get_xlabel() == "optimizer step"]
+        assert panels and all(ax.get_xscale() == "symlog" for ax in panels), name
+    labels = {ax.get_ylabel() for ax in drawn["gradients_strata.png"].axes}
+    assert "activations: mean pairwise cosine" in labels and not any("avg_cos" in label for label in labels)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -96,3 +97,26 @@ def test_cli_plot_spectra(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert out.stat().st_size > 20_000
+
+
+def test_last_singular_value_after_a_layernorm_is_zero_only_while_its_bias_is():
+    """spectra.rst: after a LayerNorm (gain g, bias b) every vector's component along w = (1/g)/||1/g|| is
+    <b, w>, so the last singular value is ~0 with b = 0 and lifted, to at most sqrt(n)|<b, w>|, by a bias."""
+    import torch
+
+    from anisweep.measures.spectra import spectrum
+
+    rng = np.random.default_rng(0)
+    n, d = 512, 32
+    x = torch.tensor(rng.normal(size=(n, d)) + 3 * rng.normal(size=d), dtype=torch.float32)
+    gain = torch.tensor(1 + 0.3 * rng.normal(size=d), dtype=torch.float32)
+    w = (1 / gain.double()) / torch.linalg.vector_norm(1 / gain.double())
+    for bias, zero in ((torch.zeros(d), True), (torch.tensor(0.1 * rng.normal(size=d), dtype=torch.float32), False)):
+        y = torch.nn.functional.layer_norm(x, (d,), gain, bias).numpy()
+        singular, _ = spectrum(y)
+        offset = math.sqrt(n) * abs(float(bias.double() @ w))
+        assert np.ptp(y.astype(np.float64) @ w.numpy()) < 1e-5  # one component shared by every vector
+        if zero:
+            assert singular[-1] / singular[-2] < 1e-5
+        else:
+            assert 1e-3 < singular[-1] / singular[-2] and singular[-1] <= offset * (1 + 1e-6)

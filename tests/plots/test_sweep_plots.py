@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 
 import matplotlib
+import numpy as np
 import polars as pl
 import pytest
 
 from anisweep.measures.sweep import aggregate, analysed
 from anisweep.plots.families import PANELS, panel_rows, plot_families
-from anisweep.plots.kit import log_spaced
+from anisweep.plots.kit import MIN_TICK_LABEL_SIZE, log_spaced, save_figure
 from anisweep.plots.sweep import MODEL_FIGURES, plot_family, plot_model
 from anisweep.tables import ATTENTION_STATISTICS, metric_rows, write_atomic
 
@@ -94,7 +95,11 @@ def test_missing_checkpoints_are_listed(tmp_path):
 
 def test_log_spaced_detection():
     assert log_spaced([0, 1, 2, 4, 8, 16, 128, 143000])
+    assert log_spaced([0, 16, 64, 1000])  # the gradient steps: linear squeezed three of four points left (issue 25)
+    assert log_spaced([0, 10, 1000])
     assert not log_spaced([0, 1000, 2000, 3000, 4000])
+    assert not log_spaced(range(1000, 144000, 1000))  # evenly spaced, however wide
+    assert not log_spaced([0, 100])
 
 
 @pytest.mark.parametrize("steps", [[0, 1, 2, 4, 64, 512], [0, 100, 200, 300]], ids=["log-grid", "linear-grid"])
@@ -155,7 +160,7 @@ def test_family_figure_compares_the_same_named_site_and_rotary_variant(tmp_path,
     monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.append(fig))
     plot_family(sweeps, tmp_path / "compare.png")
     panels = {ax.get_ylabel(): ax for ax in figures[0].axes if ax.get_visible() and ax.get_ylabel()}
-    for metric in ("avg cos", "IsoScore"):
+    for metric in ("mean pairwise cosine", "IsoScore"):
         for site in ("final_ln_in", "final_ln_out"):
             ax = next(a for label, a in panels.items() if label.startswith(f"{metric} at {site}"))
             lines = {line.get_label(): set(line.get_ydata()) for line in ax.get_lines()}
@@ -184,7 +189,7 @@ def test_drift_figure_shows_p_against_005_and_qk_figures_show_each_metric(tmp_pa
     monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.append(fig))
     monkeypatch.setattr(kit, "save_figure", lambda fig, path: figures.append(fig))
     plots.drift_vs_anisotropy(sweep, tmp_path / "d.png")
-    ax = next(a for a in figures[0].axes if a.get_ylabel() == "two-sided permutation p")
+    ax = next(a for a in figures[0].axes if a.get_ylabel().startswith("two-sided permutation p"))
     assert ax.get_yscale() == "log"
     lines = {line.get_label(): set(line.get_ydata()) for line in ax.get_lines()}
     assert lines == {"spearman": {0.3}, "pearson": {0.01}, "p = 0.05": {0.05}}
@@ -197,3 +202,136 @@ def test_drift_figure_shows_p_against_005_and_qk_figures_show_each_metric(tmp_pa
     assert {
         line.get_label(): tuple(line.get_ydata()) for line in concat[0].get_lines() if "layer" in line.get_label()
     } == {f"layer {layer}": (0.2 * layer,) * 3 for layer in range(3)}
+
+
+def drawn_figures(monkeypatch) -> dict:
+    """The figures the sweep plotters draw, by file name, instead of saved."""
+    import anisweep.plots.kit as kit
+    import anisweep.plots.sweep as plots
+
+    figures = {}
+
+    def keep(fig, path):
+        figures[path.name] = fig
+
+    monkeypatch.setattr(plots, "save_figure", keep)
+    monkeypatch.setattr(kit, "save_figure", keep)
+    return figures
+
+
+def with_head_scores(sweep: pl.DataFrame, scores: dict) -> pl.DataFrame:
+    """`sweep` with per-head score_mean / score_std rows (population) of the score samples `scores[layer][head]`,
+    the same at every step."""
+    ident = sweep.filter(pl.col("metric") == "score_std").select(
+        "family", "model", "seed", "step", "tokens_seen", "layer", "status"
+    )
+    extra = []
+    for layer, heads in scores.items():
+        for head, values in enumerate(heads):
+            for metric, value in (("score_mean", float(np.mean(values))), ("score_std", float(np.std(values)))):
+                extra.append({"layer": layer, "head": head, "site": "attention", "metric": metric, "value": value})
+    rows = ident.unique().join(pl.DataFrame(extra), on="layer")
+    return pl.concat([sweep, rows], how="diagonal_relaxed")
+
+
+def test_attention_softmax_draws_the_score_std_pooled_over_heads(tmp_path, monkeypatch):
+    """Issue 25 item 10: the per-layer score_std row is the mean of the heads' stds; the figure draws the std of
+    all the layer's scores together (its caption's claim), from the per-head rows."""
+    from anisweep.plots.sweep import attention_softmax, pooled_score_std
+
+    rng = np.random.default_rng(0)
+    scores = {layer: [rng.normal(loc, scale, 500) for loc, scale in ((0.0, 1.0), (0.5, 2.0))] for layer in range(3)}
+    sweep = with_head_scores(aggregate([fake_checkpoint(tmp_path, s, str(s)) for s in (0, 10, 100)]), scores)
+    pooled = pooled_score_std(sweep).filter(pl.col("step") == 10).sort("layer")
+    expected = [float(np.std(np.concatenate(scores[layer]))) for layer in range(3)]
+    assert pooled["value"].to_list() == pytest.approx(expected, rel=1e-12)
+    mean_of_stds = [float(np.mean([np.std(h) for h in scores[layer]])) for layer in range(3)]
+    assert all(p > m for p, m in zip(expected, mean_of_stds))  # the two differ: the figure must say which
+    figures = drawn_figures(monkeypatch)
+    attention_softmax(sweep, tmp_path / "attention_softmax.png")
+    ax = next(a for a in figures["attention_softmax.png"].axes if a.get_ylabel().startswith("score std"))
+    assert ax.get_ylabel() == "score std, pooled over heads and pairs"
+    lines = {line.get_label(): line.get_ydata() for line in ax.get_lines()}
+    assert [lines[f"layer {layer}"][1] for layer in range(3)] == pytest.approx(expected)
+    # without per-head rows: the per-layer row, labelled as what it is
+    attention_softmax(sweep.filter(pl.col("head").is_null()), tmp_path / "older.png")
+    labels = [a.get_ylabel() for a in figures["older.png"].axes]
+    assert "score std: mean of the heads' stds" in labels
+
+
+def test_the_sign_free_partition_isotropy_is_primary_and_the_other_labelled_solver_dependent(tmp_path, monkeypatch):
+    """Issue 25 item 7: Machina & Mercer's one-sign I(W) depends on the eigensolver's signs."""
+    from anisweep.plots.sweep import layernorm_params
+
+    sweep = aggregate([fake_checkpoint(tmp_path, s, str(s)) for s in (0, 10, 100)])
+    figures = drawn_figures(monkeypatch)
+    layernorm_params(sweep, tmp_path / "layernorm_params.png")
+    ax = next(a for a in figures["layernorm_params.png"].axes if a.get_ylabel() == "partition isotropy I(W)")
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    for site in ("embed_in", "embed_out"):
+        for label, value in (("sign-free", 0.5), ("centred, sign-free", 0.9)):
+            primary = lines[f"{site}, {label}"]
+            assert set(primary.get_ydata()) == {value} and primary.get_marker() == "."
+        for label, value in (("one-sign (M&M)", 0.7), ("centred one-sign (M&M)", 0.95)):
+            other = lines[f"{site}, {label}, solver-dependent"]
+            assert set(other.get_ydata()) == {value}
+            assert other.get_linewidth() < primary.get_linewidth() and other.get_alpha() < 1
+
+
+def test_figures_label_axes_in_words_and_keep_legends_off_the_data(tmp_path, monkeypatch):
+    """Issue 25 item 11: no raw metric name as an axis label; every legend of these figures sits in a panel
+    without data (a spare one of the grid) or outside the panels."""
+    import anisweep.plots.sweep as plots
+
+    sweep = analysed(aggregate([fake_checkpoint(tmp_path, s, str(s)) for s in (0, 10, 100)]))
+    figures = drawn_figures(monkeypatch)
+    for name in ("isotropy.png", "final_layernorm.png", "attention_softmax.png", "layernorm_params.png"):
+        plots.PLOTTERS[name](sweep, tmp_path / name)
+    for name in ("qk_alignment.png", "qk_cos_concat.png", "norms.png", "attention_entropy.png"):
+        plots.PLOTTERS[name](sweep, tmp_path / name)
+    raw = set(plots.ISOTROPY_METRICS)
+    for name, fig in figures.items():
+        labels = {ax.get_ylabel() for ax in fig.axes} | {ax.get_title() for ax in fig.axes}
+        assert not labels & raw, name
+        legends = [ax for ax in fig.axes if ax.get_legend() is not None]
+        for ax in legends:
+            assert not ax.axison and not ax.get_lines(), f"{name}: a legend over a data panel"
+        assert legends or fig.legends, f"{name}: no legend"
+    isotropy = figures["isotropy.png"]
+    assert [a.get_ylabel() for a in isotropy.axes if a.get_ylabel() and a.axison][:3] == [
+        "mean pairwise cosine",
+        "mean pairwise cosine, centred",
+        "drift ratio ||mean x|| / mean ||x||",
+    ]
+
+
+def test_saved_figures_have_readable_tick_labels(tmp_path):
+    """Issue 25 item 11: save_figure lifts every tick label below MIN_TICK_LABEL_SIZE (spectra and q/k SVD
+    figures set 6 pt), on every axis of the figure."""
+    import anisweep.plots.kit as kit
+
+    fig, axes = kit.panel_grid(2, 2)
+    axes[0].plot([1, 10, 100], [1, 2, 3])
+    axes[0].set_xscale("log")
+    axes[0].tick_params(which="both", labelsize=6)
+    axes[1].plot([0, 1], [0, 1])
+    axes[1].tick_params(axis="y", labelsize=12)
+    seen = {}
+    original = kit.readable_ticks
+
+    def check(fig, *args):
+        original(fig, *args)
+        seen["sizes"] = [
+            (ax, axis, label.get_fontsize())
+            for ax in fig.axes
+            for axis in (ax.xaxis, ax.yaxis)
+            for label in axis.get_ticklabels(which="both")
+        ]
+
+    kit.readable_ticks = check
+    try:
+        save_figure(fig, tmp_path / "f.png")
+    finally:
+        kit.readable_ticks = original
+    assert seen["sizes"] and min(size for _, _, size in seen["sizes"]) >= MIN_TICK_LABEL_SIZE
+    assert max(size for ax, axis, size in seen["sizes"] if axis is axes[1].yaxis) == 12  # larger ones are kept

@@ -346,7 +346,9 @@ def layer_correlations(drift_norm: Sequence[float], avg_cos: Sequence[float]) ->
     EXACT_PERMUTATION_MAX_N layers, seeded Monte Carlo beyond. The t approximation scipy's spearmanr and
     pearsonr use is invalid for a handful of layers (5 perfectly monotone points: t gives p ~ 1e-24, the
     exact p is 2/5! = 0.017). ``p_exact`` is 1.0 when enumerated, 0.0 when Monte Carlo;
-    ``n_permutations`` the number of orderings the p-values rest on (n! when exact).
+    ``n_permutations`` the number of orderings the p-values rest on (n! when exact). ``spearman_p_ttest`` and
+    ``pearson_p_ttest`` are the t-approximation p-values (``ttest_p``), those of scipy and of Godey et al.'s
+    Fig. 5/16, for comparison with the paper only.
     Pairs with a non-finite value are dropped; every value is NaN (no warning) when fewer than
     3 pairs remain or either input is constant.
     """
@@ -356,14 +358,39 @@ def layer_correlations(drift_norm: Sequence[float], avg_cos: Sequence[float]) ->
         raise ValueError(f"drift_norm and avg_cos differ in length: {a.size} vs {b.size}")
     ok = np.isfinite(a) & np.isfinite(b)
     a, b = a[ok], b[ok]
-    keys = ("spearman_r", "spearman_p", "pearson_r", "pearson_p", "p_exact", "n_permutations")
+    keys = (
+        "spearman_r",
+        "spearman_p",
+        "pearson_r",
+        "pearson_p",
+        "p_exact",
+        "n_permutations",
+        "spearman_p_ttest",
+        "pearson_p_ttest",
+    )
     out = dict.fromkeys(keys, float("nan"))
     if a.size < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return out
     out["spearman_r"], out["spearman_p"], exact, total = permutation_p(stats.rankdata(a), stats.rankdata(b))
     out["pearson_r"], out["pearson_p"], _, _ = permutation_p(a, b)
     out.update(p_exact=float(exact), n_permutations=float(total))
+    out["spearman_p_ttest"] = ttest_p(out["spearman_r"], a.size)
+    out["pearson_p_ttest"] = ttest_p(out["pearson_r"], a.size)
     return out
+
+
+def ttest_p(r: float, n: int) -> float:
+    """Two-sided p of a correlation r over n points from Student's t with n - 2 degrees of freedom,
+    t = r sqrt((n - 2) / (1 - r^2)): what scipy's pearsonr and spearmanr report, and what Godey et al.'s Fig. 5/16
+    p-values are. Comparable with theirs, not valid with a handful of layers (see layer_correlations); |r| = 1
+    gives 0 (as scipy; within 1e-12, since r computed from ranks can miss 1 by rounding)."""
+    if not np.isfinite(r) or n < 3:
+        return float("nan")
+    r = float(np.clip(r, -1.0, 1.0))
+    if abs(r) >= 1.0 - 1e-12:
+        return 0.0
+    t = abs(r) * np.sqrt((n - 2) / (1.0 - r * r))
+    return float(2.0 * stats.t.sf(t, n - 2))
 
 
 # --------------------------------------------------------------------------- attention / LayerNorm

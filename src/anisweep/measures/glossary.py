@@ -158,6 +158,12 @@ _SAMPLE = "over the seeded sample of tokens (hidden.parquet; non-finite rows dro
 _QK = "per head, from the means over every valid token"
 _QK_SAMPLE = "per head, over the seeded sample of tokens (qk_sample.parquet)"
 _CORR = "per checkpoint (layer null), over the `resid` layers"
+# measured on the default toy run (toy-bert, toy-neox at steps 0, 16, 64, 1000; 384 head/rope/q-k values): the
+# 256-token sample against all 2,048 valid tokens
+_QK_AVG_COS_ERROR = (
+    "against all 2,048 tokens of the default toy run its absolute error is median 0.005, 95th percentile 0.03, "
+    "max 0.055 (256-token sample; toy-bert and toy-neox, steps 0-1000); raise extract.qk_sample_tokens to shrink it"
+)
 
 METRICS: tuple[Term, ...] = (
     # qk.parquet, recomputed from the stored means (measures.metrics.qk_rows)
@@ -191,12 +197,17 @@ METRICS: tuple[Term, ...] = (
     # qk_sample.parquet (measures.metrics.qk_sample_rows)
     Term(
         "q_avg_cos",
-        f"avg_cos (exact over all pairs) of the head's sampled queries; {_QK_SAMPLE}",
+        f"avg_cos (exact over all pairs of the sample) of the head's sampled queries; {_QK_SAMPLE}. SAMPLED, unlike "
+        f"the residual stream's avg_cos (exact over every valid token): {_QK_AVG_COS_ERROR}",
         GODEY,
         QK_SAMPLE_SITES,
     ),
     Term(
-        "k_avg_cos", f"avg_cos (exact over all pairs) of the head's sampled keys; {_QK_SAMPLE}", GODEY, QK_SAMPLE_SITES
+        "k_avg_cos",
+        f"avg_cos (exact over all pairs of the sample) of the head's sampled keys; {_QK_SAMPLE}. SAMPLED, unlike "
+        f"the residual stream's avg_cos (exact over every valid token): {_QK_AVG_COS_ERROR}",
+        GODEY,
+        QK_SAMPLE_SITES,
     ),
     Term(
         "q_drift_ratio",
@@ -242,7 +253,9 @@ METRICS: tuple[Term, ...] = (
     ),
     Term(
         "score_std",
-        f"standard deviation (population) of the pre-softmax scores over every visible pair; {_ATTENTION}",
+        f"standard deviation (population) of the pre-softmax scores over every visible pair; {_ATTENTION}; the"
+        " per-layer row is the mean of the heads' stds, not the std of all the layer's scores"
+        " (attention_softmax.png draws that pooled std, from the per-head rows)",
         GODEY,
         ("attention",),
     ),
@@ -312,10 +325,26 @@ METRICS: tuple[Term, ...] = (
         GODEY,
         ("resid",),
     ),
+    Term(
+        "drift_avg_cos_spearman_p_ttest",
+        "two-sided p-value of drift_avg_cos_spearman_r from Student's t with n - 2 degrees of freedom (scipy's "
+        f"spearmanr; the p Godey et al. Fig. 5/16 report): for comparison with the paper only, invalid for a "
+        f"handful of layers (use drift_avg_cos_spearman_p) {_CORR}",
+        GODEY,
+        ("resid",),
+    ),
     Term("drift_avg_cos_pearson_r", f"Pearson correlation of drift_norm and avg_cos {_CORR}", GODEY, ("resid",)),
     Term(
         "drift_avg_cos_pearson_p",
         f"two-sided permutation p-value of drift_avg_cos_pearson_r {_CORR}",
+        GODEY,
+        ("resid",),
+    ),
+    Term(
+        "drift_avg_cos_pearson_p_ttest",
+        "two-sided p-value of drift_avg_cos_pearson_r from Student's t with n - 2 degrees of freedom (scipy's "
+        f"pearsonr; the p Godey et al. Fig. 5/16 report): for comparison with the paper only, invalid for a "
+        f"handful of layers (use drift_avg_cos_pearson_p) {_CORR}",
         GODEY,
         ("resid",),
     ),
@@ -344,14 +373,17 @@ METRICS: tuple[Term, ...] = (
     Term(
         "partition_isotropy",
         "I(W) = min_c Z(c) / max_c Z(c), Z(c) = sum_i exp(<w_i, c>), c over the eigenvectors of W^T W and"
-        " their negatives",
+        " their negatives; sign-free, hence independent of the eigensolver: the primary I(W) in the figures",
         MU,
         EMBEDDING_SITES,
     ),
     Term("partition_isotropy_centred", "partition_isotropy of W minus its mean row", MU, EMBEDDING_SITES),
     Term(
         "partition_isotropy_mm",
-        "I(W) over the eigenvectors with the sign eigh returns them (no negatives), as Machina & Mercer compute it",
+        "I(W) over the eigenvectors with the sign eigh returns them (no negatives), as Machina & Mercer compute it;"
+        " solver-dependent: the signs are the eigensolver's (their float32 code flips 1-9 of 64 eigenvectors"
+        " relative to float64, moving the value by up to 3.4%), so figures draw it thin and labelled"
+        " solver-dependent beside the sign-free partition_isotropy",
         MACHINA,
         EMBEDDING_SITES,
     ),

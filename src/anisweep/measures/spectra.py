@@ -1,9 +1,14 @@
 """Normalised singular-value spectra of one checkpoint's sampled vectors (spectra.parquet): the hidden-state
 sample per site (hidden.parquet) and the sampled queries and keys per head (qk_sample.parquet).
 
-The SVD is of the raw (uncentred) vectors, as in Godey et al.'s projections: a dominant first value is the
-common drift; the centred spectrum's top share is `top_eig_share` in metrics.parquet. `share` is
-s_i / sum_j s_j."""
+The SVD is of the raw (uncentred) vectors, so a dominant first value is the common drift; the centred
+spectrum's top share is `top_eig_share` in metrics.parquet. `share` is s_i / sum_j s_j. These spectra are this
+project's own measure (Godey et al. 2024 show none; their Fig. 17/18 are cosine-similarity distributions of
+isotropic Gaussians); the figure's isotropic baseline is the Marchenko-Pastur law (anisweep.plots.spectra).
+
+After a LayerNorm with gain g and bias b every vector has the same component <b, w> along w = (1/g)/||1/g||
+(the normalised part is centred), so the last singular value is about zero (float32 rounding) only while that
+component is zero, e.g. while b = 0 as at initialisation; a trained bias lifts it, to at most sqrt(n)|<b, w>|."""
 
 from __future__ import annotations
 

@@ -216,9 +216,13 @@ class ExtremeAttentionStats(AttentionStats):
 
 
 class QKExtras:
-    """Per head: the sums of unit q and unit k vectors over valid tokens (for avg_cos), and the counts of
+    """Per head: the sums of unit q and unit k vectors over valid tokens (for avg_cos), the counts of
     the pre-softmax scores q.k * scaling of every visible (query, key) pair in fixed bins, with one
-    open-ended bin below the first edge and one above the last."""
+    open-ended bin below the first edge and one above the last, and the mean and standard deviation of those
+    scores, accumulated in float64 without cancellation: per sequence a two-pass mean and sum of squared
+    deviations, merged across sequences by Chan et al.'s pairwise update (the streaming sweep's
+    sqrt(E[s^2] - E[s]^2) from float32 row sums loses ~1e-3 relative when a bias shifts every score by
+    ~100 times their spread)."""
 
     def __init__(self, n_heads: int, d_head: int, edges: torch.Tensor):
         self.edges = edges
@@ -226,6 +230,27 @@ class QKExtras:
         self.q_unit = torch.zeros(n_heads, d_head, dtype=torch.float64)
         self.k_unit = torch.zeros(n_heads, d_head, dtype=torch.float64)
         self.counts = torch.zeros(n_heads, len(edges) + 1, dtype=torch.int64)
+        self.score_n = torch.zeros(n_heads, dtype=torch.float64)
+        self.score_mean = torch.zeros(n_heads, dtype=torch.float64)
+        self.score_m2 = torch.zeros(n_heads, dtype=torch.float64)  # sum of squared deviations from the mean
+
+    def _add_scores(self, scores: torch.Tensor, visible: torch.Tensor) -> None:
+        """Merge one sequence's visible scores (H, T, T), visible (H, T, T), into the float64 moments."""
+        s = scores.double().cpu()
+        visible = visible.cpu()
+        n = visible.sum(dim=(1, 2)).double()
+        mean = torch.where(visible, s, 0.0).sum(dim=(1, 2)) / n.clamp_min(1)
+        m2 = torch.where(visible, (s - mean[:, None, None]).square(), 0.0).sum(dim=(1, 2))
+        total = self.score_n + n
+        delta = mean - self.score_mean
+        share = n / total.clamp_min(1)
+        self.score_m2 += m2 + delta.square() * self.score_n * share
+        self.score_mean += delta * share
+        self.score_n = total
+
+    def score_moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, population std) per head of every visible pair's score, float64."""
+        return self.score_mean, (self.score_m2 / self.score_n.clamp_min(1)).sqrt()
 
     def update(self, query, key, scaling: float, valid: torch.Tensor, causal: bool) -> None:
         """query, key: (B, H, T, d_head); valid: (B, T)."""
@@ -245,6 +270,7 @@ class QKExtras:
             bins = torch.bucketize(scores, edges, right=True) + offsets  # 0: below edges[0]; len(edges): above
             selected = bins[visible.expand(n_heads, -1, -1)]
             self.counts += torch.bincount(selected, minlength=n_heads * width).view(n_heads, width).cpu()
+            self._add_scores(scores, visible.expand(n_heads, -1, -1))
 
 
 @dataclass
@@ -341,7 +367,10 @@ def recorder_rows(recorder: BlockRecorder) -> list[dict]:
             per_head += [{"layer": 0, "head": h, "site": site, "metric": m, "value": v} for m, v in values.items()]
     attention = recorder.attention[0]
     seq_max, seq_min = attention.extremes()
-    for name, values in attention.means().items():
+    means = attention.means()
+    # the score moments from QKExtras' float64 two-pass sums, not AttentionStats' E[s^2] - E[s]^2 of float32 sums
+    means["score_mean"], means["score_std"] = extras.score_moments()
+    for name, values in means.items():
         per_head += [
             {"layer": 0, "head": h, "site": "attention", "metric": name, "value": float(v)}
             for h, v in enumerate(values)
@@ -375,7 +404,9 @@ def fixed_point(norms, input_norm, output_norm) -> float:
     """The bias norm N* > 0 where the mean input and output norms meet: the first sign change of
     log(output) - log(input) over the positive grid, interpolated linearly in log N (exact where both norms
     follow power laws of N between two grid points, as a LayerNorm's constant output and an input ~ N do).
-    NaN when they do not cross on the grid."""
+    NaN when they do not cross on the grid. For a post-LayerNorm block N* is forced by the final LayerNorm:
+    with gain 1 and bias 0 every output has norm sqrt(d), so N* ~ sqrt(d - E||x||^2) - <mean x, u>, just below
+    sqrt(d); with trained LayerNorm parameters or a pre-LayerNorm block it need not be near sqrt(d)."""
     grid = [(n, math.log(o) - math.log(i)) for n, i, o in zip(norms, input_norm, output_norm) if n > 0]
     for (n0, d0), (n1, d1) in zip(grid, grid[1:]):
         if d0 == 0:

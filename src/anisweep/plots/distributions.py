@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 
 from anisweep.mechanism.qk_svd import BASES, select_heads
-from anisweep.plots.kit import panel_grid, pyplot, save_figure
+from anisweep.plots.kit import legend_beside, panel_grid, pyplot, save_figure
 
 BASIS_LABEL = {
     "common": "SVD of queries and keys together",
@@ -82,34 +82,121 @@ def qk_svd_figures(table: pl.DataFrame, extras: dict, heads, out_dir: Path) -> l
     return paths
 
 
+def _step_ranges(runs: list[list[int]]) -> str:
+    """[[0, 1, 2, 4], [16]] -> "steps 0-4, 16" (runs of consecutive entries of the step grid)."""
+    return "steps " + ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else f"{run[0]}" for run in runs)
+
+
+def _outside_words(below: float, above: float, low: float, high: float) -> str:
+    """How many scores fall outside the binned range, in words."""
+    if below == 0 and above == 0:
+        return f"scores outside the bins ({low:g} to {high:g}): none"
+    parts = [
+        f"{f'{share:.2%}' if share else 'none'} {side} {edge:g}"
+        for share, side, edge in ((below, "below", low), (above, "above", high))
+    ]
+    return "scores outside the bins: " + ", ".join(parts)
+
+
+UNRESOLVED_BINS = 3  # a step whose scores all fall in this many bins or fewer is named in the panel as unresolved
+
+
+def score_hist_panel_data(hist: pl.DataFrame, layer: int) -> dict:
+    """What one layer's panel draws: per step the share of visible pairs in each inner bin (the shares of the
+    under- and overflow bins apart), the bin edges, the displayed x range (the bins any step occupies, one bin
+    of margin each side), and the steps whose scores all fall in UNRESOLVED_BINS bins or fewer (the bins are
+    too wide to show their shape)."""
+    part = hist.filter(pl.col("layer") == layer)
+    steps = sorted(part["step"].unique().to_list())
+    shares, below, above, occupied, unresolved = {}, {}, {}, [], []
+    edges = None
+    for step in steps:
+        rows = part.filter(pl.col("step") == step).sort("bin")
+        count = rows["count"].to_numpy().astype(np.float64)
+        share = count / max(count.sum(), 1.0)
+        inner = rows[1:-1]
+        edges = np.append(inner["bin_lo"].to_numpy(), inner["bin_hi"].to_numpy()[-1])
+        shares[step], below[step], above[step] = share[1:-1], float(share[0]), float(share[-1])
+        filled = np.flatnonzero(share[1:-1] > 0)
+        if len(filled):
+            occupied += [filled.min(), filled.max()]
+            if len(filled) <= UNRESOLVED_BINS and below[step] == 0 and above[step] == 0:
+                unresolved.append((step, edges[filled.min()], edges[filled.max() + 1], len(filled)))
+    n = len(edges) - 1
+    lo, hi = (max(min(occupied) - 1, 0), min(max(occupied) + 1, n - 1)) if occupied else (0, n - 1)
+    return {
+        "steps": steps,
+        "edges": edges,
+        "shares": shares,
+        "below": below,
+        "above": above,
+        "xlim": (float(edges[lo]), float(edges[hi + 1])),
+        "unresolved": unresolved,
+    }
+
+
+def _unresolved_words(unresolved: list[tuple], steps: list[int], width: float) -> str:
+    if not unresolved:
+        return ""
+    index = {s: i for i, s in enumerate(steps)}
+    runs: list[list[int]] = []
+    for step, *_ in unresolved:
+        if runs and index[step] == index[runs[-1][-1]] + 1:
+            runs[-1].append(step)
+        else:
+            runs.append([step])
+    lo, hi = min(u[1] for u in unresolved), max(u[2] for u in unresolved)
+    most = max(u[3] for u in unresolved)
+    return (
+        f"{_step_ranges(runs)}: every score in [{lo:g}, {hi:g}),\n"
+        f"{'at most ' if most > 1 else ''}{most} bin{'s' if most > 1 else ''} of width {width:g}: "
+        "too narrow to show a shape"
+    )
+
+
 def score_hist_figure(hist: pl.DataFrame, path: Path) -> None:
-    """Per layer, the share of visible (query, key) pairs in each score bin at each step (a line per step, darker:
-    later); the under- and overflow shares are written in each panel's corner for the final step."""
+    """Per layer, the share of visible (query, key) pairs in each score bin at each step (a step histogram per
+    step, darker: earlier, yellow: later), zoomed to the bins any step occupies. Each panel says in words how
+    many scores fall outside the binned range (at any step) and which steps put every score in a few bins, too
+    few to show their distribution's shape."""
     plt = pyplot()
     layers = sorted(hist["layer"].unique().to_list())
     steps = sorted(hist["step"].unique().to_list())
-    colours = plt.get_cmap("viridis")(np.linspace(0, 0.95, len(steps)))
-    fig, axes = panel_grid(len(layers), min(4, len(layers)), size=(3.4, 2.8))
+    colours = dict(zip(steps, plt.get_cmap("viridis")(np.linspace(0, 0.95, len(steps)))))
+    fig, axes = panel_grid(len(layers), min(4, len(layers)), size=(3.8, 3.2))
+    width = None
     for ax, layer in zip(axes, layers):
-        for colour, step in zip(colours, steps):
-            rows = hist.filter((pl.col("layer") == layer) & (pl.col("step") == step)).sort("bin")
-            share = rows["count"].to_numpy() / max(rows["count"].sum(), 1)
-            inner = rows[1:-1]
-            centres = (inner["bin_lo"].to_numpy() + inner["bin_hi"].to_numpy()) / 2
-            ax.plot(centres, share[1:-1], color=colour, lw=1, label=f"step {step}")
+        data = score_hist_panel_data(hist, layer)
+        edges = data["edges"]
+        width = float(np.diff(edges).max())
+        for step in data["steps"]:
+            share = np.where(data["shares"][step] > 0, data["shares"][step], np.nan)
+            ax.stairs(share, edges, color=colours[step], lw=1.1, baseline=None, label=f"step {step}")
         ax.set_yscale("log")
+        ax.set_xlim(*data["xlim"])
+        below, above = max(data["below"].values()), max(data["above"].values())
+        words = _outside_words(below, above, edges[0], edges[-1])
+        if below or above:
+            final = data["steps"][-1]
+            words = "final step: " + _outside_words(data["below"][final], data["above"][final], edges[0], edges[-1])
+        unresolved = _unresolved_words(data["unresolved"], data["steps"], width)
         ax.text(
             0.02,
-            0.97,
-            f"final: {share[0]:.1%} below, {share[-1]:.1%} above",
+            0.98,
+            words + ("\n" + unresolved if unresolved else ""),
             transform=ax.transAxes,
-            fontsize=6,
+            fontsize=6.5,
             va="top",
+            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1},
         )
-        ax.set_title(f"layer {layer}", fontsize=8)
-        ax.set_xlabel("pre-softmax score", fontsize=7)
-        ax.set_ylabel("share of visible pairs", fontsize=7)
-        ax.tick_params(labelsize=6)
-    axes[0].legend(fontsize=5, ncol=2)
-    fig.suptitle(f"{hist['family'][0]} / {hist['model'][0]}: attention scores over training", fontsize=9)
+        ax.set_ylim(top=ax.get_ylim()[1] * 30)  # room for the words above the peak
+        ax.set_title(f"layer {layer}", fontsize=9)
+        ax.set_xlabel(f"pre-softmax score (bins of width {width:g})", fontsize=8)
+        ax.set_ylabel("share of visible (query, key) pairs", fontsize=8)
+    legend_beside(fig, axes, fontsize=7, title="checkpoint", title_fontsize=7)
+    fig.suptitle(
+        f"{hist['family'][0]} / {hist['model'][0]}: pre-softmax attention scores over training, all heads "
+        "(score_hist.parquet)",
+        fontsize=9,
+    )
     save_figure(fig, path)

@@ -13,7 +13,7 @@ from pathlib import Path
 import polars as pl
 
 from anisweep.measures.sweep import analysed
-from anisweep.plots.kit import panel_grid, save_figure
+from anisweep.plots.kit import legend_beside, metric_words, panel_grid, save_figure
 
 #: (panel title, site, metric)
 PANELS = (
@@ -24,6 +24,13 @@ PANELS = (
     ("|qk cos| at rope pre, mean over heads and layers", "qk_pre", "qk_cos_abs_mean"),
     ("normalised attention entropy, mean over layers", "attention", "entropy_norm_mean"),
 )
+
+
+#: y labels in words (the metric names are in the caption)
+Y_LABELS = {
+    "qk_cos_abs_mean": "|cos(mean q, mean k)|",
+    "entropy_norm_mean": "entropy / log(visible keys)",
+}
 
 
 def panel_rows(sweeps: pl.DataFrame, site: str, metric: str) -> pl.DataFrame:
@@ -53,7 +60,7 @@ def plot_families(sweeps: pl.DataFrame, path: Path) -> None:
         )
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("tokens seen")
-        ax.set_ylabel(f"{metric} [{site}]", fontsize=8)
-    axes[0].legend(fontsize=6)
+        ax.set_ylabel(Y_LABELS.get(metric, metric_words(metric)), fontsize=9)
+    legend_beside(fig, axes, fontsize=8)
     fig.suptitle(f"families compared over training: {', '.join(families)}")
     save_figure(fig, path)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from anisweep.plots.kit import panel_grid, pyplot, save_figure, step_axis, sweep_title
+from anisweep.plots.kit import legend_beside, panel_grid, pyplot, save_figure, step_axis, sweep_title
 
 #: the figures of one model, `figures/{name}`: the plot_gradients rule's outputs, in this order
 GRADIENT_FIGURES = ("gradients.png", "gradients_strata.png")
@@ -126,7 +126,7 @@ def _shares_panels(sweep: pl.DataFrame, path: Path, fits: dict[str, str], title:
             if col == 0:
                 ax.set_ylabel(f"{label} (k = {rank})", fontsize=8)
             step_axis(ax, sweep)
-    axes[0].legend(fontsize=6, handlelength=3)
+    legend_beside(fig, axes, fontsize=8, handlelength=3)
     fig.suptitle(f"{sweep_title(sweep)}: {title}")
     save_figure(fig, path)
 
@@ -140,9 +140,9 @@ def strata_figure(sweep: pl.DataFrame, path: Path) -> None:
     panels = {
         ("energy_share", "value"): "gradient energy share",
         ("anisotropy_share", "value"): "gradient anisotropy share",
-        ("act_avg_cos", "value"): "activations avg_cos",
-        ("act_isoscore", "value"): "activations IsoScore",
-        ("grad_avg_cos", "value"): "gradients avg_cos",
+        ("act_avg_cos", "value"): "activations: mean pairwise cosine",
+        ("act_isoscore", "value"): "activations: IsoScore",
+        ("grad_avg_cos", "value"): "gradients: mean pairwise cosine",
     }
     fig, axes = panel_grid(len(panels) * len(sites), len(sites), size=(3.2, 2.4))
     axes = list(axes)
@@ -179,7 +179,7 @@ def strata_figure(sweep: pl.DataFrame, path: Path) -> None:
             Line2D([], [], color="grey", marker="o", linestyle="", markerfacecolor="white", markersize=4),
         ]
         labels += ["chance k / d", f"z < {SIGNIFICANT_Z:g} vs random"]
-        axes[0].legend(handles, labels, fontsize=6, title="token frequency", title_fontsize=6)
+        legend_beside(fig, axes, handles=handles, labels=labels, fontsize=8, title="token frequency")
     fig.suptitle(
         f"{sweep_title(sweep)}: gradient share in the semi-NMF subspace (k = {rank}, {_fit_description(sweep, fit)}, "
         "on all tokens) per frequency stratum vs chance k / d;\nenrichment = share above k / d (filled: z >= "
@@ -243,7 +243,7 @@ def embedding_figure(sweep: pl.DataFrame, path: Path) -> None:
         if col == 0:
             share_ax.set_ylabel(f"share of ΔE in layer-0 subspace (k = {rank})", fontsize=8)
             z_ax.set_ylabel("z vs random subspaces", fontsize=8)
-    axes[0].legend(fontsize=6)
+    legend_beside(fig, axes, fontsize=8)
     fixed = f";\nfixed (dashed): {_fixed_label(sweep)}" if (change["fit"] == "fixed").any() else ""
     fig.suptitle(
         f"{sweep_title(sweep)}: token-embedding change from the previous analysed step vs layer-0 subspaces "

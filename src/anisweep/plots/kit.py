@@ -1,5 +1,6 @@
-"""The figure kit every plot module shares: pyplot without a display, the step axis (symlog when the grid spans
-orders of magnitude, tokens seen on top), panel grids, titles and the atomic save.
+"""The figure kit every plot module shares: pyplot without a display, the step axis (symlog when the grid is
+log-spaced, tokens seen on top), panel grids, titles, legends beside the data, metric names in words and the
+atomic save (which lifts every tick label to a readable size).
 """
 
 from __future__ import annotations
@@ -33,9 +34,44 @@ def select_rows(sweep: pl.DataFrame, metric: str, site: str | None = None, per_h
     return rows.sort("step")
 
 
+#: metric names (the tables' ``metric`` column) in words, for axis labels; captions name the metric
+METRIC_WORDS = {
+    "avg_cos": "mean pairwise cosine",
+    "centred_avg_cos": "mean pairwise cosine, centred",
+    "drift_ratio": "drift ratio ||mean x|| / mean ||x||",
+    "isoscore": "IsoScore (1 = isotropic)",
+    "top_eig_share": "top eigenvalue's share of variance",
+}
+
+
+def metric_words(metric: str) -> str:
+    return METRIC_WORDS.get(metric, metric.replace("_", " "))
+
+
+#: the smallest font size (points) of any tick label in a saved figure (save_figure lifts smaller ones)
+MIN_TICK_LABEL_SIZE = 8.0
+
+
+def symlog_position(steps, linthresh: float) -> np.ndarray:
+    """Where steps sit on a symlog axis (linscale 1, base 10): linear up to linthresh, one unit per decade above."""
+    s = np.asarray(steps, dtype=float)
+    return np.where(s <= linthresh, s / linthresh, 1 + np.log10(np.maximum(s, linthresh) / linthresh))
+
+
 def log_spaced(steps) -> bool:
-    nonzero = [s for s in steps if s > 0]
-    return len(nonzero) >= 3 and max(nonzero) / min(nonzero) >= 100
+    """Whether the steps spread more evenly on a symlog axis (from 0, linear up to the smallest nonzero step) than
+    on a linear one: the largest gap between neighbouring steps, as a share of the axis, is the smaller one.
+    Checkpoint grids of the kind 0, 1, 2, 4, ..., 512, 1000 and the gradient steps 0, 16, 64, 1000 are; evenly
+    spaced ones (0, 1000, 2000, ...) are not."""
+    nonzero = sorted({float(s) for s in steps if s > 0})
+    if len(nonzero) < 2:
+        return False
+    grid = np.array(sorted({0.0, *nonzero}) if any(s == 0 for s in steps) else nonzero)
+
+    def widest_gap(x: np.ndarray) -> float:
+        return float(np.diff(x).max() / (x[-1] - x[0]))
+
+    return widest_gap(symlog_position(grid, nonzero[0])) < widest_gap(grid)
 
 
 def human_number(n: float) -> str:
@@ -70,8 +106,8 @@ def step_axis(ax, sweep: pl.DataFrame, label: bool = True) -> None:
         top.set_xticks([t for t in ax.get_xticks() if 0 <= t <= ax.get_xlim()[1]])
         top.xaxis.set_minor_locator(NullLocator())
         top.xaxis.set_major_formatter(FuncFormatter(lambda s, _: human_number(s * tokens)))
-        top.set_xlabel("tokens seen", fontsize=8)
-        top.tick_params(labelsize=7)
+        top.set_xlabel("tokens seen", fontsize=9)
+        top.tick_params(labelsize=MIN_TICK_LABEL_SIZE)
 
 
 def lines_by(ax, rows: pl.DataFrame, by: str, label_fmt: str, cmap: str = "viridis") -> None:
@@ -87,8 +123,37 @@ def sweep_title(sweep: pl.DataFrame) -> str:
     return f"{sweep['family'][0]} / {sweep['model'][0]}"
 
 
+def readable_ticks(fig, size: float = MIN_TICK_LABEL_SIZE) -> None:
+    """Lift every tick label of `fig` (major and minor, colour bars included) smaller than `size` to `size`."""
+    for ax in fig.axes:
+        for which, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
+            labels = axis.get_ticklabels(which="both")
+            if labels and min(label.get_fontsize() for label in labels) < size:
+                ax.tick_params(axis=which, which="both", labelsize=size)
+
+
+def legend_beside(fig, axes, source=None, handles=None, labels=None, **kwargs) -> None:
+    """The legend of `source` (default: the first axes), or of `handles` made by hand (labelled by `labels` or
+    their own), where it covers no data: in the first unused panel of `axes` (a panel_grid's hidden ones), else
+    outside the panels on the right."""
+    if handles is not None:
+        labels = labels if labels is not None else [h.get_label() for h in handles]
+    else:
+        handles, labels = (source if source is not None else axes[0]).get_legend_handles_labels()
+    if not handles:
+        return
+    spare = next((ax for ax in axes if not ax.get_visible()), None)
+    if spare is not None:
+        spare.set_visible(True)
+        spare.set_axis_off()
+        spare.legend(handles, labels, loc="center", **kwargs)
+    else:
+        fig.legend(handles, labels, loc="outside right center", **kwargs)
+
+
 def save_figure(fig, path: Path) -> None:
     try:
+        readable_ticks(fig)
         with replacing(path, keep_suffix=True) as tmp:
             fig.savefig(tmp, dpi=110, bbox_inches="tight")
     finally:
@@ -103,7 +168,7 @@ def panel_grid(n: int, ncols: int, size=(3.4, 2.8)):
     )
     for ax in axes.flat[n:]:
         ax.set_visible(False)
-    return fig, axes.flat
+    return fig, list(axes.flat)
 
 
 def per_head_panels(sweep: pl.DataFrame, path: Path, rows_spec: list[tuple[str, str, str]], title: str) -> None:
@@ -136,7 +201,7 @@ def per_head_panels(sweep: pl.DataFrame, path: Path, rows_spec: list[tuple[str, 
             )
             step_axis(ax, sweep, label=i == len(rows_spec) - 1)
         axes[i, 0].set_ylabel(label)
-    axes[0, -1].legend(fontsize=6, ncol=2)
+    legend_beside(fig, list(axes.flat), axes[0, 0], fontsize=8)
     fig.suptitle(f"{sweep_title(sweep)}: {title}")
     save_figure(fig, path)
 
@@ -159,19 +224,25 @@ def lines_per_layer(
     ncols: int = 3,
     log_y: tuple[str, ...] = (),
     bands: dict[str, tuple[float, float, str]] | None = None,
+    derived: dict | None = None,
 ) -> None:
     """A panel per metric (`panels`: metric -> y label), a line per layer, against the step; `bands`: metric ->
-    (low, high, label) of a grey reference band."""
+    (low, high, label) of a grey reference band; `derived`: metric -> function(sweep) giving its per-layer rows
+    where they are computed here rather than read. The legend sits in a spare panel (or beside the grid)."""
+
+    def rows_of(sweep, metric, site):
+        return derived[metric](sweep) if metric in (derived or {}) else select_rows(sweep, metric, site)
+
     fig, axes = panel_grid(len(panels), ncols)
     for ax, (metric, label) in zip(axes, panels.items()):
         if metric in (bands or {}):
             low, high, band_label = bands[metric]
             ax.axhspan(low, high, color="grey", alpha=0.2, lw=0, label=band_label)
-        lines_by(ax, select_rows(sweep, metric, site), "layer", "layer {}")
+        lines_by(ax, rows_of(sweep, metric, site), "layer", "layer {}")
         ax.set_ylabel(label)
         if metric in log_y:
             ax.set_yscale("log")
         step_axis(ax, sweep)
-    axes[0].legend(fontsize=7)
+    legend_beside(fig, list(axes), fontsize=8)
     fig.suptitle(f"{sweep_title(sweep)}: {title}")
     save_figure(fig, path)

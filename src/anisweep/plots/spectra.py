@@ -1,9 +1,11 @@
-"""The normalised singular-value spectra of one model over training (spectra.parquet of every checkpoint;
-Godey et al. 2024, Fig. 17/18 followed across steps), against the spectrum an isotropic Gaussian sample of the
-same shape would have.
+"""The normalised singular-value spectra of one model over training (spectra.parquet of every checkpoint),
+against the spectrum an isotropic Gaussian sample of the same shape would have. The figure is this project's
+own: Godey et al. 2024 show no spectra (their Fig. 17/18 are cosine-similarity distributions of isotropic
+Gaussians, the baseline of anisweep.measures.geometry's avg_cos band, not of this figure).
 
-The baseline is the Marchenko-Pastur law: for an n x d matrix of i.i.d. N(0, 1) entries (n >= d), the
-eigenvalues of X^T X / n fill [(1 - sqrt(g))^2, (1 + sqrt(g))^2], g = d / n, with density
+The baseline is the Marchenko-Pastur law (V. A. Marchenko and L. A. Pastur 1967, "Distribution of eigenvalues
+for some sets of random matrices", Math. USSR-Sbornik 1(4):457-483): for an n x d matrix of i.i.d. N(0, 1)
+entries (n >= d), the eigenvalues of X^T X / n fill [(1 - sqrt(g))^2, (1 + sqrt(g))^2], g = d / n, with density
 sqrt((b - x)(x - a)) / (2 pi g x); the k-th largest of the d singular values is about sqrt(n) times the square
 root of the law's upper (k - 1/2)/d quantile. Normalised like spectra.parquet (each over their sum), the scale
 drops out."""

@@ -13,8 +13,10 @@ import polars as pl
 
 from anisweep.measures.sweep import analysed
 from anisweep.plots.kit import (
+    legend_beside,
     lines_by,
     lines_per_layer,
+    metric_words,
     not_measured,
     panel_grid,
     per_head_panels,
@@ -57,7 +59,7 @@ def qk_cos_concat(sweep: pl.DataFrame, path: Path) -> None:
         ax.set_title(f"{site.removeprefix('qk_')}-rotary" if len(sites) > 1 else "", fontsize=9)
         ax.set_ylabel("cos(concat mean q, concat mean k)")
         step_axis(ax, sweep)
-    axes[0].legend(fontsize=7)
+    legend_beside(fig, axes, fontsize=9)
     fig.suptitle(f"{sweep_title(sweep)}: mean query vs mean key, heads concatenated, per layer")
     save_figure(fig, path)
 
@@ -67,21 +69,47 @@ def attention_entropy(sweep: pl.DataFrame, path: Path) -> None:
     lines_per_layer(sweep, path, "attention", panels, "attention entropy per layer (mean over heads)", ncols=2)
 
 
+def pooled_score_std(sweep: pl.DataFrame) -> pl.DataFrame | None:
+    """Per layer and step: the standard deviation of the pre-softmax scores pooled over the layer's heads and all
+    their visible pairs, from the per-head score_mean and score_std (population): every head of a layer sees the
+    same (query, key) pairs, so the pooled variance is mean_h var_h + (mean_h m_h^2 - (mean_h m_h)^2). The
+    per-layer score_std row is instead the mean over heads of the per-head stds, a few per cent lower. None
+    where the sweep has no per-head rows."""
+    scores = pl.col("metric").is_in(["score_mean", "score_std"])
+    heads = sweep.filter((pl.col("site") == "attention") & pl.col("head").is_not_null() & scores)
+    if not heads.height:
+        return None
+    wide = heads.pivot(on="metric", index=["step", "tokens_seen", "layer", "head"], values="value")
+    pooled = wide.group_by("step", "tokens_seen", "layer").agg(
+        ((pl.col("score_std") ** 2).mean() + (pl.col("score_mean") ** 2).mean() - pl.col("score_mean").mean() ** 2)
+        .clip(lower_bound=0.0)
+        .sqrt()
+        .alias("value")
+    )
+    return pooled.sort("layer", "step")
+
+
 def attention_softmax(sweep: pl.DataFrame, path: Path) -> None:
+    """Softmax probabilities' max / median / min, the scores' mean, and their std pooled over the heads of a
+    layer (the mean of the per-head stds where the sweep has no per-head rows, labelled so)."""
+    pooled = pooled_score_std(sweep)
     panels = {
-        "p_max_mean": "p max",
-        "p_median_mean": "p median",
-        "p_min_mean": "p min",
-        "score_mean": "score mean",
-        "score_std": "score std",
+        "p_max_mean": "largest probability",
+        "p_median_mean": "median probability",
+        "p_min_mean": "smallest probability",
+        "score_mean": "score mean, over heads and pairs",
+        "score_std": "score std, pooled over heads and pairs"
+        if pooled is not None
+        else "score std: mean of the heads' stds",
     }
     lines_per_layer(
         sweep,
         path,
         "attention",
         panels,
-        "softmax max / median / min and pre-softmax scores",
+        "softmax max / median / min (means over query rows) and pre-softmax scores",
         log_y=("p_max_mean", "p_median_mean", "p_min_mean"),
+        derived={"score_std": lambda _: pooled} if pooled is not None else None,
     )
 
 
@@ -90,7 +118,7 @@ def isotropy(sweep: pl.DataFrame, path: Path) -> None:
         isotropic_cos_spread,  # here: geometry imports scipy, and the Snakefile imports plots
     )
 
-    panels = {metric: metric for metric in ISOTROPY_METRICS}
+    panels = {metric: metric_words(metric) for metric in ISOTROPY_METRICS}
     dims = select_rows(sweep, "dim", "resid")["value"].drop_nulls()
     bands = {}
     if len(dims):  # the cosine spread of an isotropic normal cloud of the residual stream's dimension
@@ -109,11 +137,11 @@ def isotropy_heatmap(sweep: pl.DataFrame, path: Path) -> None:
         table = rows.pivot(on="step", index="layer", values="value", aggregate_function="first").sort("layer")
         steps = [c for c in table.columns if c != "layer"]
         image = ax.imshow(table.select(steps).to_numpy(), aspect="auto", origin="lower", cmap="magma")
-        ax.set_xticks(range(len(steps)), steps, rotation=90, fontsize=7)
+        ax.set_xticks(range(len(steps)), steps, rotation=90, fontsize=8)
         ax.set_yticks(range(table.height), table["layer"].to_list())
         ax.set_xlabel("optimizer step (checkpoints, evenly spaced)")
         ax.set_ylabel("layer")
-        ax.set_title(metric)
+        ax.set_title(metric_words(metric), fontsize=10)
         fig.colorbar(image, ax=ax)
     fig.suptitle(f"{sweep_title(sweep)}: layer x checkpoint")
     save_figure(fig, path)
@@ -125,11 +153,21 @@ def final_layernorm(sweep: pl.DataFrame, path: Path) -> None:
         for site, style, label in (("final_ln_in", "--", "before final LN"), ("final_ln_out", "-", "after final LN")):
             rows = select_rows(sweep, metric, site)
             ax.plot(rows["step"], rows["value"], style, marker=".", label=label)
-        ax.set_ylabel(metric)
+        ax.set_ylabel(metric_words(metric))
         step_axis(ax, sweep)
-    axes[0].legend(fontsize=7)
+    legend_beside(fig, axes, fontsize=9)
     fig.suptitle(f"{sweep_title(sweep)}: the residual stream just before and after the final LayerNorm")
     save_figure(fig, path)
+
+
+#: the I(W) lines (metric, style, label): sign-free first, the primary value (well defined); Machina & Mercer's
+#: one-sign convention depends on the eigensolver's signs (LAPACK build, precision) and is drawn thin and faint
+PARTITION_ISOTROPY_LINES = (
+    ("partition_isotropy", "-", "sign-free"),
+    ("partition_isotropy_centred", "--", "centred, sign-free"),
+    ("partition_isotropy_mm", ":", "one-sign (M&M), solver-dependent"),
+    ("partition_isotropy_mm_centred", "-.", "centred one-sign (M&M), solver-dependent"),
+)
 
 
 def layernorm_params(sweep: pl.DataFrame, path: Path) -> None:
@@ -141,20 +179,17 @@ def layernorm_params(sweep: pl.DataFrame, path: Path) -> None:
         ax.set_ylabel(f"final LN {metric.replace('_', ' ')}")
         step_axis(ax, sweep)
     ax = axes[len(panels)]
-    for site in ("embed_in", "embed_out"):
-        for metric, style, label in (
-            ("partition_isotropy", "-", ""),
-            ("partition_isotropy_centred", "--", " centred"),
-            ("partition_isotropy_mm", ":", " one-sign (M&M)"),
-            ("partition_isotropy_mm_centred", "-.", " centred one-sign (M&M)"),
-        ):
+    for site, colour in (("embed_in", "tab:blue"), ("embed_out", "tab:orange")):
+        for metric, style, label in PARTITION_ISOTROPY_LINES:
             rows = select_rows(sweep, metric, site)
             if rows.height:
-                ax.plot(rows["step"], rows["value"], style, marker=".", label=site + label)
+                solver_dependent = metric.startswith("partition_isotropy_mm")
+                look = {"lw": 0.9, "alpha": 0.6} if solver_dependent else {"marker": "."}
+                ax.plot(rows["step"], rows["value"], style, color=colour, label=f"{site}, {label}", **look)
     ax.set_yscale("log")
-    ax.set_ylabel("I(W)")
-    ax.legend(fontsize=7)
+    ax.set_ylabel("partition isotropy I(W)")
     step_axis(ax, sweep)
+    legend_beside(fig, axes, ax, fontsize=8)
     fig.suptitle(f"{sweep_title(sweep)}: final LayerNorm parameters and embedding isotropy I(W)")
     save_figure(fig, path)
 
@@ -175,7 +210,7 @@ def drift_vs_anisotropy(sweep: pl.DataFrame, path: Path) -> None:
         ax.plot(rows["step"], rows["value"], marker=".", label=name)
     ax.axhline(0.05, color="red", lw=0.8, ls="--", label="p = 0.05")
     ax.set_yscale("log")
-    ax.set_ylabel("two-sided permutation p")
+    ax.set_ylabel("two-sided permutation p (drawn; the t-test p\nof Godey et al. is in *_p_ttest)", fontsize=8)
     ax.legend(fontsize=7)
     step_axis(ax, sweep)
     ax = axes[2]
@@ -189,7 +224,7 @@ def drift_vs_anisotropy(sweep: pl.DataFrame, path: Path) -> None:
         part = joined.filter(pl.col("step") == step).sort("layer")
         ax.plot(part["drift"], part["avg_cos"], "-o", color=colour, ms=3, label=f"step {step}")
     ax.set_xlabel("drift norm ||mean x||")
-    ax.set_ylabel("avg cos")
+    ax.set_ylabel(metric_words("avg_cos"))
     ax.legend(fontsize=7)
     fig.suptitle(f"{sweep_title(sweep)}: drift vs anisotropy across layers")
     save_figure(fig, path)
@@ -207,7 +242,7 @@ def norms(sweep: pl.DataFrame, path: Path) -> None:
         ax.set_ylabel("norm std / mean")
         ax.set_title(title, fontsize=9)
         step_axis(ax, sweep)
-    axes[0].legend(fontsize=7)
+    legend_beside(fig, axes, fontsize=9)
     fig.suptitle(f"{sweep_title(sweep)}: the hypersphere: spread of token norms around each LayerNorm")
     save_figure(fig, path)
 
@@ -259,7 +294,7 @@ def plot_family(sweeps: pl.DataFrame, path: Path) -> None:
 
     panels = [
         (f"{label} at {site}\n({where})", [(at_site(metric, site), "-", "")])
-        for metric, label in (("avg_cos", "avg cos"), ("isoscore", "IsoScore"))
+        for metric, label in (("avg_cos", "mean pairwise cosine"), ("isoscore", "IsoScore"))
         for site, where in FAMILY_SITES.items()
     ]
     panels += [
@@ -298,8 +333,14 @@ def plot_family(sweeps: pl.DataFrame, path: Path) -> None:
             "symlog", linthresh=max(1.0, float(sweeps.filter(pl.col("tokens_seen") > 0)["tokens_seen"].min() or 1))
         )
         ax.set_xlabel("tokens seen")
-        ax.set_ylabel(label, fontsize=8)
-    axes[0].legend(fontsize=7)
-    axes[len(panels) - 1].legend(fontsize=6)
+        ax.set_ylabel(label, fontsize=9)
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=colours[model], marker=".", label=model) for model in models]
+    handles += [
+        Line2D([], [], color="black", ls="-", label="qk_pre: pre-rotary"),
+        Line2D([], [], color="black", ls="--", label="qk_post: post-rotary"),
+    ]
+    legend_beside(fig, axes, handles=handles, fontsize=9)
     fig.suptitle(f"{sweeps['family'][0]}: models compared over training, each panel at one named site")
     save_figure(fig, path)

@@ -66,38 +66,80 @@ def norms(summary: pl.DataFrame, path: Path) -> None:
     save_figure(fig, path)
 
 
+def _share_text(share: float) -> str:
+    return f"{share:.1%}" if share >= 1e-3 else f"{share:.0e}".replace("e-0", "e-")
+
+
+def score_magnitudes(histogram: pl.DataFrame) -> pl.DataFrame:
+    """The histogram pooled over heads and seeds and folded onto the magnitude of the score, per (init, norm):
+    one row per inner bin of |score| (lo, hi > 0) with the share of all visible pairs whose score is positive
+    (`positive`) and negative (`negative`) in it; the central bin (|score| < lo of the first, sign unknown)
+    and the two open-ended bins are left out, their shares in `small` and `beyond`."""
+    pooled = histogram.group_by(["init", "norm", "bin_lo", "bin_hi"]).agg(pl.col("count").sum())
+    total = pooled.group_by(["init", "norm"]).agg(pl.col("count").sum().alias("total"))
+    pooled = pooled.join(total, on=["init", "norm"]).with_columns(share=pl.col("count") / pl.col("total"))
+    inner = pl.col("bin_lo").is_finite() & pl.col("bin_hi").is_finite()
+    positive = pooled.filter(inner & (pl.col("bin_lo") > 0))
+    negative = pooled.filter(inner & (pl.col("bin_hi") < 0))
+    negative = negative.select(
+        "init", "norm", (-pl.col("bin_hi")).alias("bin_lo"), (-pl.col("bin_lo")).alias("bin_hi"), "share"
+    )
+    folded = positive.select("init", "norm", "bin_lo", "bin_hi", pl.col("share").alias("positive")).join(
+        negative.rename({"share": "negative"}), on=["init", "norm", "bin_lo", "bin_hi"], how="full", coalesce=True
+    )
+    central = pooled.filter(inner & (pl.col("bin_lo") < 0) & (pl.col("bin_hi") > 0))
+    beyond = pooled.filter(~inner)
+    folded = folded.join(
+        central.group_by(["init", "norm"]).agg(pl.col("share").sum().alias("small")), on=["init", "norm"], how="left"
+    ).join(
+        beyond.group_by(["init", "norm"]).agg(pl.col("share").sum().alias("beyond")), on=["init", "norm"], how="left"
+    )
+    return folded.with_columns(pl.col("positive", "negative", "small", "beyond").fill_null(0.0)).sort(
+        "init", "norm", "bin_lo"
+    )
+
+
 def scores(histogram: pl.DataFrame, path: Path) -> None:
-    """Fig. 7: the pre-softmax score distribution per N, pooled over heads and seeds: the share of the visible
-    pairs in each bin (bins log-spaced in |score|, so the curve is a density in log |score|); the open-ended
-    outer bins are left out of the curve and their share is given in the legend."""
+    """Fig. 7: the pre-softmax score distribution per N, pooled over heads and seeds, on the magnitude of the
+    score (log x): per bin of |score| the share of all visible pairs with a positive score there (solid) and
+    with a negative one (dashed). The bins are log-spaced in |score|, so a curve is a density in log |score|;
+    drawn on a symlog score axis the same counts would put a zero-centred distribution's two flanks at -σ and +σ
+    as two humps, which reads as bimodal. The central bin (|score| < score_min) and the open-ended outer bins
+    are left out of the curves; their shares are given in the legend."""
     plt = pyplot()
+    from matplotlib.lines import Line2D
+
+    folded = score_magnitudes(histogram)
     inits = histogram["init"].unique(maintain_order=True).to_list()
-    fig, axes = plt.subplots(1, len(inits), figsize=(5.0 * len(inits), 3.4), squeeze=False, constrained_layout=True)
+    fig, axes = plt.subplots(1, len(inits), figsize=(5.6 * len(inits), 3.8), squeeze=False, constrained_layout=True)
     for init, ax in zip(inits, axes[0]):
-        part = histogram.filter(pl.col("init") == init)
-        pooled = part.group_by(["norm", "bin_lo", "bin_hi"]).agg(pl.col("count").sum()).sort("norm", "bin_lo")
-        norms = pooled["norm"].unique().sort().to_list()
+        part = folded.filter(pl.col("init") == init)
+        norms = part["norm"].unique().sort().to_list()
         colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(norms)))
-        inner_edges = pooled.filter(pl.col("bin_lo").is_finite() & pl.col("bin_hi").is_finite())
+        handles = []
         for colour, norm in zip(colours, norms):
-            h = pooled.filter(pl.col("norm") == norm)
-            total = h["count"].sum()
-            inner = h.filter(pl.col("bin_lo").is_finite() & pl.col("bin_hi").is_finite())
-            outside = (total - inner["count"].sum()) / total
-            centres = 0.5 * (inner["bin_lo"] + inner["bin_hi"]).to_numpy()
-            label = f"N = {norm:g}" + (f" ({outside:.1%} beyond the edges)" if outside else "")
-            ax.plot(centres, inner["count"].to_numpy() / total, color=colour, marker=".", markersize=3, label=label)
-        smallest = float(inner_edges["bin_hi"].filter(inner_edges["bin_hi"] > 0).min())
-        largest = float(inner_edges["bin_hi"].max())
-        ax.set_xscale("symlog", linthresh=smallest)
-        decades = np.arange(np.ceil(np.log10(smallest)), np.log10(largest) + 1e-9)
-        ticks = 10.0 ** decades[:: max(1, int(np.ceil(len(decades) / 4)))]
-        ax.set_xticks([*(-ticks[::-1]), 0.0, *ticks])
-        ax.tick_params(axis="x", labelsize=7)
-        ax.set_xlabel("score q.k / sqrt(d_head)")
-        ax.set_ylabel("share of visible pairs per bin")
-        ax.set_title(f"{init}: pre-softmax scores", fontsize=9)
-        ax.legend(fontsize=6, ncol=2)
+            h = part.filter(pl.col("norm") == norm)
+            centres = np.sqrt(h["bin_lo"].to_numpy() * h["bin_hi"].to_numpy())  # geometric: the log-axis middle
+            ax.plot(centres, h["positive"].to_numpy(), color=colour, lw=1.2)
+            ax.plot(centres, h["negative"].to_numpy(), color=colour, lw=1.2, ls="--")
+            small, beyond = float(h["small"][0]), float(h["beyond"][0])
+            notes = [f"{_share_text(small)} with |s| < {h['bin_lo'].min():g}" if small else ""]
+            notes += [f"{_share_text(beyond)} with |s| > {h['bin_hi'].max():g}" if beyond else ""]
+            notes = ", ".join(n for n in notes if n)
+            handles.append(
+                Line2D([], [], color=colour, lw=1.2, label=f"N = {norm:g}" + (f" ({notes})" if notes else ""))
+            )
+        handles += [
+            Line2D([], [], color="black", lw=1.2, label="score > 0"),
+            Line2D([], [], color="black", lw=1.2, ls="--", label="score < 0"),
+        ]
+        ax.set_xscale("log")
+        ax.set_xlabel("|s|, magnitude of the score s = q.k / sqrt(d_head) (log scale)")
+        ax.set_ylabel("share of visible pairs per bin\n(bins equal in log |score|)")
+        ax.set_title(f"{init}: pre-softmax scores by magnitude and sign", fontsize=9)
+        ax.legend(handles=handles, fontsize=6, ncol=2, loc="upper left")
+        top = float(part.select(pl.max_horizontal("positive", "negative")).max().item() or 0.0)
+        ax.set_ylim(0, top * 1.45 if top > 0 else 1.0)  # headroom for the legend
     save_figure(fig, path)
 
 
