@@ -64,13 +64,36 @@ def qk_svd_figure(table: pl.DataFrame, extras: dict, basis: str, heads, path: Pa
         ax.set_xlabel(f"direction 1 ({rows['sv_share_1'][0]:.0%} of singular values)", fontsize=7)
         ax.set_ylabel(f"direction 2 ({rows['sv_share_2'][0]:.0%})", fontsize=7)
         ax.tick_params(labelsize=6)
-    axes[0].legend(fontsize=6, loc="best")
+    _explain_marks(fig, axes, steps)
     fig.suptitle(
         f"{table['family'][0]} / {table['model'][0]}: mean q and k from step {steps[0]} to {steps[-1]}, "
         f"{BASIS_LABEL[basis]} ({rope}-rotary)",
         fontsize=9,
     )
     save_figure(fig, path)
+
+
+def _explain_marks(fig, axes, steps: list[int]) -> None:
+    """One legend beside the panels naming every mark: the arrows' colour runs from light (the first step) to
+    dark (the final one), the faint points, the origin."""
+    from matplotlib.lines import Line2D
+
+    plt = pyplot()
+    light, dark = (f"step {steps[0]}", f"step {steps[-1]}")
+    handles = [
+        Line2D([], [], color=plt.get_cmap("Blues")(0.35), marker="o", ms=3, label=f"mean query, {light} (light)"),
+        Line2D([], [], color=plt.get_cmap("Blues")(1.0), marker="o", ms=3, label=f"mean query, {dark} (dark)"),
+        Line2D([], [], color=plt.get_cmap("Reds")(0.35), marker="o", ms=3, label=f"mean key, {light} (light)"),
+        Line2D([], [], color=plt.get_cmap("Reds")(1.0), marker="o", ms=3, label=f"mean key, {dark} (dark)"),
+        Line2D([], [], color="grey", marker=".", ls="", alpha=0.4, label="faint: sampled q / k vectors of the"),
+        Line2D([], [], ls="", label=f"  first (fainter) and final steps ({light}, {dark})"),
+        Line2D([], [], color="black", marker="+", ls="", ms=7, label="the origin"),
+    ]
+    for ax in axes:
+        legend = ax.get_legend()
+        if legend is not None:
+            legend.remove()
+    legend_beside(fig, axes, handles=handles, fontsize=6.5)
 
 
 def qk_svd_figures(table: pl.DataFrame, extras: dict, heads, out_dir: Path) -> list[Path]:

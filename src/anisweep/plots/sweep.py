@@ -201,8 +201,9 @@ def drift_vs_anisotropy(sweep: pl.DataFrame, path: Path) -> None:
         rows = select_rows(sweep, f"drift_avg_cos_{name}_r", "resid")
         ax.plot(rows["step"], rows["value"], marker=".", label=name)
     ax.set_ylabel("correlation over layers")
-    ax.set_ylim(-1.05, 1.05)
-    ax.legend(fontsize=7)
+    ax.set_ylim(-1.05, 1.45)  # the legend above 1, where no correlation can be
+    ax.set_yticks([-1, -0.5, 0, 0.5, 1])
+    ax.legend(fontsize=7, loc="upper center", ncol=2)
     step_axis(ax, sweep)
     ax = axes[1]
     for name in ("spearman", "pearson"):
