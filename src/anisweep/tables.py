@@ -14,6 +14,10 @@ from anisweep import atomic
 IDENTITY_SCHEMA = {"family": pl.String, "model": pl.String, "seed": pl.Int64, "step": pl.Int64, "tokens_seen": pl.Int64}
 IDENTITY = tuple(IDENTITY_SCHEMA)
 
+#: the training corpus's count per token id (token_id, count), in a checkpoint's folder or its run folder: the toys
+#: write theirs (anisweep.toy.train), the gradient analysis's frequency strata read it (anisweep.tangent.batch)
+TOKEN_COUNTS = "token_counts.parquet"
+
 #: attention.parquet's statistics, one value per (layer, head): what extract writes and metrics reads.
 ATTENTION_STATISTICS = (
     "entropy_mean",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from anisweep.checkpoints.base import Checkpoint
+from anisweep.tables import TOKEN_COUNTS
 
 
 def folder_content(folder: str | Path, names: Iterable[str] | None = None) -> dict[str, list[int]]:
@@ -56,6 +57,3 @@ def token_counts_identity(checkpoint: Checkpoint) -> dict[str, list[int]]:
         for where, folder in (("step", step), ("run", step.parent))
         for name, value in folder_content(folder, [TOKEN_COUNTS]).items()
     }
-
-
-TOKEN_COUNTS = "token_counts.parquet"  # as anisweep.tangent.batch.TOKEN_COUNTS, which the gradient pass reads

@@ -137,7 +137,7 @@ def read_token_counts(checkpoint: str | Path) -> np.ndarray | None:
     its folder or the run folder above it (the toys write theirs there); None where there is none."""
     import polars as pl
 
-    from anisweep.tables import read_parquet
+    from anisweep.tables import TOKEN_COUNTS, read_parquet
 
     for folder in (Path(checkpoint), Path(checkpoint).parent):
         path = folder / TOKEN_COUNTS
@@ -147,7 +147,3 @@ def read_token_counts(checkpoint: str | Path) -> np.ndarray | None:
             counts[table["token_id"].to_numpy()] = table["count"].cast(pl.Float64).to_numpy()
             return counts
     return None
-
-
-#: the training corpus's token counts, in a checkpoint's folder or its run folder (anisweep.toy.train writes it)
-TOKEN_COUNTS = "token_counts.parquet"

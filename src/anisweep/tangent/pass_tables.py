@@ -47,14 +47,17 @@ def empty_pass_tables() -> dict[str, pl.DataFrame]:
 
 def pass_tables(result: GradientPass) -> dict[str, pl.DataFrame]:
     """gradient_sums and gradient_sample of a finished pass."""
-    rows = []
+    rows, vectors = [], []  # the vectors (up to d(d+1)/2 floats each) go to Parquet from numpy, never as lists
     for (layer, site), sums in sorted(result.sums.items()):
         upper = np.triu_indices(sums.d)
         for index, stratum in enumerate(STRATA[1:], start=1):
             where = {"layer": layer, "site": site, "stratum": stratum}
             rows += [{**where, "quantity": q, "value": float(getattr(sums, q)[index])} for q in SCALARS]
-            rows += [{**where, "quantity": q, "vector": getattr(sums, q)[index].tolist()} for q in VECTORS]
-            rows.append({**where, "quantity": "grad_second", "vector": sums.grad_second[index][upper].tolist()})
+            for q in VECTORS:
+                rows.append({**where, "quantity": q, "vector": len(vectors)})
+                vectors.append(np.asarray(getattr(sums, q)[index], np.float64))
+            rows.append({**where, "quantity": "grad_second", "vector": len(vectors)})
+            vectors.append(sums.grad_second[index][upper])
     lm = {"loss": result.loss, "n_targets": result.n_targets, **result.strata_info}
     rows += [{"layer": None, "site": "lm", "stratum": "all", "quantity": q, "value": float(v)} for q, v in lm.items()]
     sample = []
@@ -73,19 +76,30 @@ def pass_tables(result: GradientPass) -> dict[str, pl.DataFrame]:
             ).cast(SAMPLE_SCHEMA)
         )
     samples = pl.concat(sample) if sample else pl.DataFrame(schema=SAMPLE_SCHEMA)
-    return {"gradient_sums": pl.DataFrame(rows, schema=SUMS_SCHEMA), "gradient_sample": samples}
+    return {"gradient_sums": _with_vectors(rows, vectors), "gradient_sample": samples}
+
+
+def _with_vectors(rows: list[dict], vectors: list[np.ndarray]) -> pl.DataFrame:
+    """The sums table from its rows, whose `vector` holds an index into `vectors` (null for scalar rows)."""
+    index = {"vector": pl.Int64}
+    table = pl.DataFrame(rows, schema={**SUMS_SCHEMA, **index})
+    column = pl.Series("vector", vectors, dtype=SUMS_SCHEMA["vector"]) if vectors else None
+    if column is None:
+        return table.cast(SUMS_SCHEMA)
+    return table.with_columns(pl.col("vector").map_batches(lambda i: column.gather(i), return_dtype=column.dtype))
 
 
 def _site_sums(rows: pl.DataFrame) -> SiteSums:
-    by = {(r["stratum"], r["quantity"]): r for r in rows.iter_rows(named=True)}
+    at = {(stratum, quantity): i for i, (stratum, quantity) in enumerate(rows.select("stratum", "quantity").rows())}
+    value, vector = rows["value"], rows["vector"]
     strata = STRATA[1:]
-    arrays = {q: np.array([by[(s, q)]["value"] for s in strata]) for q in SCALARS}
-    arrays |= {q: np.array([by[(s, q)]["vector"] for s in strata]) for q in VECTORS}
+    arrays = {q: np.array([value[at[(s, q)]] for s in strata]) for q in SCALARS}
+    arrays |= {q: np.stack([vector[at[(s, q)]].to_numpy() for s in strata]) for q in VECTORS}
     d = arrays["grad_sum"].shape[1]
     upper = np.triu_indices(d)
     second = np.zeros((len(strata), d, d))
     for index, s in enumerate(strata):
-        second[index][upper] = by[(s, "grad_second")]["vector"]
+        second[index][upper] = vector[at[(s, "grad_second")]].to_numpy()
         second[index] = second[index] + np.triu(second[index], 1).T
     arrays["grad_second"] = second
     # `all` first, the strata's sum, as SiteSums.finish() leaves them
@@ -110,8 +124,8 @@ def read_pass(sums: pl.DataFrame, sample: pl.DataFrame, where: str = "") -> Grad
     act, grad, strata = {}, {}, None
     for (layer, site), rows in sample.group_by("layer", "site", maintain_order=True):
         rows = rows.sort("token")
-        act[(layer, site)] = np.stack(rows["act"].to_numpy()).astype(np.float32)
-        grad[(layer, site)] = np.stack(rows["grad"].to_numpy()).astype(np.float32)
+        act[(layer, site)] = rows["act"].explode().to_numpy().reshape(rows.height, -1).astype(np.float32)
+        grad[(layer, site)] = rows["grad"].explode().to_numpy().reshape(rows.height, -1).astype(np.float32)
         strata = rows["stratum"].to_numpy()
     strata_info = {q: v for q, v in lm.items() if q not in ("loss", "n_targets")}
     return GradientPass(

@@ -132,11 +132,7 @@ def share_rows(bases: dict[str, np.ndarray], controls: list[np.ndarray], sums: S
                     "measure": measure,
                     "value": float(control_values.mean()),
                     "n_tokens": int(sums.n_grad[index]),
-                    "control_mean": float(control_values.mean()),
-                    "control_sd": float(control_values.std(ddof=1)) if len(control_values) > 1 else float("nan"),
-                    "null_mean": null[0],
-                    "null_sd": null[1],
-                    "z": (float(control_values.mean()) - null[0]) / null[1] if null[1] > 0 else float("nan"),
+                    **control_stats(float(control_values.mean()), control_values, null),
                 }
             )
     return rows

@@ -28,6 +28,7 @@ import torch
 from anisweep import schema
 from anisweep.atomic import replacing, write_json
 from anisweep.corpus import builtin_text, special_affixes, tokenize_stream
+from anisweep.tables import TOKEN_COUNTS
 from anisweep.toy.tokenizers import build_tokenizer, check_arch
 
 # Pythia's early grid (0, 1, 2, 4, ..., 512) plus a final step.
@@ -254,7 +255,7 @@ def train_toy(
         tokenizer = build_tokenizer(arch, texts, spec.vocab_size)
         tokenizer.model_max_length = spec.max_position_embeddings or spec.seq_len
         stream = tokenize_stream(tokenizer, texts)
-        write_token_counts(stream, len(tokenizer), out_dir / "token_counts.parquet")
+        write_token_counts(stream, len(tokenizer), out_dir / TOKEN_COUNTS)
         say(f"tokenizer: {len(tokenizer)} tokens; corpus: {len(stream)} tokens; {total} steps")
 
         torch.manual_seed(seed)
