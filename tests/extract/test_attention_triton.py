@@ -60,8 +60,9 @@ def eager(q, k, v, scaling, valid, causal):
         "p_lower": at((n - 1) // 2),
         "p_upper": at(n // 2),
         "p_max": at(n - 1),
-        "score_sum": s.masked_fill(~visible, 0.0).sum(-1),
-        "score_norm": s.masked_fill(~visible, 0.0).square().sum(-1).sqrt(),
+        "score_max": m.squeeze(-1),
+        "shifted_sum": (s - m).masked_fill(~visible, 0.0).sum(-1),
+        "shifted_norm": (s - m).masked_fill(~visible, 0.0).square().sum(-1).sqrt(),
         "z": z.squeeze(-1),
     }
     return p @ v, torch.stack([fields[name] for name in ROW_FIELDS], dim=-1)

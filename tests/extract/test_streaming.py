@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from anisweep.extract.streaming import VectorStats
+from anisweep.extract.streaming import ROW_FIELDS, AttentionStats, VectorStats, VisibleKeys, masked_exp_, row_statistics
 
 
 def batches(seed: int = 0):
@@ -147,3 +147,61 @@ def test_avg_cos_from_the_sums_leaves_zero_vectors_out_as_the_point_cloud_does()
     streamed = geometry.avg_cos_from_sums(stats.sum_unit.numpy(), stats.n - stats.n_zero)
     assert streamed == pytest.approx(geometry.avg_cos(x[0].double().numpy()), rel=1e-6)
     assert stats.n == 9 and stats.n_zero == 1
+
+
+def biased_scores(b=3, n_heads=2, t=48, d_head=16):
+    """Queries and keys sharing a large common direction: every score sits ~1000x its spread from 0."""
+    g = torch.Generator().manual_seed(1)
+    common = 3 * torch.randn(n_heads, 1, d_head, generator=g)
+    query = common + 0.005 * torch.randn(b, n_heads, t, d_head, generator=g)
+    key = common + 0.005 * torch.randn(b, n_heads, t, d_head, generator=g)
+    return query, key, d_head**-0.5
+
+
+def attention_rows(query, key, scaling, valid, causal):
+    """ROW_FIELDS of every row through the torch path's masked_exp_ and row_statistics, per sequence."""
+    t = query.shape[-2]
+    out = []
+    for seq in range(query.shape[0]):
+        hidden = ~valid[seq][None, :].expand(t, t)
+        if causal:
+            hidden = hidden | torch.ones(t, t, dtype=torch.bool).triu(1)
+        keys = VisibleKeys.build(hidden)
+        scores = torch.baddbmm(torch.zeros(()), query[seq], key[seq].transpose(-1, -2), beta=0.0, alpha=scaling)
+        rows = torch.empty(*scores.shape[:2], len(ROW_FIELDS))
+        e = masked_exp_(scores, keys, rows, out=torch.empty_like(scores))
+        row_statistics(scores, e, keys, rows)
+        out.append(rows)
+    return torch.stack(out)
+
+
+def visible_scores(query, key, scaling, valid, causal, head):
+    """The float32 scores of one head's visible (valid query, visible key) pairs, as float64 numpy."""
+    t = query.shape[-2]
+    s = torch.baddbmm(torch.zeros(()), query[:, head], key[:, head].transpose(-1, -2), beta=0.0, alpha=scaling)
+    visible = valid[:, :, None] & valid[:, None, :]
+    if causal:
+        visible = visible & torch.ones(t, t, dtype=torch.bool).tril()
+    return s[visible].double().numpy()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_score_std_is_exact_where_raw_moments_cancel(causal):
+    """attention.parquet's score_mean and score_std against numpy float64 of the same float32 scores, with
+    padding, where sqrt(E[s^2] - E[s]^2) of float32 row sums is off by ~1e-3: the rows hold sums of the
+    scores shifted by their row max, merged across rows in float64."""
+    query, key, scaling = biased_scores()
+    t = query.shape[-2]
+    valid = torch.arange(t)[None, :] < torch.tensor([t, 30, 5])[:, None]
+    stats = AttentionStats(query.shape[1])
+    for part in (slice(0, 2), slice(2, 3)):  # two mini-batches
+        rows = attention_rows(query[part], key[part], scaling, valid[part], causal)
+        lengths = valid[part].sum(-1, keepdim=True)  # padding at the end
+        n_visible = torch.minimum(torch.arange(1, t + 1), lengths) if causal else lengths.expand(-1, t)
+        stats.update(rows, valid[part], n_visible)
+    means = stats.means()
+    for head in range(query.shape[1]):
+        expected = visible_scores(query, key, scaling, valid, causal, head)
+        assert abs(expected.mean()) / expected.std() > 300
+        assert float(means["score_mean"][head]) == pytest.approx(expected.mean(), rel=1e-7)
+        assert float(means["score_std"][head]) == pytest.approx(expected.std(), rel=1e-5)

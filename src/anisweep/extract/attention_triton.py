@@ -44,9 +44,11 @@ SCORES_CHUNK = 2**24  # float32 scores the scores path materialises at once (64 
 INF_BITS = tl.constexpr(0x7F800000)  # the int32 bits of +inf, above those of every finite e >= 0
 BISECTION_STEPS = tl.constexpr(31)  # the candidates [0, INF_BITS] halved 31 times leave one
 
-P_DOT_SHIFTED, P_MIN, P_LOWER, P_UPPER, P_MAX, SCORE_SUM, SCORE_NORM, Z = (
+P_DOT_SHIFTED, P_MIN, P_LOWER, P_UPPER, P_MAX, SCORE_MAX, SHIFTED_SUM, SHIFTED_NORM, Z = (
     tl.constexpr(ROW_FIELDS.index(name))
-    for name in ("p_dot_shifted", "p_min", "p_lower", "p_upper", "p_max", "score_sum", "score_norm", "z")
+    for name in (
+        "p_dot_shifted", "p_min", "p_lower", "p_upper", "p_max", "score_max", "shifted_sum", "shifted_norm", "z"
+    )
 )
 
 
@@ -280,11 +282,11 @@ def _softmax_sums(s, visible, row_ptrs, row_mask, sr_f):
     get zeros and Z = 1."""
     n = tl.sum(visible.to(tl.int32), axis=1)
     seen = n > 0
-    s = tl.where(visible, s, 0.0)
-    _store(row_ptrs + SCORE_SUM * sr_f, tl.sum(s, axis=1), seen, row_mask)
-    _store(row_ptrs + SCORE_NORM * sr_f, tl.sqrt(tl.sum(s * s, axis=1)), seen, row_mask)
     m = tl.where(seen, tl.max(tl.where(visible, s, float("-inf")), axis=1), 0.0)
-    shifted = s - m[:, None]
+    shifted = tl.where(visible, s - m[:, None], 0.0)
+    _store(row_ptrs + SCORE_MAX * sr_f, m, seen, row_mask)
+    _store(row_ptrs + SHIFTED_SUM * sr_f, tl.sum(shifted, axis=1), seen, row_mask)
+    _store(row_ptrs + SHIFTED_NORM * sr_f, tl.sqrt(tl.sum(shifted * shifted, axis=1)), seen, row_mask)
     e = tl.where(visible, tl.exp(shifted), 0.0)
     z = tl.where(seen, tl.sum(e, axis=1), 1.0)
     _store(row_ptrs + Z * sr_f, z, seen, row_mask)

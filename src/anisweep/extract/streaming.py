@@ -114,7 +114,11 @@ class HeadVectorStats:
 
 
 # Per query row, written by `masked_exp_` and `row_statistics`, reduced by AttentionStats.update.
-ROW_FIELDS = ("p_dot_shifted", "p_min", "p_lower", "p_upper", "p_max", "score_sum", "score_norm", "z")
+# per query row, with s the scores shifted so that the row's visible max m is 0: sum_j p_j s_j, the order
+# statistics of p, m, the sum and the norm of the visible s, and Z = sum_j exp(s_j)
+ROW_FIELDS = (
+    "p_dot_shifted", "p_min", "p_lower", "p_upper", "p_max", "score_max", "shifted_sum", "shifted_norm", "z"
+)
 ORDER_FIELDS = slice(ROW_FIELDS.index("p_min"), ROW_FIELDS.index("p_max") + 1)  # VisibleKeys.index's order
 
 
@@ -184,17 +188,25 @@ def _sort_rows_(x: torch.Tensor) -> torch.Tensor:
 
 
 def masked_exp_(scores: torch.Tensor, keys: VisibleKeys, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Unnormalised softmax over the visible keys of scores (n, R, L) float32: writes the per-row sums of
-    the visible scores and of their squares and Z = sum_j exp(s_j - max) to rows (n, R, len(ROW_FIELDS)),
-    shifts `scores` in place so that each row's visible max is 0 (hidden ones are left near the dtype's
-    min), and returns e = exp(shifted) in `out`, exactly 0 on hidden keys. p = e / Z."""
+    """Unnormalised softmax over the visible keys of scores (n, R, L) float32: shifts `scores` in place so
+    that each row's visible max m is 0 (hidden ones are left near the dtype's min), writes m, the per-row
+    sum and norm of the visible shifted scores and Z = sum_j exp(s_j - m) to rows (n, R, len(ROW_FIELDS)),
+    and returns e = exp(shifted) in `out`, exactly 0 on hidden keys. p = e / Z.
+
+    The sums are of the shifted scores, whose mean lies within the row's spread of 0, so that the variance
+    from them does not cancel when every score sits far from 0 (a bias term)."""
+    lowest = torch.finfo(scores.dtype).min
+    if keys.hidden is not None:
+        scores[..., keys.cols].masked_fill_(keys.hidden, lowest)
+    row_max = rows[..., ROW_FIELDS.index("score_max")]
+    torch.amax(scores, dim=-1, out=row_max)
+    scores.sub_(row_max[..., None])
     if keys.hidden is not None:
         scores[..., keys.cols].masked_fill_(keys.hidden, 0.0)  # for the sums
-    torch.sum(scores, dim=-1, out=rows[..., ROW_FIELDS.index("score_sum")])
-    torch.linalg.vector_norm(scores, dim=-1, out=rows[..., ROW_FIELDS.index("score_norm")])
+    torch.sum(scores, dim=-1, out=rows[..., ROW_FIELDS.index("shifted_sum")])
+    torch.linalg.vector_norm(scores, dim=-1, out=rows[..., ROW_FIELDS.index("shifted_norm")])
     if keys.hidden is not None:
-        scores[..., keys.cols].masked_fill_(keys.hidden, torch.finfo(scores.dtype).min)  # for the softmax
-    scores.sub_(scores.amax(dim=-1, keepdim=True))
+        scores[..., keys.cols].masked_fill_(keys.hidden, lowest)  # for the softmax
     torch.exp(scores, out=out)
     torch.sum(out, dim=-1, out=rows[..., ROW_FIELDS.index("z")])
     return out
@@ -226,8 +238,9 @@ class AttentionStats:
         self.n_rows = 0
         self.n_rows_norm = 0
         self.n_pairs = 0
-        self.score_sum = zeros()
-        self.score_sq_sum = zeros()
+        self.score_sum = zeros()  # sum over rows of n_visible * the row's mean score
+        self.score_row_sq_sum = zeros()  # sum over rows of n_visible * the row's mean score squared
+        self.score_m2_within = zeros()  # sum over rows of their squared deviations from the row's mean
 
     @staticmethod
     def counts(valid: torch.Tensor, n_visible: torch.Tensor) -> tuple[int, int, int]:
@@ -261,9 +274,16 @@ class AttentionStats:
         }
         for name, (values, keep) in per_row.items():
             self.sums[name] += torch.where(keep[:, None], values, 0.0).sum(dim=(0, 2))
+        # per row its visible scores' mean and sum of squared deviations, from the shifted sums (float32
+        # within a row, where the shift keeps them from cancelling); across rows in float64 (Chan et al.)
         keep = valid[:, None]
-        self.score_sum += torch.where(keep, r["score_sum"], 0.0).sum(dim=(0, 2))
-        self.score_sq_sum += torch.where(keep, r["score_norm"].square(), 0.0).sum(dim=(0, 2))
+        n = n_visible.double().clamp_min(1)[:, None]
+        shifted_sum = r["shifted_sum"]
+        row_mean = r["score_max"] + shifted_sum / n
+        row_m2 = (r["shifted_norm"].square() - shifted_sum * shifted_sum / n).clamp_min(0.0)
+        self.score_sum += torch.where(keep, n * row_mean, 0.0).sum(dim=(0, 2))
+        self.score_row_sq_sum += torch.where(keep, n * row_mean * row_mean, 0.0).sum(dim=(0, 2))
+        self.score_m2_within += torch.where(keep, row_m2, 0.0).sum(dim=(0, 2))
         n_rows, n_rows_norm, n_pairs = counts or self.counts(valid, n_visible)
         self.n_rows += n_rows
         self.n_rows_norm += n_rows_norm
@@ -272,8 +292,10 @@ class AttentionStats:
     def means(self) -> dict[str, torch.Tensor]:
         out = {f"{name}_mean": self.sums[name] / max(self.n_rows, 1) for name in self.FIELDS}
         out["entropy_norm_mean"] = self.sums["entropy_norm"] / max(self.n_rows_norm, 1)
-        score_mean = self.score_sum / max(self.n_pairs, 1)
-        variance = (self.score_sq_sum / max(self.n_pairs, 1) - score_mean * score_mean).clamp_min(0.0)
+        n_pairs = max(self.n_pairs, 1)
+        score_mean = self.score_sum / n_pairs
+        between = (self.score_row_sq_sum - self.score_sum * score_mean).clamp_min(0.0)
+        variance = (self.score_m2_within + between) / n_pairs
         out["score_mean"] = score_mean
         out["score_std"] = variance.sqrt()
         return out

@@ -220,9 +220,8 @@ class QKExtras:
     the pre-softmax scores q.k * scaling of every visible (query, key) pair in fixed bins, with one
     open-ended bin below the first edge and one above the last, and the mean and standard deviation of those
     scores, accumulated in float64 without cancellation: per sequence a two-pass mean and sum of squared
-    deviations, merged across sequences by Chan et al.'s pairwise update (the streaming sweep's
-    sqrt(E[s^2] - E[s]^2) from float32 row sums loses ~1e-3 relative when a bias shifts every score by
-    ~100 times their spread)."""
+    deviations, merged across sequences by Chan et al.'s pairwise update (sqrt(E[s^2] - E[s]^2) of float32
+    row sums would lose ~1e-3 relative when a bias shifts every score by ~100 times their spread)."""
 
     def __init__(self, n_heads: int, d_head: int, edges: torch.Tensor):
         self.edges = edges
@@ -368,7 +367,7 @@ def recorder_rows(recorder: BlockRecorder) -> list[dict]:
     attention = recorder.attention[0]
     seq_max, seq_min = attention.extremes()
     means = attention.means()
-    # the score moments from QKExtras' float64 two-pass sums, not AttentionStats' E[s^2] - E[s]^2 of float32 sums
+    # the score moments from QKExtras' float64 sums of the scores themselves
     means["score_mean"], means["score_std"] = extras.score_moments()
     for name, values in means.items():
         per_head += [
