@@ -11,7 +11,7 @@ import pytest
 
 from anisweep.measures.sweep import aggregate, analysed
 from anisweep.plots.families import PANELS, panel_rows, plot_families
-from anisweep.plots.kit import MIN_TICK_LABEL_SIZE, log_spaced, save_figure
+from anisweep.plots.kit import MIN_TICK_LABEL_SIZE, log_spaced, pyplot, save_figure
 from anisweep.plots.sweep import MODEL_FIGURES, plot_family, plot_model
 from anisweep.tables import ATTENTION_STATISTICS, metric_rows, write_atomic
 
@@ -112,12 +112,26 @@ def test_every_model_figure_is_drawn(tmp_path, steps):
     assert not list((tmp_path / "figures").glob(".*tmp*"))
 
 
-def test_family_figure_handles_models_without_token_counts(tmp_path):
-    first = aggregate([fake_checkpoint(tmp_path, s, f"a{s}", model="a") for s in (0, 10, 100)])
-    second = aggregate([fake_checkpoint(tmp_path, s, f"b{s}", model="b") for s in (0, 10, 100)])
-    second = second.with_columns(pl.lit(None, pl.Int64).alias("tokens_seen"))
-    plot_family(pl.concat([first, second]), tmp_path / "compare.png")
-    assert (tmp_path / "compare.png").stat().st_size > 10_000
+@pytest.mark.parametrize("without_tokens", [[], ["b"], ["a", "b"]])
+def test_comparison_figures_put_every_model_on_one_unit(tmp_path, monkeypatch, without_tokens):
+    """Tokens seen on the x axis when every model has them; otherwise optimizer steps for all, labelled so (a
+    local run without tokens_per_step used to be drawn by step under a "tokens seen" label)."""
+    import anisweep.plots.families as families
+    import anisweep.plots.sweep as plots
+
+    parts = [aggregate([fake_checkpoint(tmp_path, s, f"{m}{s}", model=m) for s in (0, 10, 100)]) for m in "ab"]
+    sweeps = pl.concat(parts).with_columns(
+        pl.when(pl.col("model").is_in(without_tokens)).then(None).otherwise(pl.col("tokens_seen")).alias("tokens_seen")
+    )
+    unit = ("optimizer step", [0, 10, 100]) if without_tokens else ("tokens seen", [0, 1000, 10000])
+    figures = []
+    for module, draw in ((plots, plot_family), (families, plot_families)):
+        monkeypatch.setattr(module, "save_figure", lambda fig, path: figures.append(fig))
+        draw(sweeps, tmp_path / "compare.png")
+        drawn = [ax for ax in figures[-1].axes if ax.get_visible() and ax.get_lines()]
+        assert drawn and {ax.get_xlabel() for ax in drawn} == {unit[0]}
+        assert {int(x) for ax in drawn for line in ax.get_lines() for x in line.get_xdata()} == set(unit[1])
+        pyplot().close(figures[-1])
 
 
 def test_families_figure_compares_one_site_per_panel(tmp_path):

@@ -47,7 +47,15 @@ BISECTION_STEPS = tl.constexpr(31)  # the candidates [0, INF_BITS] halved 31 tim
 P_DOT_SHIFTED, P_MIN, P_LOWER, P_UPPER, P_MAX, SCORE_MAX, SHIFTED_SUM, SHIFTED_NORM, Z = (
     tl.constexpr(ROW_FIELDS.index(name))
     for name in (
-        "p_dot_shifted", "p_min", "p_lower", "p_upper", "p_max", "score_max", "shifted_sum", "shifted_norm", "z"
+        "p_dot_shifted",
+        "p_min",
+        "p_lower",
+        "p_upper",
+        "p_max",
+        "score_max",
+        "shifted_sum",
+        "shifted_norm",
+        "z",
     )
 )
 

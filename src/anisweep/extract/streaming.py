@@ -116,9 +116,7 @@ class HeadVectorStats:
 # Per query row, written by `masked_exp_` and `row_statistics`, reduced by AttentionStats.update.
 # per query row, with s the scores shifted so that the row's visible max m is 0: sum_j p_j s_j, the order
 # statistics of p, m, the sum and the norm of the visible s, and Z = sum_j exp(s_j)
-ROW_FIELDS = (
-    "p_dot_shifted", "p_min", "p_lower", "p_upper", "p_max", "score_max", "shifted_sum", "shifted_norm", "z"
-)
+ROW_FIELDS = ("p_dot_shifted", "p_min", "p_lower", "p_upper", "p_max", "score_max", "shifted_sum", "shifted_norm", "z")
 ORDER_FIELDS = slice(ROW_FIELDS.index("p_min"), ROW_FIELDS.index("p_max") + 1)  # VisibleKeys.index's order
 
 

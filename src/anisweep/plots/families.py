@@ -3,7 +3,8 @@
 Every panel reads ONE site that all architectures have, named on the panel: the residual stream just before the
 final norm (`final_ln_in`), just after it (`final_ln_out`), and q/k at rope `pre` (the projections before any
 rotation; what attention sees where there is no rotary; OLMo 2: after its own q/k norm). Attention entropy is
-the normalised one, comparable between causal and bidirectional rows. The x axis is tokens seen.
+the normalised one, comparable between causal and bidirectional rows. The x axis is tokens seen (steps where
+a model has no token count: kit.progress_axis).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import polars as pl
 
 from anisweep.measures.sweep import analysed
-from anisweep.plots.kit import legend_beside, metric_words, panel_grid, save_figure
+from anisweep.plots.kit import legend_beside, metric_words, panel_grid, progress_axis, save_figure, set_progress_scale
 
 #: (panel title, site, metric)
 PANELS = (
@@ -49,17 +50,15 @@ def plot_families(sweeps: pl.DataFrame, path: Path) -> None:
     sweeps = analysed(sweeps)
     families = sorted(sweeps["family"].unique().to_list())
     colours = {family: f"C{i % 10}" for i, family in enumerate(families)}
+    x_column, x_label = progress_axis(sweeps)
     fig, axes = panel_grid(len(PANELS), 3, size=(4.2, 3.2))
     for ax, (title, site, metric) in zip(axes, PANELS, strict=False):
         rows = panel_rows(sweeps, site, metric)
         for (family, model), group in rows.group_by("family", "model", maintain_order=True):
-            x = group["tokens_seen"] if group["tokens_seen"].null_count() == 0 else group["step"]
-            ax.plot(x, group["value"], marker=".", color=colours[family], label=f"{family}/{model}", alpha=0.85)
-        ax.set_xscale(
-            "symlog", linthresh=max(1.0, float(rows.filter(pl.col("tokens_seen") > 0)["tokens_seen"].min() or 1))
-        )
+            label = f"{family}/{model}"
+            ax.plot(group[x_column], group["value"], marker=".", color=colours[family], label=label, alpha=0.85)
+        set_progress_scale(ax, rows, x_column, x_label)
         ax.set_title(title, fontsize=9)
-        ax.set_xlabel("tokens seen")
         ax.set_ylabel(Y_LABELS.get(metric, metric_words(metric)), fontsize=9)
     legend_beside(fig, axes, fontsize=8)
     fig.suptitle(f"families compared over training: {', '.join(families)}")

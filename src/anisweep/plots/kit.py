@@ -110,6 +110,21 @@ def step_axis(ax, sweep: pl.DataFrame, label: bool = True) -> None:
         top.tick_params(labelsize=MIN_TICK_LABEL_SIZE)
 
 
+def progress_axis(rows: pl.DataFrame) -> tuple[str, str]:
+    """The column and axis label of a figure that puts several models on one x axis: tokens seen where every
+    row has them, else the optimizer step for all (a local run without tokens_per_step has no token count, and
+    two units on one axis would compare nothing)."""
+    if rows.height and rows["tokens_seen"].null_count() == 0:
+        return "tokens_seen", "tokens seen"
+    return "step", "optimizer step"
+
+
+def set_progress_scale(ax, rows: pl.DataFrame, column: str, label: str) -> None:
+    """A symlog x axis from 0 whose linear part ends at the first positive value of `column`."""
+    ax.set_xscale("symlog", linthresh=max(1.0, float(rows.filter(pl.col(column) > 0)[column].min() or 1)))
+    ax.set_xlabel(label)
+
+
 def lines_by(ax, rows: pl.DataFrame, by: str, label_fmt: str, cmap: str = "viridis") -> None:
     plt = pyplot()
     groups = sorted(rows[by].unique().drop_nulls().to_list())

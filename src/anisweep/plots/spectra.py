@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+from matplotlib.ticker import MaxNLocator
 
-from anisweep.plots.kit import pyplot, save_figure
+from anisweep.plots.kit import legend_beside, pyplot, save_figure
 
 SPECTRA_FIGURES = ("spectra.png",)
 STEPS_SHOWN = 6  # at most, spread over the swept steps in log(step + 1); the first and the last always
@@ -130,9 +131,10 @@ def spectra_figure(spectra: pl.DataFrame, path: Path) -> None:
             ax.set_yscale("log")
             ax.set_title(title, fontsize=8)
             ax.set_xlabel("singular value index", fontsize=7)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_ylabel("s_i / sum s" if c == 0 else "", fontsize=7)
             ax.tick_params(which="both", labelsize=6)
-    axes[0, 0].legend(fontsize=6)
+    legend_beside(fig, list(axes.flat), fontsize=7)
     rope = {"qk_post": "post-rotary", "qk_pre": "as attention sees them"}[qk_site]
     fig.suptitle(
         f"{spectra['family'][0]} / {spectra['model'][0]}: normalised singular values of the sampled hidden states "

@@ -20,10 +20,12 @@ from anisweep.plots.kit import (
     not_measured,
     panel_grid,
     per_head_panels,
+    progress_axis,
     pyplot,
     qk_sites,
     save_figure,
     select_rows,
+    set_progress_scale,
     step_axis,
     sweep_title,
 )
@@ -279,7 +281,7 @@ FAMILY_SITES = {"final_ln_in": "before the final LayerNorm", "final_ln_out": "af
 
 
 def plot_family(sweeps: pl.DataFrame, path: Path) -> None:
-    """Models of one family side by side against tokens seen (steps when a model has no token count).
+    """Models of one family side by side against tokens seen (steps when a model has no token count: kit.progress_axis).
 
     Every panel shows one named site, the same for every model: the last residual layer is before the final
     LayerNorm in GPT-NeoX and after it in BERT, so the panels use final_ln_in / final_ln_out instead.
@@ -321,6 +323,7 @@ def plot_family(sweeps: pl.DataFrame, path: Path) -> None:
     plt = pyplot()
     models = sorted(sweeps["model"].unique().to_list())
     colours = dict(zip(models, plt.get_cmap("tab10")(np.arange(len(models)) % 10)))
+    x_column, x_label = progress_axis(sweeps)
     fig, axes = panel_grid(len(panels), 2, size=(4.2, 3.2))
     for ax, (label, lines) in zip(axes, panels):
         for model in models:
@@ -328,12 +331,8 @@ def plot_family(sweeps: pl.DataFrame, path: Path) -> None:
                 rows = pick(sweeps.filter(pl.col("model") == model)).sort("step")
                 if rows.height == 0:
                     continue
-                x = rows["tokens_seen"] if rows["tokens_seen"].null_count() == 0 else rows["step"]
-                ax.plot(x, rows["value"], style, marker=".", color=colours[model], label=model + suffix)
-        ax.set_xscale(
-            "symlog", linthresh=max(1.0, float(sweeps.filter(pl.col("tokens_seen") > 0)["tokens_seen"].min() or 1))
-        )
-        ax.set_xlabel("tokens seen")
+                ax.plot(rows[x_column], rows["value"], style, marker=".", color=colours[model], label=model + suffix)
+        set_progress_scale(ax, sweeps, x_column, x_label)
         ax.set_ylabel(label, fontsize=9)
     from matplotlib.lines import Line2D
 

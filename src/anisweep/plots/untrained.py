@@ -15,12 +15,13 @@ SITE_COLOURS = {"input": "tab:blue", "output": "tab:red", "q": "tab:green", "k":
 P_COLOURS = {"p_max_mean": "tab:red", "p_median_mean": "tab:orange", "p_min_mean": "tab:blue"}
 
 
-def _axes(summary: pl.DataFrame, n_panels: int):
+def _axes(summary: pl.DataFrame, n_panels: int, title: str):
     plt = pyplot()
     inits = summary["init"].unique(maintain_order=True).to_list()
     fig, axes = plt.subplots(
-        len(inits), n_panels, figsize=(3.8 * n_panels, 3.0 * len(inits)), squeeze=False, constrained_layout=True
+        len(inits), n_panels, figsize=(3.8 * n_panels, 3.0 * len(inits) + 0.4), squeeze=False, constrained_layout=True
     )
+    fig.suptitle(f"Untrained block: {title}\n(lines: mean over seeds; bands: their min-max)", fontsize=10)
     return fig, list(zip(inits, axes))
 
 
@@ -44,7 +45,7 @@ def _band(ax, summary: pl.DataFrame, init: str, site: str, metric: str, label: s
 
 def norms(summary: pl.DataFrame, path: Path) -> None:
     """Fig. 6: avg_cos and mean norm of the block's input x + b and output T(x + b); N* marked."""
-    fig, rows = _axes(summary, 2)
+    fig, rows = _axes(summary, 2, "input x + b and output T(x + b) against the bias norm N")
     for init, (cos_ax, norm_ax) in rows:
         for site in ("input", "output"):
             _band(cos_ax, summary, init, site, "avg_cos", site, SITE_COLOURS[site])
@@ -56,8 +57,8 @@ def norms(summary: pl.DataFrame, path: Path) -> None:
             norm_ax.axvline(mean, color="grey", linestyle="--", label=label)
             norm_ax.axvspan(star["min"][0], star["max"][0], color="grey", alpha=0.15, linewidth=0)
         norm_ax.set_yscale("log")
-        cos_ax.set_ylabel("avg_cos")
-        norm_ax.set_ylabel("mean ||x||")
+        cos_ax.set_ylabel("mean pairwise cosine")
+        norm_ax.set_ylabel("mean norm ||x||")
         cos_ax.set_title(f"{init}: anisotropy in and out", fontsize=9)
         norm_ax.set_title(f"{init}: norm in and out", fontsize=9)
         for ax in (cos_ax, norm_ax):
@@ -111,7 +112,8 @@ def scores(histogram: pl.DataFrame, path: Path) -> None:
 
     folded = score_magnitudes(histogram)
     inits = histogram["init"].unique(maintain_order=True).to_list()
-    fig, axes = plt.subplots(1, len(inits), figsize=(5.6 * len(inits), 3.8), squeeze=False, constrained_layout=True)
+    fig, axes = plt.subplots(1, len(inits), figsize=(5.6 * len(inits), 4.0), squeeze=False, constrained_layout=True)
+    fig.suptitle("Untrained block: pre-softmax scores per bias norm N, pooled over heads and seeds", fontsize=10)
     for init, ax in zip(inits, axes[0]):
         part = folded.filter(pl.col("init") == init)
         norms = part["norm"].unique().sort().to_list()
@@ -145,14 +147,14 @@ def scores(histogram: pl.DataFrame, path: Path) -> None:
 
 def qk(summary: pl.DataFrame, path: Path) -> None:
     """Fig. 8: avg_cos and mean norm of the queries and keys (mean over heads)."""
-    fig, rows = _axes(summary, 2)
+    fig, rows = _axes(summary, 2, "queries and keys against the bias norm N")
     for init, (cos_ax, norm_ax) in rows:
         for site in ("q", "k"):
             _band(cos_ax, summary, init, site, "avg_cos", site, SITE_COLOURS[site])
             _band(norm_ax, summary, init, site, "norm_mean", site, SITE_COLOURS[site])
         norm_ax.set_yscale("log")
-        cos_ax.set_ylabel("avg_cos (mean over heads)")
-        norm_ax.set_ylabel("mean ||q||, ||k||")
+        cos_ax.set_ylabel("mean pairwise cosine\n(mean over heads)")
+        norm_ax.set_ylabel("mean norm ||q||, ||k||")
         cos_ax.set_title(f"{init}: query/key anisotropy", fontsize=9)
         norm_ax.set_title(f"{init}: query/key norm", fontsize=9)
         for ax in (cos_ax, norm_ax):
@@ -163,12 +165,12 @@ def qk(summary: pl.DataFrame, path: Path) -> None:
 
 def softmax(summary: pl.DataFrame, path: Path) -> None:
     """Fig. 9: per query row the max, median and min probability, averaged over rows, heads and sequences."""
-    fig, rows = _axes(summary, 1)
+    fig, rows = _axes(summary, 1, "softmax per query row")
     for init, (ax,) in rows:
         for metric, colour in P_COLOURS.items():
             _band(ax, summary, init, "attention", metric, metric.removesuffix("_mean").replace("p_", ""), colour)
         ax.set_yscale("log")
-        ax.set_ylabel("softmax value (row mean)")
+        ax.set_ylabel("probability, mean over rows")
         ax.set_title(f"{init}: attention probabilities", fontsize=9)
         _norm_axis(ax, summary)
         ax.legend(fontsize=7)
@@ -178,13 +180,13 @@ def softmax(summary: pl.DataFrame, path: Path) -> None:
 def extremes(summary: pl.DataFrame, path: Path) -> None:
     """Fig. 10: each sequence's largest and smallest probability (over all its heads and rows), averaged over
     the sequences."""
-    fig, rows = _axes(summary, 2)
+    fig, rows = _axes(summary, 2, "each sequence's extreme probabilities")
     for init, (max_ax, min_ax) in rows:
         _band(max_ax, summary, init, "attention", "seq_p_max_mean", "max", "tab:red")
         _band(min_ax, summary, init, "attention", "seq_p_min_mean", "min", "tab:blue")
         min_ax.set_yscale("log")
-        max_ax.set_ylabel("sequence max of p (mean)")
-        min_ax.set_ylabel("sequence min of p (mean)")
+        max_ax.set_ylabel("largest p in a sequence\n(mean over sequences)")
+        min_ax.set_ylabel("smallest p in a sequence\n(mean over sequences)")
         max_ax.set_title(f"{init}: maximum", fontsize=9)
         min_ax.set_title(f"{init}: minimum", fontsize=9)
         for ax in (max_ax, min_ax):
