@@ -122,8 +122,15 @@ def cmd_extract(args) -> None:
         from anisweep.tangent.settings import GradientSettings
 
         more_tables = pass_tables_for(manifest, GradientSettings(**args.gradients), settings.batch_size)
+    stream_measures = []
+    if args.stream_measure:
+        from anisweep.measures.registry import load
+
+        stream_measures = [load(entry) for entry in args.stream_measure]
     try:
-        info = extract_checkpoint(manifest, texts, settings, Path(args.out), more_tables=more_tables)
+        info = extract_checkpoint(
+            manifest, texts, settings, Path(args.out), more_tables=more_tables, stream_measures=stream_measures
+        )
     except OSError as error:
         if error.errno in _DISK_FULL:
             _remove_downloaded_weights(Path(args.manifest).parent, manifest)
@@ -152,7 +159,7 @@ def cmd_metrics(args) -> None:
     from anisweep.measures.metrics import checkpoint_metrics
     from anisweep.tables import write_atomic
 
-    write_atomic(checkpoint_metrics(args.extract_dir, args.gradients), args.out)
+    write_atomic(checkpoint_metrics(args.extract_dir, args.gradients, args.measure_table or []), args.out)
     if args.spectra_out:
         from anisweep.measures.spectra import checkpoint_spectra
 
@@ -228,6 +235,37 @@ def cmd_sweep(args) -> None:
         ),
         args.out,
     )
+
+
+def cmd_measure(args) -> None:
+    from anisweep.measures.registry import MeasureError, load, run_table_measure
+    from anisweep.tables import write_atomic
+
+    measure = load(args.entry)
+    if measure.kind != "table":
+        raise MeasureError(f"measure {args.entry!r} is a stream measure: extract runs it (--stream-measure)")
+    write_atomic(run_table_measure(measure, args.extract_dir), args.out)
+
+
+def cmd_plot_measure(args) -> None:
+    import polars as pl
+
+    from anisweep.measures.registry import load
+    from anisweep.plots.measures import plot_measure
+
+    plot_measure(load(args.entry), pl.read_parquet(args.sweep), Path(args.out))
+
+
+def cmd_glossary(args) -> None:
+    from anisweep.atomic import write_text
+    from anisweep.measures.glossary import glossary_markdown
+    from anisweep.measures.registry import user_measures
+
+    text = glossary_markdown(user_measures(args.measure or []))
+    if args.out:
+        write_text(text, Path(args.out))
+    else:
+        print(text)
 
 
 def cmd_plot(args) -> None:
@@ -381,6 +419,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gradients", type=_json, help="JSON of the config's gradients section: the backward pass's tables too"
     )
+    p.add_argument(
+        "--stream-measure", action="append", help="module:attribute of a stream measure to run in the forward pass"
+    )
     p.set_defaults(run=cmd_extract)
 
     p = sub.add_parser("metrics", help="every metric of one checkpoint from extract's Parquet")
@@ -388,7 +429,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--spectra-out", help="spectra.parquet: normalised singular values of the sampled vectors")
     p.add_argument("--gradients", help="the checkpoint's gradients.parquet: its shares become metric rows too")
+    p.add_argument("--measure-table", nargs="*", help="tables of the user's measures (measures/{name}.parquet)")
     p.set_defaults(run=cmd_metrics)
+
+    p = sub.add_parser("measure", help="one table measure of one checkpoint, from extract's Parquet")
+    p.add_argument("--entry", required=True, help="module:attribute of the measure")
+    p.add_argument("--extract-dir", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=cmd_measure)
+
+    p = sub.add_parser("plot-measure", help="a measure's figure of one model's sweep")
+    p.add_argument("--entry", required=True, help="module:attribute of the measure")
+    p.add_argument("--sweep", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=cmd_plot_measure)
+
+    p = sub.add_parser("glossary", help="every measure, metric, site and column with its definition (markdown)")
+    p.add_argument("--measure", action="append", help="module:attribute of a user's measure to list too")
+    p.add_argument("--out", help="write here instead of printing")
+    p.set_defaults(run=cmd_glossary)
 
     p = sub.add_parser("gradients", help="one checkpoint's gradient shares, fits and isotropy from its pass tables")
     p.add_argument("--sums", required=True, help="the checkpoint's gradient_sums.parquet (written by extract)")
@@ -520,6 +579,7 @@ def _checkpoint_key(args) -> str | None:
     folder = {
         "extract": getattr(args, "out", None),
         "metrics": getattr(args, "extract_dir", None),
+        "measure": getattr(args, "extract_dir", None),
         "gradients": str(Path(getattr(args, "out", None) or ".").parent),
     }.get(args.command)
     if folder and Path(folder).name.startswith("step") and len(Path(folder).parts) >= 3:

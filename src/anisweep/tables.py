@@ -161,6 +161,7 @@ METRIC_SCHEMA = {
     "rank": pl.Int64,
     "stratum": pl.String,
     "value": pl.Float64,
+    "measure": pl.String,  # the registered measure that wrote the row (anisweep.measures.registry)
 }
 
 
@@ -251,9 +252,10 @@ def check_metric_keys(df: pl.DataFrame, key: tuple[str, ...] = METRIC_KEY, where
         raise ValueError(f"{where}: {duplicates.height} rows share their key columns {list(key)}, e.g. {shown}")
 
 
-def metric_rows(ident: dict, rows: list[dict]) -> pl.DataFrame:
+def metric_rows(ident: dict, rows: list[dict], measure: str | None = None) -> pl.DataFrame:
     """Tidy metric rows (layer, head, site, metric, subspace, fit, rank, stratum, value; a missing key is null)
-    with the identity columns, in METRIC_SCHEMA. Raises ValueError when two rows share their METRIC_KEY."""
+    with the identity columns and `measure`, in METRIC_SCHEMA. Raises ValueError when two rows share their
+    METRIC_KEY."""
     if not rows:
         return empty_metrics()
     df = pl.DataFrame(
@@ -268,4 +270,5 @@ def metric_rows(ident: dict, rows: list[dict]) -> pl.DataFrame:
         schema={k: METRIC_SCHEMA[k] for k in (*METRIC_KEY, "value")},
     )
     check_metric_keys(df)
-    return with_identity(df, ident).cast(METRIC_SCHEMA)
+    df = df.with_columns(pl.lit(measure, pl.String).alias("measure"))
+    return with_identity(df, ident).select(list(METRIC_SCHEMA)).cast(METRIC_SCHEMA)

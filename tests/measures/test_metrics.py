@@ -217,8 +217,10 @@ def test_identity_and_schema(measured):
         "rank",
         "stratum",
         "value",
+        "measure",
     ]
     assert list(metrics.schema.items()) == list(METRIC_SCHEMA.items())
+    assert metrics["measure"].null_count() == 0
     assert metrics["step"].unique().to_list() == [3]
     assert metrics.filter(pl.col("metric") == "n_nonfinite")["value"].sum() == 0
     assert not metrics.select(list(METRIC_KEY)).is_duplicated().any()  # the key columns name every row

@@ -17,6 +17,7 @@ from anisweep.tables import UNTRAINED_TABLES
 from anisweep.plots.untrained import UNTRAINED_FIGURES
 from anisweep.mechanism import untrained_inits
 from anisweep.errors import ConfigError
+from anisweep.measures.registry import MeasureError, user_measures
 
 # Every rule calls the package's CLI with the interpreter that runs Snakemake, so an unactivated
 # virtual environment works as well as an activated one. With `--sdm conda`, with the python of the rule's conda
@@ -45,6 +46,32 @@ except ConfigError as error:
     raise WorkflowError(f"config: {error}") from None
 
 MODELS = anisweep_config.models(config)
+
+# The user's measures (config `measures:` and installed packages' entry points, anisweep.measures.registry), imported
+# now so that an entry that does not import stops the run before any job, naming it. A table measure runs in its
+# own job per checkpoint (rule table_measure), a stream measure in extract's; both tables join metrics.parquet.
+try:
+    MEASURES = {m.name: m for m in user_measures(config["measures"])}
+except MeasureError as error:
+    raise WorkflowError(f"config: {error}") from None
+TABLE_MEASURES = {name: m for name, m in MEASURES.items() if m.kind == "table"}
+STREAM_MEASURES = {name: m for name, m in MEASURES.items() if m.kind == "stream"}
+LIVE_MODELS = [
+    *anisweep_config.live_local_runs(config),
+    *(name for name in config.get("toy", {}) if anisweep_config.toy_spec(config, name).get("live")),
+]
+if STREAM_MEASURES and LIVE_MODELS:
+    raise WorkflowError(
+        f"config: stream measures {sorted(STREAM_MEASURES)} run in extract's forward pass, which the live models "
+        f"{LIVE_MODELS} have none of (their tables come from the training callback): sweep their saved checkpoints "
+        "(live: false), or make the measure a table measure"
+    )
+
+
+def measure_tables(wildcards):
+    """A checkpoint's tables of the user's measures, which its metrics join."""
+    folder = f"results/{wildcards.family}/{wildcards.model}/step{wildcards.step}/measures"
+    return [f"{folder}/{name}.parquet" for name in MEASURES]
 
 
 def check_device(device):
@@ -99,6 +126,9 @@ ANALYSIS_CODE = {
     "gradients": code_inputs("tangent.analysis"),
     "gradients_sweep": code_inputs("tangent.sweep"),
     "plot_gradients": code_inputs("plots.gradients"),
+    "measure": code_inputs("measures.registry"),
+    "plot_measure": code_inputs("plots.measures"),
+    "glossary": code_inputs("measures.glossary"),
 }
 
 
@@ -229,7 +259,8 @@ def model_figures(names, folder="results/{family}/{model}/figures", **where):
 
 
 def figures(family, model):
-    return [f"results/{family}/{model}/figures/{name}" for name in MODEL_FIGURES]
+    built_in = [f"results/{family}/{model}/figures/{name}" for name in MODEL_FIGURES]
+    return built_in + [f"results/{family}/{model}/figures/measure_{name}.png" for name in MEASURES]
 
 
 def distribution_outputs(family, model):
@@ -251,7 +282,7 @@ def all_outputs():
         outputs.append("results/figures/compare_families.png")
     if config["untrained"]["enabled"]:
         outputs += [f"results/untrained/figures/{name}" for name in UNTRAINED_FIGURES]
-    return outputs + gradient_outputs()
+    return outputs + gradient_outputs() + ["results/glossary.md"]
 
 
 def toy_checkpoints_dir(wildcards):

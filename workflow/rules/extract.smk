@@ -9,10 +9,16 @@ rule extract:
     input:
         weights="weights/{family}/{model}/step{step}",
         texts=rules.corpus.output[0],
+        # a stream measure's code runs in the forward pass: editing it reruns extract (docs/measures.md)
+        stream_measure_code=sorted({f for m in STREAM_MEASURES.values() for f in m.source_files}),
     output:
         **{
             name: update(f"results/{{family}}/{{model}}/step{{step}}/{name}.parquet")
             for name in [*EXTRACT_TABLES, *GRADIENT_PASS_TABLES]
+        },
+        **{
+            f"measure_{name}": update(f"results/{{family}}/{{model}}/step{{step}}/measures/{name}.parquet")
+            for name in STREAM_MEASURES
         },
         info=update("results/{family}/{model}/step{step}/extract.json"),
     log:
@@ -35,8 +41,9 @@ rule extract:
         source=checkpoint_source,
         settings=untracked(json_arg(config["extract"])),
         gradients=untracked(gradient_pass_arg),
+        stream_measures=" ".join(f"--stream-measure {shlex.quote(m.entry)}" for m in STREAM_MEASURES.values()),
         out="results/{family}/{model}/step{step}",
     shell:
         "{params.cli} extract --manifest {input.weights}/checkpoint.json --texts {input.texts} "
-        "--settings {params.settings} {params.gradients} --threads {threads} --out {params.out} "
-        "2> {log} {params.on_failure}"
+        "--settings {params.settings} {params.gradients} {params.stream_measures} --threads {threads} "
+        "--out {params.out} 2> {log} {params.on_failure}"

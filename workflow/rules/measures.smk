@@ -5,6 +5,7 @@ rule metrics:
         info="results/{family}/{model}/step{step}/extract.json",
         code=ANALYSIS_CODE["metrics"],
         gradients=gradient_table_of,
+        measures=measure_tables,
     output:
         metrics="results/{family}/{model}/step{step}/metrics.parquet",
         spectra="results/{family}/{model}/step{step}/spectra.parquet",
@@ -17,14 +18,63 @@ rule metrics:
         cli=CLI,
         extract_dir=lambda wildcards, output: os.path.dirname(output[0]),
         gradients=lambda wildcards, input: f"--gradients {input.gradients}" if input.gradients else "",
+        measures=lambda wildcards, input: f"--measure-table {input.measures}" if input.measures else "",
     shell:
         "{params.cli} metrics --extract-dir {params.extract_dir} --out {output.metrics} --spectra-out {output.spectra} "
-        "{params.gradients} 2> {log} {params.on_failure}"
+        "{params.gradients} {params.measures} 2> {log} {params.on_failure}"
+
+
+# A user's table measure of one checkpoint, from the extract tables it declares: its own job, so that adding or
+# editing one runs it alone (and the metrics that join it), never a model.
+rule table_measure:
+    input:
+        tables=lambda wc: [
+            f"results/{wc.family}/{wc.model}/step{wc.step}/{name}.parquet"
+            for name in TABLE_MEASURES[wc.measure].tables
+        ],
+        info="results/{family}/{model}/step{step}/extract.json",
+        code=lambda wc: [*TABLE_MEASURES[wc.measure].source_files, *ANALYSIS_CODE["measure"]],
+    output:
+        "results/{family}/{model}/step{step}/measures/{measure}.parquet",
+    log:
+        "logs/measures/{family}/{model}/step{step}.{measure}.log",
+    wildcard_constraints:
+        measure="|".join(TABLE_MEASURES) or "(?!)",
+    conda:
+        CONDA_ENV
+    params:
+        on_failure=on_failure("table_measure"),
+        cli=CLI,
+        entry=lambda wc: shlex.quote(TABLE_MEASURES[wc.measure].entry),
+        extract_dir=lambda wildcards, input: os.path.dirname(input.info),
+    shell:
+        "{params.cli} measure --entry {params.entry} --extract-dir {params.extract_dir} --out {output} "
+        "2> {log} {params.on_failure}"
+
+
+# The glossary of this run: the built-in measures and the user's, every metric, site and column (docs/metrics.md
+# plus the user's measures, their docstrings as definitions).
+rule glossary:
+    input:
+        code=[*ANALYSIS_CODE["glossary"], *sorted({f for m in MEASURES.values() for f in m.source_files})],
+    output:
+        "results/glossary.md",
+    log:
+        "logs/glossary.log",
+    conda:
+        CONDA_ENV
+    params:
+        on_failure=on_failure("glossary"),
+        cli=CLI,
+        measures=" ".join(f"--measure {shlex.quote(m.entry)}" for m in MEASURES.values()),
+    shell:
+        "{params.cli} glossary {params.measures} --out {output} 2> {log} {params.on_failure}"
 
 
 # Seconds of work: on the submit host in cluster runs, not a SLURM job each.
 localrules:
     sweep,
+    glossary,
 
 
 rule sweep:

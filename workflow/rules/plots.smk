@@ -4,6 +4,7 @@ from anisweep.plots.spectra import SPECTRA_FIGURES
 # Seconds of work: on the submit host in cluster runs, not a SLURM job each.
 localrules:
     plot_model,
+    plot_measure,
     plot_family,
     plot_families,
     plot_score_hist,
@@ -28,6 +29,33 @@ rule plot_model:
         out_dir="results/{family}/{model}/figures",
     shell:
         "{params.cli} plot --sweep {input.sweep} --out-dir {params.out_dir} 2> {log} {params.on_failure}"
+
+
+# A user's measure's figure (its own, or the default: value over training per layer), from the model's sweep.
+rule plot_measure:
+    input:
+        sweep="results/{family}/{model}/sweep.parquet",
+        code=lambda wc: [*MEASURES[wc.measure].source_files, *ANALYSIS_CODE["plot_measure"]],
+    output:
+        report(
+            "results/{family}/{model}/figures/measure_{measure}.png",
+            caption="../report/measure.rst",
+            category="{family}",
+            subcategory="{model}",
+        ),
+    log:
+        "logs/plots/{family}/{model}.measure_{measure}.log",
+    wildcard_constraints:
+        measure="|".join(MEASURES) or "(?!)",
+    conda:
+        CONDA_ENV
+    params:
+        on_failure=on_failure("plot_measure"),
+        cli=CLI,
+        entry=lambda wc: shlex.quote(MEASURES[wc.measure].entry),
+    shell:
+        "{params.cli} plot-measure --entry {params.entry} --sweep {input.sweep} --out {output} "
+        "2> {log} {params.on_failure}"
 
 
 rule plot_family:

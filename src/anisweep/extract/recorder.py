@@ -19,6 +19,7 @@ from anisweep.extract import attention_torch
 from anisweep.extract.attention_torch import Scratch, Workers, row_blocks
 from anisweep.extract.qk_sample import QKSample
 from anisweep.extract.score_hist import ScoreHistogram
+from anisweep.extract.stream_measures import StreamMeasures
 from anisweep.extract.streaming import AttentionStats, HeadVectorStats, VectorStats, VisibleKeys, to_device
 
 ATTENTION_NAME = "anisweep"
@@ -38,8 +39,8 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
 
 
 def attention_kernel(choice: str, device: torch.device):
-    """The module whose `attend` runs a layer's attention (anisweep.extract.attention_triton), or None for the torch
-    ops. `auto` takes Triton on CUDA when it imports, else falls back with one warning."""
+    """The module whose `try_attend` runs a layer's attention (anisweep.extract.attention_triton), or None for the
+    torch ops. `auto` takes Triton on CUDA when it imports, else falls back with one warning."""
     if choice == "torch" or (choice == "auto" and device.type != "cuda"):
         return None
     if choice == "triton":
@@ -110,6 +111,7 @@ class Recorder:
     kernel: object = None  # attention_kernel's choice: None for the torch ops below
     qk_sample: QKSample | None = None
     score_hist: ScoreHistogram | None = None
+    stream: StreamMeasures | None = None  # the user's stream measures (anisweep.extract.stream_measures)
     valid: torch.Tensor = field(init=False)
     scratch: Scratch = field(init=False, default_factory=Scratch)
 
@@ -173,14 +175,19 @@ class Recorder:
             self.qk_sample.record(layer, rope, query, key)
         if self.score_hist is not None:
             self.score_hist.update(layer, query, key, scaling, self.valid, self.geometry.causal)
-        if self.kernel is not None and self.kernel.supports(query):
-            output, row_stats = self.kernel.attend(query, key, value, scaling, self.valid, self.geometry.causal)
-            self.attention[layer].update(row_stats, self.valid, self.n_visible, self.row_counts)
-            return output.transpose(1, 2).contiguous()
-        output, row_stats = attention_torch.attend(
-            query, key, value, scaling, self.blocks(), self.all_valid, self.workers, self.scratch
-        )
+        computed = None
+        if self.kernel is not None:  # None where the kernel declines the shape (one warning per shape)
+            computed = self.kernel.try_attend(query, key, value, scaling, self.valid, self.geometry.causal)
+        if computed is not None:
+            output, row_stats = computed
+        else:
+            output, row_stats = attention_torch.attend(
+                query, key, value, scaling, self.blocks(), self.all_valid, self.workers, self.scratch
+            )
         self.attention[layer].update(row_stats, self.valid, self.n_visible, self.row_counts)
+        if self.stream is not None:
+            for site, x in (("q", query), ("k", key), ("attention_output", output)):
+                self.stream.feed(layer, site, x, self.valid)
         return output.transpose(1, 2).contiguous()
 
     def record_pre_rotary(self, layer, q, k, rope: str = "pre") -> None:
@@ -203,6 +210,8 @@ class Recorder:
     def record_vectors(self, layer: int, site: str, x: torch.Tensor) -> None:
         key = (layer, site)
         self.vectors[key].add(self._vector_parts(x))
+        if self.stream is not None:
+            self.stream.feed(layer, site, x, self.valid)
         if site in SAMPLED_SITES:
             rows, index = self._batch_sample  # the sample is sorted: its rows in this batch are a slice
             flat, target = x.reshape(-1, x.shape[-1]), self.samples[key][rows]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -25,13 +25,22 @@ from anisweep.extract.model import ExtractSettings, LoadedModel, load_model
 from anisweep.extract.qk_sample import QKSample
 from anisweep.extract.recorder import Hooks, Recorder, Sample, attention_kernel, recording
 from anisweep.extract.score_hist import ScoreHistogram
+from anisweep.extract.stream_measures import StreamMeasures
 from anisweep.extract.tables import tables
+from anisweep.measures.registry import Measure
 from anisweep.tables import IDENTITY, write_atomic
 
 
 @torch.inference_mode()
-def run(loaded: LoadedModel, batch: dict, settings: ExtractSettings, progress: bool = True) -> Recorder:
-    """Stream the evaluation batch through the base model in mini-batches and return the accumulators."""
+def run(
+    loaded: LoadedModel,
+    batch: dict,
+    settings: ExtractSettings,
+    progress: bool = True,
+    stream: StreamMeasures | None = None,
+) -> Recorder:
+    """Stream the evaluation batch through the base model in mini-batches and return the accumulators; `stream`,
+    the user's stream measures, listen in."""
     device = next(loaded.model.parameters()).device
     input_ids, mask = batch["input_ids"], batch["attention_mask"].bool()
     sample = Sample.draw(input_ids, mask, settings.sample_tokens, settings.seed)
@@ -57,6 +66,7 @@ def run(loaded: LoadedModel, batch: dict, settings: ExtractSettings, progress: b
         attention_kernel(settings.attention, device),
         qk_sample=qk_sample,
         score_hist=score_hist,
+        stream=stream,
     )
     try:
         with recording(recorder), Hooks(loaded.adapter, loaded.base, loaded.geometry, recorder):
@@ -72,10 +82,10 @@ def run(loaded: LoadedModel, batch: dict, settings: ExtractSettings, progress: b
     return recorder
 
 
-def timed_run(loaded: LoadedModel, batch: dict, settings: ExtractSettings, progress: bool = True):
+def timed_run(loaded: LoadedModel, batch: dict, settings: ExtractSettings, progress: bool = True, stream=None):
     """`run`, and the seconds it took."""
     started = time.perf_counter()
-    recorder = run(loaded, batch, settings, progress=progress)
+    recorder = run(loaded, batch, settings, progress=progress, stream=stream)
     return recorder, time.perf_counter() - started
 
 
@@ -101,6 +111,7 @@ def write_extract(out_dir: str | Path, tables: dict[str, pl.DataFrame], info: di
     extract.json last, so that a folder holding one holds every table."""
     out_dir = Path(out_dir)
     for name, df in tables.items():
+        (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
         write_atomic(df, out_dir / f"{name}.parquet")
     write_text(json.dumps(info, indent=2, default=str), out_dir / "extract.json")
 
@@ -112,20 +123,25 @@ def extract_checkpoint(
     out_dir: Path,
     progress: bool = True,
     more_tables: Callable[[LoadedModel, dict, dict], dict[str, pl.DataFrame]] | None = None,
+    stream_measures: Sequence[Measure] = (),
 ) -> dict:
     """Load the checkpoint a fetch manifest names, run it over the evaluation batch, write every table.
     `more_tables(loaded, batch, ident)`, when given, adds tables of its own from the same loaded model (the
-    gradient analysis's backward pass: anisweep.tangent.checkpoint.pass_tables_for), written with extract's."""
+    gradient analysis's backward pass: anisweep.tangent.checkpoint.pass_tables_for), written with extract's;
+    `stream_measures`, the user's stream measures, listen in the forward pass and write `measures/{name}`."""
     if settings.threads:
         torch.set_num_threads(settings.threads)
     where = f"{manifest['family']}/{manifest['model']}/step{manifest['step']}"
     target = settings.torch_device()
     batch = preflight.evaluation_batch(manifest["path"], manifest.get("tokenizer_path"), settings, texts, where)
     loaded = load_model(manifest["path"], settings.dtype, target)
-    recorder, seconds = timed_run(loaded, batch, settings, progress=progress)
+    stream = StreamMeasures(stream_measures, loaded.geometry, where) if stream_measures else None
+    recorder, seconds = timed_run(loaded, batch, settings, progress=progress, stream=stream)
     ident = {key: manifest.get(key) for key in IDENTITY}
     info = extract_info(manifest, settings, target, batch, recorder, seconds)
     written = tables(recorder, loaded, ident)
+    if stream is not None:
+        written |= stream.tables(ident)
     if more_tables is not None:
         written |= more_tables(loaded, batch, ident)
     write_extract(out_dir, written, info)

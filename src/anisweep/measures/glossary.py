@@ -447,8 +447,14 @@ COLUMNS: tuple[Term, ...] = (
     ),
     Term("value", "the metric's value (float64; NaN or null where undefined)", ANISWEEP),
     Term(
+        "measure",
+        "the registered measure that wrote the row: a built-in's name (see Measures), `gradients`, or a user's measure",
+        ANISWEEP,
+    ),
+    Term(
         "status",
-        "sweep.parquet only: `ok`, `duplicate` (weights byte-identical to another step's), `nonfinite` or `missing`",
+        "sweep.parquet only: `ok`, `duplicate` (weights byte-identical to another step's), `nonfinite`, `missing`, "
+        "or `nan` (the row's own value is NaN or inf)",
         ANISWEEP,
     ),
     Term("duplicate_of_step", "sweep.parquet only: the step whose weights a `duplicate` step repeats", ANISWEEP),
@@ -492,14 +498,36 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
     return lines
 
 
-def glossary_markdown() -> str:
-    """docs/metrics.md: the metrics, sites and columns of metrics.parquet as markdown tables."""
+def _measure_rows(measures) -> list[tuple[str, ...]]:
+    rows = []
+    for m in measures:
+        reads = ", ".join(f"`{t}`" for t in m.tables) if m.kind == "table" else ", ".join(f"`{s}`" for s in m.sites)
+        rows.append((f"`{m.name}`", m.kind, reads, m.definition, "anisweep" if m.builtin else f"`{m.entry}`"))
+    return rows
+
+
+def glossary_markdown(measures=()) -> str:
+    """docs/metrics.md: the measures, and the metrics, sites and columns of metrics.parquet as markdown tables;
+    `measures`, a user's (anisweep.measures.registry.user_measures), are listed after the built-in ones with
+    their docstrings as definitions."""
+    from anisweep.measures.metrics import builtin_measures
+
     lines = [
         "# metrics.parquet: metrics, sites and columns",
         "",
         "Generated from `src/anisweep/measures/glossary.py` (`python -m anisweep.measures.glossary`); edit the",
         "glossary, not this file. Natural log everywhere; padding is masked out of every statistic. One row of",
         "metrics.parquet is one (layer, head, site, metric, subspace, fit, rank, stratum) of a checkpoint.",
+        "",
+        "## Measures",
+        "",
+        "What computes the rows (column `measure`; `gradients`: the gradient analysis). A table measure reads the",
+        "checkpoint's extract tables; a stream measure listens at sites of the forward pass (docs/measures.md).",
+        "",
+        *_table(
+            ("measure", "kind", "reads", "definition", "from"),
+            _measure_rows([*builtin_measures(), *measures]),
+        ),
         "",
         "## Metrics",
         "",

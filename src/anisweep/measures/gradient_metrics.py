@@ -63,5 +63,6 @@ def gradient_metric_frame(table: pl.DataFrame) -> pl.DataFrame:
     if not frames:
         return pl.DataFrame(schema=METRIC_SCHEMA)
     frame = pl.concat(frames, how="diagonal_relaxed")
+    frame = frame.with_columns(pl.lit("gradients", pl.String).alias("measure"))  # metrics.GRADIENT_MEASURE
     absent = [pl.lit(None, dtype).alias(name) for name, dtype in METRIC_SCHEMA.items() if name not in frame.columns]
     return frame.with_columns(absent).select(list(METRIC_SCHEMA)).cast(METRIC_SCHEMA)

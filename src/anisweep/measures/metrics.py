@@ -15,7 +15,16 @@ import numpy as np
 import polars as pl
 
 from anisweep.measures import geometry
-from anisweep.tables import ATTENTION_STATISTICS, IDENTITY, METRIC_KEY, metric_rows, read_parquet
+from anisweep.measures.registry import CheckpointTables, Measure, measure_frame, measure_of, table_measure
+from anisweep.tables import (
+    ATTENTION_STATISTICS,
+    IDENTITY,
+    METRIC_KEY,
+    METRIC_SCHEMA,
+    check_metric_keys,
+    metric_rows,
+    read_parquet,
+)
 
 
 def _identity(df: pl.DataFrame) -> dict:
@@ -162,25 +171,94 @@ def embedding_rows(embeddings: pl.DataFrame) -> list[dict]:
     return [{"site": r["matrix"], "metric": r["metric"], "value": r["value"]} for r in embeddings.iter_rows(named=True)]
 
 
-def checkpoint_metrics(extract_dir: str | Path, gradients: str | Path | None = None) -> pl.DataFrame:
-    """Every metric of one checkpoint, from extract's tables in `extract_dir`, and with `gradients` (the
-    checkpoint's gradients.parquet) the gradient analysis's shares (anisweep.measures.gradient_metrics)."""
-    extract_dir = Path(extract_dir)
-    read = lambda name: read_parquet(extract_dir / f"{name}.parquet")  # noqa: E731
-    qk, attention, stats = read("qk"), read("attention"), read("hidden_stats")
-    stat_rows = stats_rows(stats)
-    rows = (
-        qk_rows(qk)
-        + attention_rows(attention)
-        + stat_rows
-        + sample_rows(read("hidden"))
-        + correlation_rows(stat_rows)
-        + layernorm_rows(read("layernorm"), stats)
-        + embedding_rows(read("embeddings"))
-        + qk_sample_rows(read("qk_sample"))
-    )
+# --------------------------------------------------------------------------- the built-in measures
+# Registered as a user's table measures are (anisweep.measures.registry), in the order metrics.parquet lists them.
+
+
+@table_measure(tables=("qk",))
+def qk_alignment(tables) -> list[dict]:
+    """Query-key alignment per head from the mean queries and keys (qk_cos, qk_mean_score, qk_mean_dot, their
+    norms) and per layer (qk_cos_abs_mean, qk_cos_concat)."""
+    return qk_rows(tables.qk)
+
+
+@table_measure(tables=("attention",))
+def attention(tables) -> list[dict]:
+    """Attention entropy, softmax max / median / min and the pre-softmax scores' mean and std, per head and
+    per layer."""
+    return attention_rows(tables.attention)
+
+
+@table_measure(tables=("hidden_stats",))
+def stream_geometry(tables) -> list[dict]:
+    """Exact statistics over every valid token at each hidden site: avg_cos, drift, norms."""
+    return stats_rows(tables.hidden_stats)
+
+
+@table_measure(tables=("hidden",))
+def sample_geometry(tables) -> list[dict]:
+    """Statistics of the sampled point cloud at each sampled site: centred avg_cos, IsoScore, top eigenvalue
+    share."""
+    return sample_rows(tables.hidden)
+
+
+@table_measure(tables=("hidden_stats",))
+def drift_correlation(tables) -> list[dict]:
+    """Correlation of drift and anisotropy over the residual-stream layers (Godey et al. 2024, Fig. 5 and 16)."""
+    return correlation_rows(stats_rows(tables.hidden_stats))
+
+
+@table_measure(tables=("layernorm", "hidden_stats"))
+def layernorm(tables) -> list[dict]:
+    """Each norm's gain and bias, and the final LayerNorm bias's share of the output drift."""
+    return layernorm_rows(tables.layernorm, tables.hidden_stats)
+
+
+@table_measure(tables=("embeddings",))
+def embeddings(tables) -> list[dict]:
+    """Isotropy of the embedding matrices (partition isotropy I(W), avg_cos)."""
+    return embedding_rows(tables.embeddings)
+
+
+@table_measure(tables=("qk_sample",))
+def qk_anisotropy(tables) -> list[dict]:
+    """Anisotropy of the sampled queries and of the sampled keys themselves, per head."""
+    return qk_sample_rows(tables.qk_sample)
+
+
+BUILTIN = (
+    qk_alignment,
+    attention,
+    stream_geometry,
+    sample_geometry,
+    drift_correlation,
+    layernorm,
+    embeddings,
+    qk_anisotropy,
+)
+GRADIENT_MEASURE = "gradients"  # the `measure` of the gradient analysis's rows (anisweep.tangent)
+
+
+def builtin_measures() -> list[Measure]:
+    """The built-in table measures as the registry sees them, in the order metrics.parquet lists them."""
+    return [measure_of(fn, f"anisweep.measures.metrics:{fn.__name__}", builtin=True) for fn in BUILTIN]
+
+
+def checkpoint_metrics(
+    extract_dir: str | Path, gradients: str | Path | None = None, measure_tables: list[str | Path] = ()
+) -> pl.DataFrame:
+    """Every metric of one checkpoint: the built-in measures' rows from extract's tables in `extract_dir`; with
+    `gradients` (the checkpoint's gradients.parquet) the gradient analysis's shares
+    (anisweep.measures.gradient_metrics); and the rows of the user's measures in `measure_tables` (each
+    measure's own table, written by its table_measure job or by extract)."""
+    tables = CheckpointTables(extract_dir)
+    ident = _identity(tables.qk)
+    frames = [measure_frame(m, ident, m.target(tables)) for m in builtin_measures()]
     if gradients is not None:
         from anisweep.measures.gradient_metrics import gradient_metric_rows
 
-        rows += gradient_metric_rows(read_parquet(gradients))
-    return metric_rows(_identity(qk), rows).sort(list(METRIC_KEY), nulls_last=True)
+        frames.append(metric_rows(ident, gradient_metric_rows(read_parquet(gradients)), GRADIENT_MEASURE))
+    frames += [read_parquet(path).select(list(METRIC_SCHEMA)).cast(METRIC_SCHEMA) for path in measure_tables]
+    metrics = pl.concat(frames)
+    check_metric_keys(metrics, (*IDENTITY, *METRIC_KEY), "metrics")
+    return metrics.sort(list(METRIC_KEY), nulls_last=True)

@@ -4,7 +4,9 @@ A checkpoint whose weights are byte-identical to another step's (the known defec
 serve the final model under early step names) is flagged `duplicate_of_step`, never silently kept as a
 training step; a checkpoint whose activations went non-finite (NaN/inf token vectors counted by extract, or
 NaN/inf attention, query/key or embedding statistics) is flagged `status = "nonfinite"`; a checkpoint of the
-config that produced no metrics is listed with `status = "missing"`. Only `ok` rows are analysed (figures).
+config that produced no metrics is listed with `status = "missing"`; any other row whose value is NaN or inf
+(an IsoScore over too few tokens, a user's measure that returned NaN) is `status = "nan"`. Only `ok` rows are
+analysed (figures).
 """
 
 from __future__ import annotations
@@ -185,6 +187,8 @@ def aggregate(
         .then(pl.lit("duplicate"))
         .when(pl.col("step").is_in(nonfinite))
         .then(pl.lit("nonfinite"))
+        .when(~pl.col("value").is_finite().fill_null(False))
+        .then(pl.lit("nan"))
         .otherwise(pl.lit("ok"))
         .alias("status")
     )

@@ -1,0 +1,358 @@
+"""The measures: the one list of what is computed per checkpoint, the built-in ones and a user's own.
+
+A measure is one of two kinds (docs/measures.md walks through both):
+
+* a table measure, `@table_measure(tables=(...))` on a function of one checkpoint's Parquet tables
+  (`CheckpointTables`) that returns tidy rows. It never runs a model: adding or editing one reruns its own
+  jobs (rule `table_measure`), the checkpoints' metrics and what reads them, never extract.
+* a stream measure, `@stream_measure(sites=(...))` on an accumulator class that extract feeds in the forward
+  pass: `Cls(site)` per site (a `Site`), `update(x, valid)` with one mini-batch's activations, `merge(other)`
+  to fold a mini-batch's accumulator into the running one, `finalize()` returning tidy rows. For what the
+  samples cannot give, such as a statistic over every token. Editing one reruns extract.
+
+Rows are dicts (or a polars DataFrame) with `metric` and `value`, and optionally `layer`, `head`, `site`,
+`subspace`, `fit`, `rank`, `stratum`; a stream measure's rows get their site's layer and name where they leave
+them out. They land in metrics.parquet and sweep.parquet with `measure` = the measure's name. A user's measure
+comes from the config (`measures: [mypkg.mymod:effective_rank]`) or from an installed package's entry point in
+the group `anisweep.measures`; its source files are inputs of the rules that run it.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import json
+import math
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from anisweep.tables import EXTRACT_TABLES, IDENTITY, METRIC_KEY, metric_rows, read_parquet
+
+ENTRY_POINT_GROUP = "anisweep.measures"
+NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+#: The columns a measure's rows may hold; every other is an error naming the measure.
+ROW_COLUMNS = frozenset({*METRIC_KEY, "value"})
+#: Where a stream measure can listen (Site.name): the residual stream after each block (`resid`), each norm's
+#: input and output (`{norm}_in`, `{norm}_out`, e.g. `final_ln_out`), the queries and keys as attention sees
+#: them (`q`, `k`: (B, H, T, d_head), post-rotary where rotary) and each head's attention output before the
+#: output projection (`attention_output`: (B, H, T, d_head)).
+HEAD_SITES = ("q", "k", "attention_output")
+#: The `measure` names the built-ins take (anisweep.measures.metrics.BUILTIN's, then the gradient analysis's; a test
+#: keeps them equal): no user's measure may take one. Here, so that a dry run imports no numerics.
+BUILTIN_NAMES = (
+    "qk_alignment",
+    "attention",
+    "stream_geometry",
+    "sample_geometry",
+    "drift_correlation",
+    "layernorm",
+    "embeddings",
+    "qk_anisotropy",
+    "gradients",
+)
+
+
+class MeasureError(ValueError):
+    """A measure that does not import, has the wrong shape, fails or returns rows that are not tidy: the
+    message names the measure (its config entry) and, where it ran, the checkpoint."""
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a stream measure's accumulator listens: `name` (a Site name: `resid`, `final_ln_out`,
+    `attention_output`, ...), `layer`, and the model's shapes."""
+
+    name: str
+    layer: int
+    d_model: int
+    n_heads: int
+    d_head: int
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One registered measure. `target` is the function (table) or accumulator class (stream); `tables` the
+    extract tables a table measure reads, `sites` the sites a stream measure listens at (names, or name
+    prefixes ending in `*`); `figure`, an optional function (sweep rows of this measure, path) that draws its
+    own figure instead of the default (value over training per layer); `entry` what loads it (`module:attr`)."""
+
+    name: str
+    kind: str
+    target: Callable = field(compare=False)
+    tables: tuple[str, ...] = ()
+    sites: tuple[str, ...] = ()
+    figure: Callable | None = field(default=None, compare=False)
+    entry: str = ""
+    builtin: bool = False
+
+    @property
+    def definition(self) -> str:
+        """The docstring's first paragraph, on one line: the measure's glossary entry."""
+        doc = inspect.getdoc(self.target) or ""
+        return " ".join(doc.split("\n\n")[0].split()) or "(no docstring)"
+
+    @cached_property
+    def source_files(self) -> tuple[str, ...]:
+        """The measure's module file and those of the modules of its own top-level package that it imports,
+        transitively: the code inputs of the rules that run it."""
+        return tuple(str(path) for path in _package_closure(self.target.__module__))
+
+    def listens(self, site: str) -> bool:
+        return any(site == s or (s.endswith("*") and site.startswith(s[:-1])) for s in self.sites)
+
+
+def table_measure(
+    function: Callable | None = None,
+    *,
+    name: str | None = None,
+    tables: Iterable[str] = (),
+    figure: Callable | None = None,
+):
+    """Register `function(tables: CheckpointTables) -> rows` as a table measure reading extract's `tables`
+    (names of anisweep.tables.EXTRACT_TABLES: hidden, hidden_stats, qk, qk_sample, attention, layernorm,
+    embeddings, score_hist)."""
+
+    def wrap(fn):
+        fn.__anisweep_measure__ = dict(kind="table", name=name or fn.__name__, tables=tuple(tables), figure=figure)
+        return fn
+
+    return wrap(function) if function is not None else wrap
+
+
+def stream_measure(
+    cls: type | None = None, *, name: str | None = None, sites: Iterable[str] = (), figure: Callable | None = None
+):
+    """Register an accumulator class as a stream measure listening at `sites` (see HEAD_SITES and Site)."""
+
+    def wrap(target):
+        target.__anisweep_measure__ = dict(
+            kind="stream", name=name or _snake(target.__name__), sites=tuple(sites), figure=figure
+        )
+        return target
+
+    return wrap(cls) if cls is not None else wrap
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def measure_of(target, entry: str, builtin: bool = False) -> Measure:
+    """The Measure a decorated function or class declares; a MeasureError naming `entry` otherwise."""
+    spec = getattr(target, "__anisweep_measure__", None)
+    if spec is None:
+        raise MeasureError(
+            f"measure {entry!r}: {target!r} is not a measure; decorate it with "
+            "@anisweep.measures.registry.table_measure or @stream_measure (docs/measures.md)"
+        )
+    measure = Measure(target=target, entry=entry, builtin=builtin, **spec)
+    check_declaration(measure)
+    return measure
+
+
+def check_declaration(measure: Measure) -> None:
+    where = f"measure {measure.entry!r}"
+    if not NAME.match(measure.name):
+        raise MeasureError(f"{where}: name {measure.name!r} must be lower case letters, digits and _")
+    if measure.kind == "table":
+        unknown = sorted(set(measure.tables) - set(EXTRACT_TABLES))
+        if unknown or not measure.tables:
+            raise MeasureError(
+                f"{where}: tables={list(measure.tables)}: name the extract tables it reads, of {list(EXTRACT_TABLES)}"
+            )
+        if len(inspect.signature(measure.target).parameters) != 1:
+            raise MeasureError(f"{where}: a table measure takes one argument, the checkpoint's tables")
+    else:
+        if not measure.sites:
+            raise MeasureError(f"{where}: sites=(): name the sites it listens at (docs/measures.md)")
+        missing = [m for m in ("update", "merge", "finalize") if not callable(getattr(measure.target, m, None))]
+        if missing:
+            raise MeasureError(f"{where}: a stream measure's class needs update, merge and finalize; lacks {missing}")
+
+
+def load(entry: str) -> Measure:
+    """The measure `module:attribute` names. Import errors and anything that is not a measure are MeasureErrors
+    that quote the entry."""
+    module_name, _, attribute = entry.partition(":")
+    if not module_name or not attribute:
+        raise MeasureError(f"measures: {entry!r} must be 'module:attribute', e.g. 'mypkg.measures:effective_rank'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # any failure to import is the entry's to fix
+        raise MeasureError(
+            f"measures: {entry!r} does not import ({type(error).__name__}: {error}); is its package installed in "
+            "this environment, or on PYTHONPATH?"
+        ) from error
+    try:
+        target = getattr(module, attribute)
+    except AttributeError:
+        raise MeasureError(f"measures: {entry!r}: module {module_name} has no attribute {attribute!r}") from None
+    return measure_of(target, entry)
+
+
+def discovered() -> list[str]:
+    """The `module:attribute` of every measure installed packages declare in the entry point group."""
+    return sorted({ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
+
+
+def user_measures(entries: Iterable[str] = ()) -> list[Measure]:
+    """The config's measures and the installed packages', each once, in that order; two measures of one name,
+    or one named as a built-in, are a MeasureError."""
+    measures, seen = [], dict.fromkeys(BUILTIN_NAMES, "a built-in measure")
+    for entry in dict.fromkeys([*entries, *discovered()]):
+        measure = load(entry)
+        if measure.name in seen:
+            raise MeasureError(f"measures: {entry!r} and {seen[measure.name]} are both named {measure.name!r}")
+        seen[measure.name] = repr(entry)
+        measures.append(measure)
+    return measures
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def measure_frame(measure: Measure, ident: dict, rows, defaults: dict | None = None) -> pl.DataFrame:
+    """A measure's rows as metric rows (METRIC_SCHEMA, `measure` its name) with the checkpoint's identity.
+    Columns outside ROW_COLUMNS, rows without metric or value, values that are not numbers and two rows of
+    one key are MeasureErrors naming the measure and the checkpoint."""
+    where = f"measure {measure.name!r} ({measure.entry}) at {checkpoint_name(ident)}"
+    if isinstance(rows, pl.DataFrame):
+        rows = rows.to_dicts()
+    rows = [dict(defaults or {}) | dict(r) for r in (rows or [])]
+    for r in rows:
+        unknown = set(r) - ROW_COLUMNS
+        if unknown:
+            raise MeasureError(f"{where}: rows hold {sorted(unknown)}; a row may hold only {sorted(ROW_COLUMNS)}")
+        if "metric" not in r or "value" not in r or not isinstance(r["metric"], str):
+            raise MeasureError(f"{where}: every row needs a 'metric' (a string) and a 'value': got {r}")
+        if r["value"] is not None and not _is_number(r["value"]):
+            raise MeasureError(f"{where}: metric {r['metric']!r} has value {r['value']!r}, not a number")
+    try:
+        return metric_rows(ident, rows, measure.name)
+    except (ValueError, TypeError, pl.exceptions.PolarsError) as error:
+        raise MeasureError(f"{where}: {error}") from error
+
+
+def _is_number(value) -> bool:
+    try:
+        return isinstance(float(value), float) and not isinstance(value, (str, bytes, bool))
+    except (TypeError, ValueError):
+        return False
+
+
+def checkpoint_name(ident: dict) -> str:
+    return f"{ident.get('family')}/{ident.get('model')}/step{ident.get('step')}"
+
+
+def not_finite(value) -> bool:
+    return value is None or not math.isfinite(value)
+
+
+# --------------------------------------------------------------------------- table measures
+
+
+class CheckpointTables:
+    """One checkpoint's extract tables, read on first use: `tables.hidden`, `tables.qk`, ... (DataFrames as
+    anisweep.tables.EXTRACT_SCHEMAS describes them, with the identity columns), `tables.identity` (family,
+    model, seed, step, tokens_seen) and `tables.samples()`, the sampled hidden states as arrays."""
+
+    def __init__(self, folder: str | Path, allowed: Iterable[str] | None = None):
+        self.folder = Path(folder)
+        self.allowed = None if allowed is None else frozenset(allowed)
+        self._read: dict[str, pl.DataFrame] = {}
+
+    def __getattr__(self, name: str) -> pl.DataFrame:
+        if name.startswith("_") or name not in EXTRACT_TABLES:
+            raise AttributeError(name)
+        if self.allowed is not None and name not in self.allowed:
+            raise MeasureError(f"reads table {name!r} but declares tables={sorted(self.allowed)}: add it there")
+        if name not in self._read:
+            self._read[name] = read_parquet(self.folder / f"{name}.parquet")
+        return self._read[name]
+
+    @property
+    def identity(self) -> dict:
+        checkpoint = json.loads((self.folder / "extract.json").read_text())["checkpoint"]
+        return {key: checkpoint.get(key) for key in IDENTITY}
+
+    def samples(self, site: str | None = None) -> dict[tuple[int, str], np.ndarray]:
+        """The sampled hidden states (hidden.parquet) per (layer, site), float64 arrays (tokens, d_model), the
+        tokens in one order at every site; with `site`, that site's only."""
+        hidden = self.hidden if site is None else self.hidden.filter(pl.col("site") == site)
+        return {
+            (layer, name): np.stack(group.sort("seq", "position")["vector"].to_list()).astype(np.float64)
+            for (layer, name), group in sorted(hidden.group_by("layer", "site"), key=lambda g: g[0])
+        }
+
+
+def run_table_measure(measure: Measure, folder: str | Path) -> pl.DataFrame:
+    """Run a table measure on the checkpoint in `folder` (its extract tables and extract.json)."""
+    tables = CheckpointTables(folder, measure.tables)
+    ident = tables.identity
+    try:
+        rows = measure.target(tables)
+        if rows is not None and not isinstance(rows, pl.DataFrame):
+            rows = list(rows)
+    except MeasureError as error:
+        where = f"measure {measure.name!r} ({measure.entry}) at {checkpoint_name(ident)}"
+        raise MeasureError(f"{where}: {error}") from error
+    except Exception as error:
+        raise MeasureError(
+            f"measure {measure.name!r} ({measure.entry}) failed at {checkpoint_name(ident)}: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    return measure_frame(measure, ident, rows)
+
+
+# --------------------------------------------------------------------------- source files
+
+
+def _package_closure(module: str) -> list[Path]:
+    """`module`'s file and those of the modules of its top-level package it imports, transitively."""
+    top = module.split(".")[0]
+    seen, todo, files = set(), [module], []
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            continue
+        files.append(Path(spec.origin).resolve())
+        package = name if Path(spec.origin).name == "__init__.py" else name.rpartition(".")[0]
+        todo += [imported for imported in _imports(Path(spec.origin), package) if _exists(imported, top)]
+    return sorted(set(files))
+
+
+def _exists(name: str, top: str) -> bool:
+    if name.split(".")[0] != top:
+        return False
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _imports(file: Path, package: str) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(file.read_text(), str(file))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, *([node.module] if node.module else [])])
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return found

@@ -1,0 +1,158 @@
+"""A user's measures through the whole workflow: docs/measures.md's package installed (pip, with its entry point),
+its rows in metrics and sweep, its figures and glossary entries, and the reruns docs/measures.md promises."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+from docs_measures import PYPROJECT, docs_package
+from test_reruns import jobs
+
+from conftest import snakemake_command
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text())
+NEOX = "results/toy/toy-neox"
+STEPS = [0, 8]
+
+pytestmark = pytest.mark.slow  # a whole (small) sweep, then dry runs
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """docs/measures.md's package, installed with pip into a folder of its own (its entry point declares the
+    stream measure); the workflow sees it through PYTHONPATH, as any installed package."""
+    root = tmp_path_factory.mktemp("mymeasures")
+    source = docs_package(root / "src")
+    (source / "pyproject.toml").write_text(PYPROJECT)
+    site = root / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target", str(site)]
+        + [str(source)],
+        check=True,
+        capture_output=True,
+    )
+    assert (site / "mymeasures" / "heads.py").is_file()
+    return site
+
+
+def write_config(path: Path, measures: list[str]) -> Path:
+    config = {
+        **TINY,
+        "models": [{"family": "toy", "name": "toy-neox", "steps": STEPS}],
+        "toy": {"toy-neox": TINY["toy"]["toy-neox"]},
+        "gradients": {"enabled": False},
+        "measures": measures,
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def snakemake(workdir: Path, site: Path, config: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    command = snakemake_command(workdir, "--configfile", str(config), "--cores", "2", *args)
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+
+
+def planned(workdir: Path, site: Path, config: Path) -> dict[str, int]:
+    done = snakemake(workdir, site, config, "-n")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return jobs(done)
+
+
+@pytest.fixture(scope="module")
+def swept(installed, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("measures_run")
+    config = write_config(workdir / "config.yaml", ["mymeasures.rank:effective_rank"])
+    done = snakemake(workdir, installed, config)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return workdir, config
+
+
+def test_both_measures_land_in_the_tables_figures_and_glossary(swept):
+    workdir, _ = swept
+    sweep = pl.read_parquet(workdir / NEOX / "sweep.parquet")
+    rank = sweep.filter(pl.col("measure") == "effective_rank")
+    norm = sweep.filter(pl.col("measure") == "attention_output_norm")
+    assert sorted(rank["step"].unique()) == STEPS and set(rank["site"]) == {"resid"} and set(rank["status"]) == {"ok"}
+    assert rank.height == len(STEPS) * (TINY["toy"]["toy-neox"]["n_layers"] + 1)
+    n_heads, n_layers = TINY["toy"]["toy-neox"]["n_heads"], TINY["toy"]["toy-neox"]["n_layers"]
+    assert norm.height == len(STEPS) * n_layers * n_heads and set(norm["site"]) == {"attention_output"}
+    metrics = pl.read_parquet(workdir / NEOX / "step8" / "metrics.parquet")
+    assert {"effective_rank", "attention_output_norm", "attention"} <= set(metrics["measure"])
+    for name in ("effective_rank", "attention_output_norm"):
+        assert (workdir / NEOX / "figures" / f"measure_{name}.png").stat().st_size > 10_000
+    glossary = (workdir / "results" / "glossary.md").read_text()
+    assert "| `effective_rank` | table | `hidden` | Effective rank of the sampled residual stream" in glossary
+    assert "| `attention_output_norm` | stream | `attention_output` | Mean L2 norm of each head's" in glossary
+
+
+def test_editing_a_measure_reruns_exactly_its_jobs(swept, installed):
+    """A table measure's edit reruns its own jobs and what reads metrics, never a model; a stream measure's
+    reruns extract at every checkpoint (docs/measures.md, What reruns)."""
+    workdir, config = swept
+    rank, heads = installed / "mymeasures" / "rank.py", installed / "mymeasures" / "heads.py"
+    original = rank.read_text(), heads.read_text()
+    try:
+        rank.write_text(original[0] + "\n# edited\n")
+        assert planned(workdir, installed, config) == {
+            "table_measure": len(STEPS),
+            "metrics": len(STEPS),
+            "sweep": 1,
+            "plot_measure": 2,  # each measure's figure reads the sweep
+            "plot_model": 1,
+            "plot_family": 1,
+            "plot_spectra": 1,
+            "glossary": 1,
+        }
+        rank.write_text(original[0])
+        heads.write_text(original[1] + "\n# edited\n")
+        plan = planned(workdir, installed, config)
+        assert plan["extract"] == len(STEPS) and plan["fetch"] == len(STEPS)
+    finally:
+        rank.write_text(original[0])
+        heads.write_text(original[1])
+        for path in (rank, heads):
+            os.utime(path, (0, 0))  # older than every output again
+
+
+def test_removing_a_measure_reruns_metrics_not_models(swept, installed):
+    workdir, _ = swept
+    config = write_config(workdir / "without_rank.yaml", [])
+    plan = planned(workdir, installed, config)
+    assert plan.get("metrics") == len(STEPS) and "extract" not in plan and "table_measure" not in plan
+
+
+def test_an_entry_that_does_not_import_stops_the_run_before_any_job(swept, installed):
+    workdir, _ = swept
+    config = write_config(workdir / "typo.yaml", ["mymeasures.rnak:effective_rank"])
+    done = snakemake(workdir, installed, config, "-n")
+    assert done.returncode != 0
+    text = done.stdout + done.stderr
+    assert "config: measures: 'mymeasures.rnak:effective_rank' does not import (ModuleNotFoundError" in text
+    assert "Job stats" not in text
+
+
+def test_a_failing_measure_names_itself_and_the_checkpoint(swept, installed, tmp_path):
+    workdir, _ = swept
+    broken = tmp_path / "broken"
+    (broken / "brokenmeasure").mkdir(parents=True)
+    (broken / "brokenmeasure" / "__init__.py").write_text(
+        "from anisweep.measures.registry import table_measure\n\n\n"
+        "@table_measure(tables=['qk'])\n"
+        "def broken(tables):\n"
+        "    raise KeyError('q_mean_typo')\n"
+    )
+    config = write_config(workdir / "broken.yaml", ["mymeasures.rank:effective_rank", "brokenmeasure:broken"])
+    site = Path(os.pathsep.join([str(installed), str(broken)]))
+    done = snakemake(workdir, site, config, "--keep-going")
+    assert done.returncode != 0
+    text = done.stdout + done.stderr
+    assert "measure 'broken' (brokenmeasure:broken) failed at toy/toy-neox/step0: KeyError: 'q_mean_typo'" in text
+    assert not (workdir / NEOX / "step0" / "measures" / "broken.parquet").exists()
