@@ -16,7 +16,16 @@ Choices, and why:
 * bfloat16 and float16 (`_fused_kernel`): the scores and the output come from `tl.dot` in the kernel
   (float32 accumulation of exact products, as the torch path's float32 scores), so the scores never
   leave the chip. The key and value tiles of a whole row are staged for tl.dot at once, which bounds
-  this path by FUSED_TILE_BYTES (1024 keys at d_head 64); longer rows take the scores path.
+  this path by the registers (FUSED_MAX_KEYS = 512, d_head up to FUSED_MAX_WIDTH = 128); longer rows, or
+  wider heads, take the scores path. The kernel writes the order statistics before it loads V, so that
+  e, its bits and V's tile are never all live: loaded first, V made 512 keys spill.
+* Blocks and warps (`plan`): a program holds BLOCK_M query rows against the whole row, BLOCK_N keys (T to
+  the next power of two); ROW_TILE // BLOCK_N rows, at least 16 for the fused kernel's tl.dot; 4 warps up
+  to ROW_TILE scores per program, 8 beyond. Measured statically, by ptxas (benchmarks/compile_kernels.py,
+  out/kernel_compile.md: Triton 3.9, sm_90a and sm_80, d_head 64, 80, 128, 128 to 2048 keys), not timed:
+  nothing spills, the fused kernel uses up to 239 of 255 registers (512 keys, d_head 128, 8 warps) and
+  144 KB of shared memory (sm_80 allows 163 KB a block), the scores kernel up to 168 registers. At 1024
+  keys the fused kernel spilled on sm_90a with 8 warps or 16, and 512 keys on 4 warps spilled.
 * float32 (`_scores_kernel`): Triton's float32 tl.dot rounds its inputs to TF32 (2e-3 off eager) and
   its exact "ieee" mode took 36-46 ms where TF32 took 1.9 ms (same H100 probe), so torch's float32 matmul writes the
   scores, in chunks of at most SCORES_CHUNK, the kernel turns them into p in place while it writes the
@@ -26,10 +35,16 @@ Choices, and why:
   in float32, so this changes no number that matters.
 
 Rows of queries that see no key (padding rows of a causal model with left padding) get zeros: callers
-ignore them, and the output stays finite, as later layers multiply it by p = 0.
+ignore them, and the output stays finite, as later layers multiply it by p = 0. Rows outside the range
+(more than MAX_KEYS keys, a dtype other than float32, bfloat16 and float16) and shapes whose launch fails
+(a compile error at the first launch) go to the caller's torch path: `try_attend` returns None, with one
+FallbackWarning per shape.
 """
 
 from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -38,9 +53,13 @@ import triton.language as tl
 from anisweep.extract.streaming import ROW_FIELDS
 
 MAX_KEYS = 2048  # keys per row that one program holds
-ROW_TILE = 4096  # scores per program, BLOCK_M rows x BLOCK_N keys: ptxas (sm_90a) spills beyond, at 4 warps
+ROW_TILE = 4096  # scores per program (BLOCK_M rows x BLOCK_N keys) on 4 warps; 8 beyond: 16 x 512 on 4 spilled
 FUSED_TILE_BYTES = 128 * 1024  # the key (or value) tile one fused program stages for tl.dot
+FUSED_MAX_KEYS = 512  # the fused kernel spills at 1024 keys on sm_90a, with 8 warps or 16
+FUSED_MAX_WIDTH = 128  # d_head and d_v, padded, that the fused kernel was compiled for; wider takes the scores path
 SCORES_CHUNK = 2**24  # float32 scores the scores path materialises at once (64 MB)
+FUSED_DTYPES = (torch.bfloat16, torch.float16)
+DTYPES = (torch.float32, *FUSED_DTYPES)
 INF_BITS = tl.constexpr(0x7F800000)  # the int32 bits of +inf, above those of every finite e >= 0
 BISECTION_STEPS = tl.constexpr(31)  # the candidates [0, INF_BITS] halved 31 times leave one
 
@@ -60,9 +79,81 @@ P_DOT_SHIFTED, P_MIN, P_LOWER, P_UPPER, P_MAX, SCORE_MAX, SHIFTED_SUM, SHIFTED_N
 )
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What `attend` runs on rows of T keys: the fused kernel or the scores one, BLOCK_M query rows of BLOCK_N
+    keys per program, and the warps of a program."""
+
+    fused: bool
+    block_m: int
+    block_n: int
+    num_warps: int
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch of a kernel: what `attend` runs, and what benchmarks/compile_kernels.py compiles ahead of time."""
+
+    kernel: object
+    grid: tuple[int, int, int]
+    args: tuple
+    meta: dict  # the constexprs and num_warps
+
+    def __call__(self) -> None:
+        self.kernel[self.grid](*self.args, **self.meta)
+
+
+def outside_range(t: int, dtype: torch.dtype) -> str | None:
+    """Why rows of t keys in `dtype` are outside the range the kernels were compiled and checked for (the
+    caller keeps its torch path), or None."""
+    if dtype not in DTYPES:
+        return f"{dtype} is not one of {', '.join(map(str, DTYPES))}"
+    if t > MAX_KEYS:
+        return f"{t} keys per row, above MAX_KEYS = {MAX_KEYS}"
+    return None
+
+
 def supports(query: torch.Tensor) -> bool:
     """Whether `attend` runs these rows (else the caller keeps its torch path)."""
-    return query.shape[-2] <= MAX_KEYS
+    return outside_range(query.shape[-2], query.dtype) is None
+
+
+class FallbackWarning(UserWarning):
+    """A shape's attention runs as torch ops: the kernels do not take it, or it failed at its launch."""
+
+
+_fallen_back: dict[tuple, str] = {}  # shape -> why its attention runs as torch ops in this process
+
+
+def try_attend(query, key, value, scaling: float, valid: torch.Tensor, causal: bool):
+    """`attend`'s output and row statistics, or None where the caller's torch path must run these rows instead:
+    they are outside the kernels' range, or the launch failed (the first launch of a shape compiles its kernel; a
+    compile error must not stop a sweep). Each such shape is warned of once, then left to the torch path."""
+    shape = (query.shape[-2], query.shape[-1], value.shape[-1], query.dtype, causal)
+    if shape in _fallen_back:
+        return None
+    why = outside_range(query.shape[-2], query.dtype)
+    if why is None:
+        try:
+            return attend(query, key, value, scaling, valid, causal)
+        except Exception as error:  # whatever failed, the torch path computes the same numbers
+            why = f"{type(error).__name__}: {str(error).strip().split(chr(10), 1)[0]}"
+    _fallen_back[shape] = why
+    t, d_head, d_value, dtype, _ = shape
+    warnings.warn(
+        f"extract: attention of rows of {t} keys, d_head {d_head}, d_v {d_value}, {dtype}, "
+        f"{'causal' if causal else 'not causal'} runs as torch ops, slower on a GPU ({why})",
+        FallbackWarning,
+        stacklevel=2,
+    )
+    return None
+
+
+def plan(query, value) -> Plan:
+    """The kernel, blocks and warps of `attend` on these (B, H, T, d) rows, T <= MAX_KEYS."""
+    fused = _fits_fused(query, value)
+    block_m, block_n = _blocks(query.shape[-2], 16 if fused else 1)  # tl.dot needs 16 rows
+    return Plan(fused, block_m, block_n, _warps(block_m, block_n))
 
 
 def attend(query, key, value, scaling: float, valid: torch.Tensor, causal: bool):
@@ -76,10 +167,11 @@ def attend(query, key, value, scaling: float, valid: torch.Tensor, causal: bool)
     output = value.new_empty(b, t, h, value.shape[-1]).transpose(1, 2)
     rows = torch.empty(b, h, t, len(ROW_FIELDS), dtype=torch.float32, device=query.device)
     valid = valid.to(torch.uint8)
-    if _fits_fused(query, value):
-        _fused(query, key, value, scaling, valid, causal, output, rows)
+    chosen = plan(query, value)
+    if chosen.fused:
+        fused_launch(query, key, value, scaling, valid, causal, output, rows, chosen)()
     else:
-        _from_scores(query, key, value, scaling, valid, causal, output, rows)
+        _from_scores(query, key, value, scaling, valid, causal, output, rows, chosen)
     return output, rows
 
 
@@ -93,17 +185,18 @@ def _warps(block_m: int, block_n: int) -> int:
 
 
 def _fits_fused(query, value) -> bool:
-    if query.dtype not in (torch.bfloat16, torch.float16):
+    if query.dtype not in FUSED_DTYPES:
         return False
     keys = max(16, triton.next_power_of_2(query.shape[-2]))
     width = max(16, triton.next_power_of_2(max(query.shape[-1], value.shape[-1])))
-    return keys * width * query.element_size() <= FUSED_TILE_BYTES
+    tile_bytes = keys * width * query.element_size()
+    return keys <= FUSED_MAX_KEYS and width <= FUSED_MAX_WIDTH and tile_bytes <= FUSED_TILE_BYTES
 
 
-def _fused(query, key, value, scaling, valid, causal, output, rows):
+def fused_launch(query, key, value, scaling, valid, causal, output, rows, chosen: Plan) -> Launch:
+    """The fused kernel's launch on (B, H, T, d) query, key and value; valid (B, T) uint8."""
     b, h, t, d = query.shape
-    block_m, block_n = _blocks(t, 16)  # tl.dot needs 16 rows
-    _fused_kernel[(triton.cdiv(t, block_m), h, b)](
+    args = (
         query,
         key,
         value,
@@ -120,38 +213,35 @@ def _fused(query, key, value, scaling, valid, causal, output, rows):
         *output.stride(),
         *rows.stride(),
         valid.stride(0),
+    )
+    meta = dict(
         CAUSAL=causal,
         UPCAST=INTERPRETED,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
+        BLOCK_M=chosen.block_m,
+        BLOCK_N=chosen.block_n,
         BLOCK_D=max(16, triton.next_power_of_2(d)),
         BLOCK_DV=max(16, triton.next_power_of_2(value.shape[-1])),
-        num_warps=_warps(block_m, block_n),
+        num_warps=chosen.num_warps,
     )
+    return Launch(_fused_kernel, (triton.cdiv(t, chosen.block_m), h, b), args, meta)
 
 
-def _from_scores(query, key, value, scaling, valid, causal, output, rows):
+def scores_launch(scores, valid, rows, causal, chosen: Plan) -> Launch:
+    """The scores kernel's launch on (B, H, T, T) float32 scores; valid (B, T) uint8, rows (B, H, T, fields)."""
+    b, h, t, _ = scores.shape
+    args = (scores, valid, rows, t, *scores.stride(), *rows.stride(), valid.stride(0))
+    meta = dict(CAUSAL=causal, BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n, num_warps=chosen.num_warps)
+    return Launch(_scores_kernel, (triton.cdiv(t, chosen.block_m), h, b), args, meta)
+
+
+def _from_scores(query, key, value, scaling, valid, causal, output, rows, chosen: Plan):
     b, h, t, _ = query.shape
-    block_m, block_n = _blocks(t, 1)
     buffer = query.new_empty(min(SCORES_CHUNK, b * h * t * t), dtype=torch.float32)
     for seqs, heads in _score_chunks(b, h, t):
         q, k, v = query[seqs, heads], key[seqs, heads], value[seqs, heads]
         scores = buffer[: q.shape[0] * q.shape[1] * t * t].view(q.shape[0], q.shape[1], t, t)
         torch.matmul(q.float(), k.float().transpose(-1, -2), out=scores).mul_(scaling)
-        chunk_rows = rows[seqs, heads]
-        _scores_kernel[(triton.cdiv(t, block_m), q.shape[1], q.shape[0])](
-            scores,
-            valid[seqs],
-            chunk_rows,
-            t,
-            *scores.stride(),
-            *chunk_rows.stride(),
-            valid.stride(0),
-            CAUSAL=causal,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            num_warps=_warps(block_m, block_n),
-        )
+        scores_launch(scores, valid[seqs], rows[seqs, heads], causal, chosen)()
         output[seqs, heads] = torch.matmul(scores.to(v.dtype), v)  # scores now hold p
 
 
@@ -216,13 +306,14 @@ def _fused_kernel(
         n_keys = tl.minimum(T, (block + 1) * BLOCK_M)
     q = _tile(q_ptr + seq * sq_b + head * sq_h, rows, T, sq_t, D, sq_d, BLOCK_D)
     k = _tile(k_ptr + seq * sk_b + head * sk_h, keys, n_keys, sk_t, D, sk_d, BLOCK_D)
-    v = _tile(v_ptr + seq * sv_b + head * sv_h, keys, n_keys, sv_t, DV, sv_d, BLOCK_DV)
     if UPCAST:
         q, k = q.to(tl.float32), k.to(tl.float32)
     scores = tl.dot(q, tl.trans(k)) * scaling
     visible = _visible(valid_ptr + seq * s_valid, rows, keys, T, CAUSAL)
     row_ptrs = rows_ptr + seq * sr_b + head * sr_h + rows * sr_t
     e, z, n = _softmax_sums(scores, visible, row_ptrs, rows < T, sr_f)
+    _order_statistics(e, z, n, visible, row_ptrs, rows < T, sr_f)  # before V's load: fewer tiles live at once
+    v = _tile(v_ptr + seq * sv_b + head * sv_h, keys, n_keys, sv_t, DV, sv_d, BLOCK_DV)
     p = e.to(v.dtype)  # the torch path's e @ V / Z, in the value dtype as eager attention multiplies
     if UPCAST:
         p, v = p.to(tl.float32), v.to(tl.float32)
@@ -230,7 +321,6 @@ def _fused_kernel(
     dims = tl.arange(0, BLOCK_DV)
     out_ptrs = out_ptr + seq * so_b + head * so_h + rows[:, None] * so_t + dims[None, :] * so_d
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < T) & (dims[None, :] < DV))
-    _order_statistics(e, z, n, visible, row_ptrs, rows < T, sr_f)
 
 
 @triton.jit
