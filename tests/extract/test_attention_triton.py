@@ -24,9 +24,10 @@ from test_extract import (
     run_extract,
     saved,
 )
+from test_streaming import attention_rows
 
 from anisweep.extract import attention_triton, recorder
-from anisweep.extract.streaming import ROW_FIELDS, VisibleKeys, masked_exp_, row_statistics
+from anisweep.extract.streaming import ROW_FIELDS
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-5, torch.float16: 1e-5}  # statistics: the scores are float32
 OUTPUT_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}  # p and the output are rounded
@@ -143,18 +144,10 @@ def test_torch_path_agrees(causal):
     """The CPU path's masked_exp_ and row_statistics give the kernel's row statistics."""
     q, k, v, scaling, valid = inputs()
     _, rows = attention_triton.attend(q, k, v, scaling, valid, causal)
-    t = q.shape[-2]
+    torch_rows = attention_rows(q, k, scaling, valid, causal)
     for seq in range(q.shape[0]):
-        hidden = ~valid[seq][None, :].expand(t, t)
-        if causal:
-            hidden = hidden | torch.ones(t, t, dtype=torch.bool).triu(1)
-        keys = VisibleKeys.build(hidden)
-        scores = torch.baddbmm(torch.zeros(()), q[seq], k[seq].transpose(-1, -2), beta=0.0, alpha=scaling)
-        torch_rows = torch.empty(*scores.shape[:2], len(ROW_FIELDS))
-        e = masked_exp_(scores, keys, torch_rows, out=torch.empty_like(scores))
-        row_statistics(scores, e, keys, torch_rows)
         np.testing.assert_allclose(
-            rows[seq][:, valid[seq]].numpy(), torch_rows[:, valid[seq]].numpy(), rtol=2e-6, atol=1e-6
+            rows[seq][:, valid[seq]].numpy(), torch_rows[seq][:, valid[seq]].numpy(), rtol=2e-6, atol=1e-6
         )
 
 
