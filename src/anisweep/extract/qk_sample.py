@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from anisweep.extract.streaming import to_device
+
 
 class QKSample:
     """Preallocated (n tokens, heads, d_head) float32 buffers on the CPU, one per (layer, rope, q|k)."""
@@ -48,8 +50,8 @@ class QKSample:
         inside = ((self.seq >= first_seq) & (self.seq < first_seq + n_seqs)).nonzero()
         self._rows = slice(int(inside[0]), int(inside[-1]) + 1) if len(inside) else slice(0, 0)
         self._index = (
-            (self.seq[self._rows] - first_seq).to(device),
-            self.position[self._rows].to(device),
+            to_device(self.seq[self._rows] - first_seq, device),
+            to_device(self.position[self._rows], device),
         )
 
     def record(self, layer: int, rope: str, q: torch.Tensor, k: torch.Tensor) -> None:

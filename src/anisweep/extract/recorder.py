@@ -151,7 +151,7 @@ class Recorder:
         in_batch = ((self.sample.seq >= first_seq) & (self.sample.seq < first_seq + valid.shape[0])).nonzero()
         sample_rows = slice(int(in_batch[0]), int(in_batch[-1]) + 1) if len(in_batch) else slice(0, 0)
         flat_index = (self.sample.seq[sample_rows] - first_seq) * t + self.sample.position[sample_rows]
-        self._batch_sample = (sample_rows, flat_index.to(valid.device))
+        self._batch_sample = (sample_rows, to_device(flat_index, valid.device))
         if self.qk_sample is not None:
             self.qk_sample.begin_batch(first_seq, valid.shape[0], valid.device)
 

@@ -26,6 +26,7 @@ from anisweep.extract.qk_sample import QKSample
 from anisweep.extract.recorder import Hooks, Recorder, Sample, attention_kernel, recording
 from anisweep.extract.score_hist import ScoreHistogram
 from anisweep.extract.stream_measures import StreamMeasures
+from anisweep.extract.streaming import to_device
 from anisweep.extract.tables import tables
 from anisweep.measures.registry import Measure
 from anisweep.tables import IDENTITY, write_atomic
@@ -72,10 +73,10 @@ def run(
         with recording(recorder), Hooks(loaded.adapter, loaded.base, loaded.geometry, recorder):
             starts = range(0, input_ids.shape[0], settings.batch_size)
             for start in tqdm(starts, desc="extract", unit="batch", disable=not progress, leave=False):
-                ids = input_ids[start : start + settings.batch_size].to(device)
-                valid = mask[start : start + settings.batch_size].to(device)
-                recorder.begin_batch(valid, start, host_valid=mask[start : start + settings.batch_size])
-                loaded.base(input_ids=ids, attention_mask=valid.long())
+                rows = slice(start, start + settings.batch_size)
+                ids, valid = to_device(input_ids[rows], device), to_device(mask[rows], device)
+                recorder.begin_batch(valid, start, host_valid=mask[rows])
+                loaded.base(input_ids=ids, attention_mask=valid.long(), use_cache=False)  # no KV cache to fill
             recorder.finish()
     finally:
         workers.close()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from anisweep.extract.streaming import to_device
+
 MAX_SCORES = 2**22  # scores held at once: a few heads of one sequence
 
 
@@ -25,8 +27,9 @@ class ScoreHistogram:
     (NaN scores land there too)."""
 
     def __init__(self, n_layers: int, low: float, high: float, n: int, device: torch.device):
-        self._edges = bin_edges(low, high, n).float().to(device)
-        self.edges = self._edges.double().cpu()  # the float32 edges the scores are compared with
+        edges = bin_edges(low, high, n).float()
+        self._edges = to_device(edges, torch.device(device))
+        self.edges = edges.double()  # the float32 edges the scores are compared with
         self.counts = {layer: torch.zeros(n + 2, dtype=torch.int64, device=device) for layer in range(n_layers)}
 
     def update(self, layer: int, query, key, scaling: float, valid: torch.Tensor, causal: bool) -> None:
@@ -49,4 +52,15 @@ class ScoreHistogram:
                 scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scaling)
                 index = torch.bucketize(scores, self._edges, right=True)
                 index = index.masked_fill_(~visible[rows], discard)
-                counts += torch.bincount(index.flatten(), minlength=discard + 1)[:discard]
+                counts += bin_counts(index.flatten(), discard + 1)[:discard]
+
+
+def bin_counts(index: torch.Tensor, n: int, wait_free: bool | None = None) -> torch.Tensor:
+    """How often each of 0..n-1 occurs in `index` (int64, every value < n). `wait_free` (the default on a GPU):
+    bincount reads index's max back to size its output, so the host would wait for the device; scatter_add_
+    reads nothing back. On a CPU bincount is 4x faster."""
+    if wait_free is None:
+        wait_free = index.device.type != "cpu"
+    if not wait_free:
+        return torch.bincount(index, minlength=n)
+    return index.new_zeros(n).scatter_add_(0, index, index.new_ones(()).expand_as(index))

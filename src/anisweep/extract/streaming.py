@@ -29,7 +29,8 @@ class VectorStats:
         self.sum_unit = torch.zeros(d, **f64)
         self.counts = torch.zeros(3, dtype=torch.int64, device=device)  # n, n_nonfinite, n_zero
         self.norm_sums = torch.zeros(2, **f64)  # sum ||x||, sum ||x||^2
-        self.norm_range = torch.tensor([float("inf"), float("-inf")], **f64)  # min, max ||x||
+        self.norm_range = torch.full((2,), float("inf"), **f64)  # min, max ||x||: filled, not copied from the host
+        self.norm_range[1] = float("-inf")
 
     n = property(lambda self: int(self.counts[0]))
     n_nonfinite = property(lambda self: int(self.counts[1]))
@@ -87,7 +88,7 @@ class VectorStats:
 
 def _norm_range(norms: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """[min, max] of the kept norms; [inf, -inf] when none is kept."""
-    inf = norms.new_tensor([float("inf")])
+    inf = norms.new_full((1,), float("inf"))  # new_tensor would copy from the host and, on a GPU, wait
     low = torch.cat([torch.where(keep, norms, inf), inf]).amin()
     high = torch.cat([torch.where(keep, norms, -inf), -inf]).amax()
     return torch.stack([low, high])
@@ -172,9 +173,9 @@ class VisibleKeys:
 
 def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A CPU tensor copied to `device` without the host waiting for it (pinned, non-blocking on a GPU)."""
-    if device.type == "cuda":
-        return x.contiguous().pin_memory().to(device, non_blocking=True)
-    return x.to(device)
+    if device.type == "cuda" and x.device.type == "cpu":
+        x = x.contiguous().pin_memory()
+    return x.to(device, non_blocking=True)
 
 
 def _sort_rows_(x: torch.Tensor) -> torch.Tensor:
