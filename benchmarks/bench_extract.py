@@ -2,8 +2,10 @@
 
     python benchmarks/bench_extract.py [--threads 2] [--batch 8] [--seq-lens 128 512] [--shapes bert pythia]
         [--repeat 7] [--flat-n 8 32 128] [--tl-python /work/benchvenv/bin/python] [--out benchmarks/out/extract.json]
-    python benchmarks/bench_extract.py --device cuda [--cells bert:8:512:float32 ...] [--repeat 5]
-        [--out benchmarks/out/extract_cuda.json]
+    python benchmarks/bench_extract.py --device cuda [--parts tests compare device checkpoint] [--budget 540]
+        [--cells bert:32:512:float32 ...] [--repeat 5] [--out benchmarks/out/extract_cuda.json]
+    python benchmarks/bench_extract.py --device cpu --parts tests compare device --cells bert-tiny:4:64:float32
+        --compare-shapes bert-tiny pythia-tiny --repeat 3     # the same code on the CPU, to check it
 
 Models are built from config with random weights (no download), bert-base shape (BertModel) and
 pythia-160m shape (GPTNeoXModel: rotary 0.25, parallel residual). Every figure is a ratio to a plain
@@ -21,14 +23,45 @@ base-model forward (sdpa attention, no hooks) on the same batch:
     one thread extract's statistics run inline), plus the weights; unlike RSS it ignores the allocator's
     retained free memory.
 
-On a GPU (`--device cuda`, parts `device` and `checkpoint`): each cell (shape:batch:seq:dtype, by default
-the GPU table of the README) in a fresh process, the three HF variants below interleaved in it (median of --repeat,
-CUDA synchronised around each pass) and, one variant at a time, the peak of torch.cuda.max_memory_allocated
-during a pass (weights included), as a ratio to the plain pass's; then one checkpoint at each sweep
-config's settings on the device. Shapes there include pythia-1.4b. `--device cpu --parts device` runs the
-same code on the CPU (speed only), to check it.
+On a GPU (`--device cuda`, one call, under 10 minutes on one H100; it stops at once where torch sees no GPU), in
+this order, each part in fresh processes without TRITON_INTERPRET, so that Triton compiles its kernels:
 
-Variants: `plain`; `extract` (anisweep.extract.run.run with every statistic and the hidden-state sample
+1. `tests`: the kernel tests (KERNEL_TESTS, `python -m pytest -q`; conftest sets TRITON_INTERPRET for the
+   interpreter's tests, the CUDA ones run in processes of their own without it): how many ran, passed, failed
+   and were skipped, read from pytest's JUnit XML. A skipped test counts as NOT run, never as passed; the part
+   passes only if every test ran and passed, the CUDA-only ones (CUDA_TESTS) included.
+2. `compare`: one random-weight checkpoint of each --compare-shapes shape (bert-base and pythia-160m), saved,
+   extracted over a padded batch of 8 x 512 (every table, the score histogram included) on the CPU in float32, then
+   on the device in float32 (attention auto: the Triton kernel) and in bfloat16; every table against the CPU's:
+   the largest |device - cpu| / max(|cpu|, 0.01) over its numeric values (other columns must be equal). float32
+   passes at 1e-5 (COMPARE_RTOL) through the kernel with no fallback; bfloat16 is reported, not judged.
+3. `device`: the goal's table, each cell (shape:batch:seq:dtype, DEVICE_CELLS) in a fresh process: the three HF
+   variants below interleaved in it (median of --repeat, 5, CUDA synchronised around each pass; ratios per
+   repetition) and, one variant at a time, the peak of torch.cuda.max_memory_allocated during a pass (weights
+   included), as a ratio to the plain pass's. Each cell is judged against its goal (GOALS: extract at >= 0.8x
+   the plain tokens/s at 32 x 512, >= 0.7x for pythia-1.4b 8 x 512 and pythia-160m 8 x 2048; peak memory
+   <= 1.2x the plain pass's; faster than HF keep-all).
+4. `checkpoint`: one checkpoint at each sweep config's settings on the device, if time is left.
+
+Then every goal line with its measured value and verdict, the kernel tests' counts, the comparison's verdict and
+the call's wall time, printed and written with the rest to the JSON (--out) and a Markdown file beside it (.md).
+Time, ESTIMATED (no GPU has run this yet), from the sizes and from this project's 2-core CPU machine:
+- tests about 1 min: 84 s here, 62 of them benchmarks/compile_kernels.py's 216 ahead-of-time compiles, which spread
+  over the cores; the two CUDA tests add a process and a few JIT compiles each;
+- the comparison about 45 s: here, CPU against CPU, 75 s (per shape 2.5 s to build the model, 6 s per float32
+  extract of 8 x 512 on 2 threads, 1.5 s per set of tables); on the GPU machine only the reference extract runs on
+  the CPU, on every core;
+- each table cell 15-30 s: process start and imports about 5 s, CUDA's start and Triton's compiles 5-10 s, then
+  21 passes of at most about 10 TFLOP (pythia-1.4b 8 x 512; the rest 3-4 TFLOP), 0.1-0.3 s each at an H100's
+  rates: 6 cells 1.5-3 min;
+- the checkpoints 20-40 s each.
+About 4-6 min in all. --budget (540 s) bounds it whatever happens: tests get at most PART_CAPS["tests"] s, the
+comparison PART_CAPS["compare"] s, the table and then the checkpoints what is left; a part or cell that runs past it
+is killed (FAIL), one the budget leaves no time for is NOT RUN. `--device cpu` runs the same parts on the CPU (no
+memory column; the comparison then the CPU's tables against themselves), with the tiny shapes to check the code.
+
+Variants: `plain`; `extract` (anisweep.extract.run.run with every statistic, the score histogram left out as
+both sweep configs leave it, and the hidden-state sample
 drawn at the rate of the shape's real sweep config, 1 token in 8 for config/multiberts.yaml and 3 in 16
 for config/pythia.yaml, which is what one mini-batch of those sweeps contributes; memory over growing
 n_sequences keeps the config's whole sample: the forward and its accumulators, not the writing of tables);
@@ -51,27 +84,53 @@ import json
 import os
 import platform
 import resource
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import torch
 
 HERE = Path(__file__).resolve()
 MARK = "BENCH_RESULT "
-VOCAB = {"bert": 30522, "pythia": 50304, "pythia-1.4b": 50304}
+ROOT = HERE.parents[1]
+SHAPES = {  # shape -> vocabulary, width, layers, heads (bert*: BertModel, the rest GPTNeoXModel); tiny: CPU checks
+    "bert": (30522, 768, 12, 12),
+    "pythia": (50304, 768, 12, 12),
+    "pythia-1.4b": (50304, 2048, 24, 16),
+    "bert-tiny": (2048, 64, 2, 4),
+    "pythia-tiny": (2048, 64, 2, 4),
+}
+VOCAB = {shape: dims[0] for shape, dims in SHAPES.items()}
+NAMES = {"bert": "bert-base", "pythia": "pythia-160m"}  # as the tables print them; the rest by their own name
 DEVICE_CELLS = [
-    "bert:8:512:float32",
-    "pythia:8:512:float32",
     "bert:32:512:float32",
     "pythia:32:512:float32",
     "bert:32:512:bfloat16",
     "pythia:32:512:bfloat16",
     "pythia-1.4b:8:512:bfloat16",
     "pythia:8:2048:bfloat16",
-]  # the GPU table: shapes, batch x seq, dtypes
+]  # the goal's table: shapes, batch x seq, dtypes
+GOALS = {("bert", 32, 512): 0.8, ("pythia", 32, 512): 0.8, ("pythia-1.4b", 8, 512): 0.7, ("pythia", 8, 2048): 0.7}
+DEFAULT_GOAL = 0.8  # extract / plain tokens/s of a cell outside GOALS (any dtype)
+MAX_MEMORY_RATIO = 1.2  # extract's peak device memory / the plain pass's
+PASS, FAIL, NOT_RUN = "pass", "FAIL", "NOT RUN"
+KERNEL_TESTS = [
+    "tests/extract/test_attention_triton.py",
+    "tests/extract/test_host_sync.py",
+    "tests/extract/test_kernel_compile.py",
+]
+CUDA_TESTS = ("test_compiled_kernels_on_cuda", "test_on_a_gpu_no_op_of_a_run_synchronises")  # skipped without one
+COMPARE_RTOL = 1e-5  # float32 tables on the device against the CPU's
+REL_FLOOR = 0.01  # below it differences are absolute: COMPARE_RTOL * REL_FLOOR = 1e-7, the tests' atol
+SCORE_BINS = {"low": -20.0, "high": 20.0, "n": 80}  # config/config.yaml's: the comparison covers score_hist too
+BUDGET_S = 540  # one --device cuda call, all parts
+PART_CAPS = {"tests": 180, "compare": 120}  # seconds at most; the table and the checkpoints share what is left
+TIME_GOAL_S = 600
 SWEEPS = {  # the real sweep of each shape: its config, and for the projection its checkpoints and the
     # bytes per weight in the files fetched
     "bert": {
@@ -100,7 +159,7 @@ def sweep_settings(shape: str) -> dict:
 
 
 def sweep_of(shape: str) -> str:
-    return "bert" if shape == "bert" else "pythia"
+    return "bert" if shape.startswith("bert") else "pythia"
 
 
 def sample_size(shape: str, n_sequences: int, seq_len: int) -> int:
@@ -117,18 +176,18 @@ def sample_size(shape: str, n_sequences: int, seq_len: int) -> int:
 def hf_model_config(shape: str):
     import transformers
 
-    if shape == "bert":
+    vocab, width, layers, heads = SHAPES[shape]
+    if shape.startswith("bert"):
         return transformers.BertConfig(
-            vocab_size=VOCAB["bert"],
-            hidden_size=768,
-            num_hidden_layers=12,
-            num_attention_heads=12,
-            intermediate_size=3072,
+            vocab_size=vocab,
+            hidden_size=width,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=4 * width,
             max_position_embeddings=512,
         )
-    width, layers, heads = (2048, 24, 16) if shape == "pythia-1.4b" else (768, 12, 12)
     return transformers.GPTNeoXConfig(
-        vocab_size=VOCAB[shape],
+        vocab_size=vocab,
         hidden_size=width,
         num_hidden_layers=layers,
         num_attention_heads=heads,
@@ -144,7 +203,7 @@ def hf_model(shape: str, device="cpu", dtype=torch.float32):
     import transformers
 
     torch.manual_seed(0)
-    cls = transformers.BertModel if shape == "bert" else transformers.GPTNeoXModel
+    cls = transformers.BertModel if shape.startswith("bert") else transformers.GPTNeoXModel
     with torch.device(device):  # initialised where it runs: pythia-1.4b takes minutes on the CPU
         return cls(hf_model_config(shape)).to(dtype).eval()
 
@@ -432,8 +491,6 @@ def device_cell(args) -> dict:
 def checkpoint(args) -> dict:
     """Wall time of one checkpoint at the extract settings of the shape's sweep config: loading the saved
     model, run, building the tables; and a plain forward over the same sequences."""
-    import tempfile
-
     from anisweep.extract import tables as extract_tables
     from anisweep.extract.model import ExtractSettings, load_model
     from anisweep.extract.run import run
@@ -481,10 +538,122 @@ def checkpoint(args) -> dict:
     }
 
 
+def padded_batch(shape: str, n: int, seq_len: int) -> dict:
+    """make_batch with padding, as an evaluation batch of texts of different lengths has: seq_len down to about
+    half of it."""
+    batch = make_batch(shape, n, seq_len)
+    lengths = torch.tensor([seq_len - i * seq_len // (2 * n) for i in range(n)])
+    batch["attention_mask"] = (torch.arange(seq_len)[None, :] < lengths[:, None]).long()
+    batch["input_ids"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, 0)
+    return batch
+
+
+def extract_tables_on(path: str, batch: dict, device: str, dtype: str, threads: int) -> tuple[dict, dict]:
+    """Every table extract writes for the checkpoint at `path` over `batch`, on `device` in `dtype`; and how it
+    ran (the attention path, any warning: a FallbackWarning means the kernel declined a shape)."""
+    import warnings
+
+    from anisweep.extract import recorder as extract_recorder
+    from anisweep.extract import tables as extract_tables
+    from anisweep.extract.model import ExtractSettings, load_model
+    from anisweep.extract.run import run
+
+    n, t = batch["input_ids"].shape
+    settings = ExtractSettings(
+        n_sequences=n,
+        seq_len=t,
+        batch_size=max(1, n // 2),
+        sample_tokens=min(n * t, 2048),  # more than d_model: the hidden table's statistics are full rank
+        device=device,
+        dtype=dtype,
+        score_bins=SCORE_BINS,
+    )
+    torch.set_num_threads(threads)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        parts = load_model(path, dtype, settings.torch_device())
+        kernel = extract_recorder.attention_kernel(settings.attention, settings.torch_device())
+        started = time.perf_counter()
+        recorder = run(parts, batch, settings, progress=False)
+        seconds = time.perf_counter() - started
+        ident = {"family": "bench", "model": "compare", "seed": 0, "step": 0, "tokens_seen": 0}
+        tables = extract_tables.tables(recorder, parts, ident)
+    said = sorted({f"{type(w.message).__name__}: {w.message}" for w in caught})
+    return tables, {
+        "device": device,
+        "dtype": dtype,
+        "attention": "torch" if kernel is None else "triton",
+        "fallbacks": [w for w in said if w.startswith("FallbackWarning")],
+        "warnings": said,
+        "run_s": seconds,
+    }
+
+
+def compare(args) -> dict:
+    """extract's tables of one random-weight checkpoint per shape on the CPU in float32, and on --device in
+    float32 (judged) and bfloat16 (reported), each against the CPU's: table_difference per table."""
+    shapes = []
+    for shape in args.compare_shapes:
+        batch = padded_batch(shape, args.n_sequences, args.seq_len)
+        with tempfile.TemporaryDirectory() as tmp:
+            hf_model(shape).save_pretrained(tmp)
+            reference, ref_info = extract_tables_on(tmp, batch, "cpu", "float32", args.threads)
+            runs = []
+            for dtype in ("float32", "bfloat16"):
+                tables, info = extract_tables_on(tmp, batch, args.device, dtype, args.threads)
+                differences = {name: table_difference(tables[name], reference[name]) for name in reference}
+                runs.append({**info, "judged": dtype == "float32", "tables": differences})
+        shapes.append({"shape": shape, "reference": ref_info, "runs": runs})
+        print(f"  {shape}: " + "  ".join(f"{r['dtype']} {max_difference(r):.1e}" for r in runs), file=sys.stderr)
+    return {
+        "device": args.device,
+        "n_sequences": args.n_sequences,
+        "seq_len": args.seq_len,
+        "rtol": COMPARE_RTOL,
+        "rel_floor": REL_FLOOR,
+        "shapes": shapes,
+    }
+
+
+def table_difference(got, ref) -> dict:
+    """The largest |got - ref| / max(|ref|, REL_FLOOR) over every numeric value of two tables (list columns
+    value by value), and its column; non-numeric columns must be equal, as must the columns, rows and list
+    lengths (inf where they are not). NaN against NaN is equal."""
+    import numpy as np
+    import polars as pl
+
+    if got.columns != ref.columns or got.height != ref.height:
+        return {"max_rel": float("inf"), "column": "(columns or rows)"}
+    worst, where = 0.0, None
+    for column in ref.columns:
+        x, y = got[column], ref[column]
+        if isinstance(y.dtype, pl.List):
+            if not isinstance(x.dtype, pl.List) or x.list.len().to_list() != y.list.len().to_list():
+                return {"max_rel": float("inf"), "column": column}
+            x, y = x.explode(), y.explode()
+        if x.dtype.is_numeric() and y.dtype.is_numeric():
+            a, b = (np.array(v.to_list(), dtype=np.float64) for v in (x, y))
+            with np.errstate(invalid="ignore"):
+                rel = np.abs(a - b) / np.maximum(np.abs(b), REL_FLOOR)
+            rel[(a == b) | (np.isnan(a) & np.isnan(b))] = 0.0
+            rel = float(np.nan_to_num(rel, nan=np.inf).max(initial=0.0))
+        else:
+            rel = 0.0 if x.to_list() == y.to_list() else float("inf")
+        if rel > worst:
+            worst, where = rel, column
+    return {"max_rel": worst, "column": where}
+
+
+def max_difference(run: dict) -> float:
+    return max((t["max_rel"] for t in run["tables"].values()), default=0.0)
+
+
 # ------------------------------------------------------------------------------------------ driver
 
 
-def spawn(python: str, mode: str, **kw) -> dict:
+def spawn(python: str, mode: str, timeout: float | None = None, **kw) -> dict:
+    """A worker in a fresh process, without TRITON_INTERPRET (the kernels compiled, as a sweep runs them); raises
+    RuntimeError where it fails, subprocess.TimeoutExpired (and kills it) where it runs past `timeout`."""
     cmd = [python, str(HERE), mode]
     for key, value in kw.items():
         flag = f"--{key.replace('_', '-')}"
@@ -492,12 +661,59 @@ def spawn(python: str, mode: str, **kw) -> dict:
             cmd.append(flag)
         else:
             cmd += [flag, *map(str, value if isinstance(value, list) else [value])]
-    env = {**os.environ, "OMP_NUM_THREADS": str(kw["threads"]), "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    env = {**clean_env(), "OMP_NUM_THREADS": str(kw["threads"]), "TOKENIZERS_PARALLELISM": "false"}
+    proc = run_limited(cmd, env, timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
     if proc.returncode or not lines:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     return json.loads(lines[-1][len(MARK) :])
+
+
+def clean_env() -> dict:
+    return {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+
+
+def run_limited(cmd: list[str], env: dict, timeout: float | None, cwd=None) -> subprocess.CompletedProcess:
+    """cmd in a process group of its own, the whole group killed past `timeout` (pytest's CUDA tests start
+    processes of their own), then subprocess.TimeoutExpired."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:  # the timeout, or ^C: nothing of it may outlive the driver
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def seconds_left(a) -> float | None:
+    return None if a.deadline is None else a.deadline - time.monotonic()
+
+
+def part_timeout(a, part: str) -> float | None:
+    """Seconds the part may take: what the budget leaves, at most its cap."""
+    left = seconds_left(a)
+    return left if left is None or part not in PART_CAPS else min(left, PART_CAPS[part])
+
+
+def process_seconds() -> float:
+    """Seconds since this process started, imports included (Linux)."""
+    start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    return float(Path("/proc/uptime").read_text().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def cuda_or_exit(device: str) -> None:
+    """Stop at once, saying why, where --device names a GPU that torch does not see."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise SystemExit(
+            f"bench_extract: --device {device} needs a GPU, and torch sees none on {platform.node()} (torch "
+            f"{torch.__version__}, {build}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); nothing "
+            "was run. Run it where there is one, or check the code path on the CPU: --device cpu --parts tests "
+            "compare device --cells bert-tiny:4:64:float32 --compare-shapes bert-tiny pythia-tiny --repeat 3"
+        )
 
 
 def ratios(mem: dict, plain: dict) -> dict:
@@ -510,6 +726,8 @@ def ratios(mem: dict, plain: dict) -> dict:
 
 
 def drive(a) -> None:
+    cuda_or_exit(a.device)
+    a.deadline = None if a.budget is None else time.monotonic() + a.budget - process_seconds()
     out_path = Path(a.out)
     out = json.loads(out_path.read_text()) if out_path.exists() else {}
     out["settings"] = vars(a)
@@ -526,15 +744,28 @@ def drive(a) -> None:
         out["rows"] = [row for shape in a.shapes for t in a.seq_lens for row in ratio_rows(a, shape, t)]
     if "flat" in a.parts:
         out["flat"] = [f for shape in a.shapes for f in flat_rows(a, shape, out["rows"])]
-    if "device" in a.parts:
-        out["device_rows"] = [device_row(a, cell) for cell in a.cells]
-    if "checkpoint" in a.parts:
-        out["checkpoint"] = [checkpoint_row(a, shape) for shape in a.shapes]
+    part_s = {}
+    for part, key, measure in (
+        ("tests", "kernel_tests", kernel_tests),
+        ("compare", "comparison", comparison),
+        ("device", "device_rows", lambda a: [device_row(a, cell) for cell in a.cells]),
+        ("checkpoint", "checkpoint", lambda a: [checkpoint_row(a, shape) for shape in a.shapes]),
+    ):
+        if part in a.parts:
+            started = time.perf_counter()
+            out[key] = measure(a)
+            part_s[part] = time.perf_counter() - started
     out["machine"][f"load_average_end_{'_'.join(a.parts)}"] = os.getloadavg()
+    out["call"] = {"parts": a.parts, "device": a.device, "budget_s": a.budget, "part_s": part_s}
+    out["call"]["wall_s"] = process_seconds()
+    if {"tests", "compare", "device"} & set(a.parts):
+        out["goal"] = goal_lines(out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(out, indent=2))
-    print(summary(out))
-    print(f"wrote {a.out}")
+    text = summary(out)
+    out_path.with_suffix(".md").write_text(text + "\n")
+    print(text)
+    print(f"wrote {a.out} and {out_path.with_suffix('.md')}")
 
 
 def ratio_rows(a, shape: str, t: int) -> list[dict]:
@@ -547,12 +778,14 @@ def ratio_rows(a, shape: str, t: int) -> list[dict]:
         "speed",
         shape=shape,
         seq_len=t,
-        repeat=a.repeat,
+        repeat=a.repeat or 7,
         variants=["plain", "extract", "hf_keep_all"],
         **common,
     )
     if tl_ok:
-        sp_tl = spawn(a.tl_python, "speed", shape=shape, seq_len=t, repeat=a.repeat, variants=["plain", "tl"], **common)
+        sp_tl = spawn(
+            a.tl_python, "speed", shape=shape, seq_len=t, repeat=a.repeat or 7, variants=["plain", "tl"], **common
+        )
         sp["tl"] = sp_tl["tl"]
         sp["tl"]["plain_tokens_per_s_same_process"] = sp_tl["plain"]["tokens_per_s"]
     mem = {}
@@ -633,29 +866,114 @@ def flat_rows(a, shape: str, rows: list[dict]) -> list[dict]:
 
 
 def device_row(a, cell: str) -> dict:
+    """One cell of the device table, or the cell with an `error`: how it failed, or `not run` where the budget
+    was spent before it."""
     shape, batch, seq_len, dtype = cell.split(":")
+    row = {"shape": shape, "batch": int(batch), "seq_len": int(seq_len), "dtype": dtype}
+    timeout = part_timeout(a, "device")
+    if timeout is not None and timeout <= 0:
+        return {**row, "error": "not run: time budget spent"}
     print(f"[{shape} {batch}x{seq_len} {dtype} on {a.device}] speed and memory ...", flush=True)
-    row = spawn(
-        sys.executable,
-        "device",
-        shape=shape,
-        batch=int(batch),
-        seq_len=int(seq_len),
-        dtype=dtype,
-        device=a.device,
-        repeat=a.repeat,
-        threads=a.threads,
-    )
-    print("  " + "  ".join(f"{n} {row[n]['speed_ratio']:.2f}x" for n in ("extract", "hf_keep_all")), flush=True)
+    started = time.perf_counter()
+    try:
+        row = spawn(
+            sys.executable,
+            "device",
+            timeout,
+            shape=shape,
+            batch=int(batch),
+            seq_len=int(seq_len),
+            dtype=dtype,
+            device=a.device,
+            repeat=a.repeat or 5,
+            threads=a.threads,
+        )
+    except subprocess.TimeoutExpired:
+        row["error"] = f"killed at the time budget, after {time.perf_counter() - started:.0f} s"
+    except RuntimeError as error:
+        row["error"] = str(error)[-1500:]
+    row["wall_s"] = time.perf_counter() - started
+    checks = cell_checks(row)
+    print(f"  {cell_verdict(checks)}: " + "  ".join(f"{k} {fmt_x(v)}" for k, (v, _) in checks.items()), flush=True)
     return row
+
+
+def kernel_tests(a) -> dict:
+    """KERNEL_TESTS in a pytest process without TRITON_INTERPRET; its JUnit XML's counts (junit_outcomes)."""
+    timeout = part_timeout(a, "tests")
+    command = ["python", "-m", "pytest", "-q", *KERNEL_TESTS]
+    if timeout is not None and timeout <= 0:
+        return {"command": " ".join(command), "error": "not run: time budget spent"}
+    print(f"[kernel tests] {' '.join(command)} ...", flush=True)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "junit.xml"
+        cmd = [sys.executable, *command[1:], "-p", "no:cacheprovider", f"--junitxml={report}"]
+        try:
+            proc = run_limited(cmd, clean_env(), timeout, cwd=ROOT)
+            res, tail = {"returncode": proc.returncode}, (proc.stdout + proc.stderr)[-3000:]
+        except subprocess.TimeoutExpired:
+            res, tail = {"error": f"killed at the time budget, after {time.perf_counter() - started:.0f} s"}, ""
+        xml = report.read_text() if report.exists() else None
+    res = {"command": " ".join(command), **res, **junit_outcomes(xml), "seconds": time.perf_counter() - started}
+    res["tail"] = tail
+    print(f"  {kernel_tests_line(res)['measured']}", flush=True)
+    return res
+
+
+def junit_outcomes(xml: str | None) -> dict:
+    """Every test's outcome from pytest's JUnit XML: passed, failed, error or skipped (with pytest's reason)."""
+    outcomes, reasons = {}, {}
+    for case in ET.fromstring(xml).iter("testcase") if xml else ():
+        test = f"{case.get('classname')}::{case.get('name')}"
+        kinds = {child.tag: child for child in case}
+        outcome = next((k for k in ("error", "failure", "skipped") if k in kinds), "passed")
+        outcomes[test] = {"failure": "failed"}.get(outcome, outcome)
+        if outcome == "skipped":
+            reasons[test] = kinds["skipped"].get("message", "")
+    return {"outcomes": outcomes, "skip_reasons": reasons}
+
+
+def comparison(a) -> dict:
+    timeout = part_timeout(a, "compare")
+    if timeout is not None and timeout <= 0:
+        return {"error": "not run: time budget spent"}
+    print(f"[compare] {', '.join(a.compare_shapes)}: tables on the CPU and on {a.device} ...", flush=True)
+    started = time.perf_counter()
+    try:
+        res = spawn(
+            sys.executable,
+            "compare",
+            timeout,
+            compare_shapes=a.compare_shapes,
+            device=a.device,
+            n_sequences=a.compare_n,
+            seq_len=a.compare_seq,
+            threads=os.cpu_count() or a.threads,  # the CPU's reference, no ratio: every core
+        )
+    except subprocess.TimeoutExpired:
+        res = {"error": f"killed at the time budget, after {time.perf_counter() - started:.0f} s"}
+    except RuntimeError as error:
+        res = {"error": str(error)[-1500:]}
+    res["seconds"] = time.perf_counter() - started
+    print(f"  {comparison_line(res)['measured']}", flush=True)
+    return res
 
 
 def checkpoint_row(a, shape: str) -> dict:
     """One checkpoint at the settings of the shape's sweep config, and the projection of the sweep from it."""
     import transformers
 
+    timeout = part_timeout(a, "checkpoint")
+    if timeout is not None and timeout <= 0:
+        return {"shape": shape, "error": "not run: time budget spent"}
     print(f"[{shape}] one checkpoint at the settings of {SWEEPS[shape]['config']} ...", flush=True)
-    row = spawn(sys.executable, "checkpoint", shape=shape, threads=a.threads, device=a.device)
+    try:
+        row = spawn(sys.executable, "checkpoint", timeout, shape=shape, threads=a.threads, device=a.device)
+    except subprocess.TimeoutExpired:
+        return {"shape": shape, "error": "killed at the time budget"}
+    except RuntimeError as error:
+        return {"shape": shape, "error": str(error)[-1500:]}
     with torch.device("meta"):  # parameter counts of the checkpoints' own classes, without allocating them
         if shape == "bert":
             lm = transformers.BertForPreTraining(hf_model_config(shape))
@@ -683,7 +1001,18 @@ def checkpoint_row(a, shape: str) -> dict:
 
 
 def summary(out: dict) -> str:
-    lines = device_summary(out["device_rows"]) if out.get("device_rows") else []
+    lines = goal_summary(out["goal"], out.get("call")) if out.get("goal") else []
+    if out.get("device_rows"):
+        lines += [
+            "",
+            f"### The device table ({device_name(out['device_rows'])})",
+            "",
+            *device_summary(out["device_rows"]),
+        ]
+    if out.get("comparison"):
+        lines += ["", *comparison_summary(out["comparison"])]
+    if out.get("kernel_tests"):
+        lines += ["", *kernel_tests_summary(out["kernel_tests"])]
     if out.get("rows"):
         lines += [
             "",
@@ -719,6 +1048,9 @@ def summary(out: dict) -> str:
             "|---|---|---|---|---|---|---|",
         ]
         for c in out["checkpoint"]:
+            if "error" in c:
+                lines.append(f"| {SWEEPS[c['shape']]['sweep']}: {cell_text(c['error'])} | | | | | | |")
+                continue
             p = c["projection"]
             lines.append(
                 f"| {p['sweep']} ({c['n_sequences']}x{c['seq_len']}, {c.get('device', 'cpu')}, "
@@ -731,44 +1063,301 @@ def summary(out: dict) -> str:
 
 
 def device_summary(rows: list[dict]) -> list[str]:
-    ratio = lambda v, key: "-" if v.get(key) is None else f"{v[key]:.2f}x"  # noqa: E731
     lines = [
-        "| shape | batch x seq | dtype | attention | plain tok/s | extract speed / mem | HF keep-all speed / mem |",
-        "|---|---|---|---|---|---|---|",
+        "| shape | batch x seq | dtype | attention | plain tok/s | extract / plain | HF keep-all / plain | "
+        "extract / HF keep-all | peak memory: extract / plain | HF keep-all / plain | goal | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        cells = [f"{ratio(r[n], 'speed_ratio')} / {ratio(r[n], 'memory_ratio')}" for n in ("extract", "hf_keep_all")]
+        checks = cell_checks(r)
+        head = f"| {shape_name(r['shape'])} | {r['batch']}x{r['seq_len']} | {r['dtype']} |"
+        goal = f">= {speed_goal(r)}x, <= {MAX_MEMORY_RATIO}x memory, > 1x HF"
+        verdict = f"{cell_verdict(checks)} ({cell_reasons(r, checks)})" if cell_verdict(checks) != PASS else PASS
+        if "error" in r:
+            lines.append(f"{head}{' - |' * 7} {goal} | {verdict} |")
+            continue
+        extract, hf = r["extract"], r["hf_keep_all"]
         lines.append(
-            f"| {r['shape']} | {r['batch']}x{r['seq_len']} | {r['dtype']} | {r['attention']} | "
-            f"{r['plain']['tokens_per_s']:,.0f} | {cells[0]} | {cells[1]} |"
+            f"{head} {r['attention']} | {r['plain']['tokens_per_s']:,.0f} | {fmt_x(extract['speed_ratio'])} | "
+            f"{fmt_x(hf['speed_ratio'])} | {fmt_x(checks['vs_hf'][0])} | {fmt_x(extract.get('memory_ratio'))} | "
+            f"{fmt_x(hf.get('memory_ratio'))} | {goal} | {verdict} |"
         )
+    return lines
+
+
+def shape_name(shape: str) -> str:
+    return NAMES.get(shape, shape)
+
+
+def device_name(rows: list[dict]) -> str:
+    return next((r["device"] for r in rows if "device" in r), "not run")
+
+
+# -------------------------------------------------------------------------------------- the goal's verdicts
+
+CHECKS = {"speed": "extract / plain", "memory": "peak memory extract / plain", "vs_hf": "extract / HF keep-all"}
+
+
+def fmt_x(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}x"
+
+
+def cell_text(text: str, width: int = 160) -> str:
+    """One line of a message (its last: an exception's), fit for a Markdown cell."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return (lines[-1] if lines else "")[:width].replace("|", "\\|")
+
+
+def speed_goal(row: dict) -> float:
+    return GOALS.get((row["shape"], row["batch"], row["seq_len"]), DEFAULT_GOAL)
+
+
+def vs_hf(row: dict) -> float:
+    """extract's tokens/s over HF keep-all's: the median over repetitions of their seconds' ratio."""
+    return statistics.median(h / e for h, e in zip(row["hf_keep_all"]["seconds"], row["extract"]["seconds"]))
+
+
+def cell_checks(row: dict) -> dict[str, tuple[float | None, str]]:
+    """Each goal of one cell of the device table (CHECKS): its measured value and verdict. A memory ratio that was
+    not measured (on the CPU) is NOT RUN, a cell that failed or was cut off FAIL, one the budget left out NOT RUN."""
+    if "error" in row:
+        verdict = NOT_RUN if row["error"].startswith("not run") else FAIL
+        return {name: (None, verdict) for name in CHECKS}
+    speed, memory, ahead = row["extract"]["speed_ratio"], row["extract"].get("memory_ratio"), vs_hf(row)
+    return {
+        "speed": (speed, PASS if speed >= speed_goal(row) else FAIL),
+        "memory": (memory, NOT_RUN if memory is None else PASS if memory <= MAX_MEMORY_RATIO else FAIL),
+        "vs_hf": (ahead, PASS if ahead > 1 else FAIL),
+    }
+
+
+def combine(verdicts) -> str:
+    verdicts = list(verdicts)
+    return FAIL if FAIL in verdicts else NOT_RUN if NOT_RUN in verdicts or not verdicts else PASS
+
+
+def cell_verdict(checks: dict) -> str:
+    return combine(verdict for _, verdict in checks.values())
+
+
+def cell_reasons(row: dict, checks: dict) -> str:
+    if "error" in row:
+        return cell_text(row["error"].removeprefix("not run: "))
+    wants = {"speed": f">= {speed_goal(row)}x", "memory": f"<= {MAX_MEMORY_RATIO}x", "vs_hf": "> 1x"}
+    return "; ".join(
+        f"{CHECKS[name]} not measured" if value is None else f"{CHECKS[name]} {fmt_x(value, 3)}, goal {wants[name]}"
+        for name, (value, verdict) in checks.items()
+        if verdict != PASS
+    )
+
+
+def cell_label(row: dict) -> str:
+    return f"{shape_name(row['shape'])} {row['batch']}x{row['seq_len']} {row['dtype']}"
+
+
+def criterion_line(goal: str, rows: list[dict], name: str) -> dict:
+    checks = [(row, cell_checks(row)[name]) for row in rows]
+    return {
+        "goal": goal,
+        "measured": ", ".join(f"{cell_label(row)} {fmt_x(value)}" for row, (value, _) in checks) or "not run",
+        "verdict": combine(verdict for _, (_, verdict) in checks),
+    }
+
+
+def goal_lines(out: dict) -> list[dict]:
+    """Every line of the goal: its measured values and verdict (PASS, FAIL, NOT_RUN), then all of them."""
+    rows = out.get("device_rows") or []
+    lines = [
+        criterion_line(
+            f"extract >= {goal}x the tokens/s of a plain sdpa forward",
+            [r for r in rows if speed_goal(r) == goal],
+            "speed",
+        )
+        for goal in sorted({speed_goal(r) for r in rows} or {DEFAULT_GOAL}, reverse=True)
+    ]
+    lines += [
+        criterion_line(f"peak device memory <= {MAX_MEMORY_RATIO}x the plain pass's", rows, "memory"),
+        criterion_line("extract ahead of HF keep-all (tokens/s), every cell", rows, "vs_hf"),
+        comparison_line(out.get("comparison")),
+        kernel_tests_line(out.get("kernel_tests")),
+    ]
+    wall = (out.get("call") or {}).get("wall_s")
+    lines.append(
+        {
+            "goal": f"one call under {TIME_GOAL_S // 60} minutes",
+            "measured": "-" if wall is None else f"{wall:.0f} s, parts {' '.join(out['call']['parts'])}",
+            "verdict": NOT_RUN if wall is None else PASS if wall < TIME_GOAL_S else FAIL,
+        }
+    )
+    verdicts = [line["verdict"] for line in lines]
+    lines.append(
+        {
+            "goal": "all of the above",
+            "measured": f"{verdicts.count(PASS)} of {len(verdicts)} pass",
+            "verdict": combine(verdicts),
+        }
+    )
+    return lines
+
+
+def goal_summary(lines: list[dict], call: dict | None) -> list[str]:
+    budget = "none" if not call or call["budget_s"] is None else f"{call['budget_s']:.0f} s"
+    where = f" ({call['device']}, budget {budget})" if call else ""
+    rows = [f"| {line['goal']} | {cell_text(line['measured'], 2000)} | {line['verdict']} |" for line in lines]
+    return [f"### The goal{where}", "", "| goal | measured | verdict |", "|---|---|---|", *rows]
+
+
+def compare_run_verdict(run: dict, rtol: float) -> tuple[str, str]:
+    """A float32 run on the device against the CPU's tables: every table within rtol, through the Triton kernel on
+    CUDA (torch ops on the CPU), with no fallback to the torch path."""
+    if not run["judged"]:
+        return "reported", ""
+    wants = "triton" if run["device"].startswith("cuda") else "torch"
+    reasons = [
+        f"{name} {t['max_rel']:.1e} in {t['column']}" for name, t in run["tables"].items() if not t["max_rel"] <= rtol
+    ]
+    if run["attention"] != wants:
+        reasons.append(f"attention ran as {run['attention']}, not {wants}")
+    reasons += [cell_text(w, 200) for w in run["fallbacks"]]
+    return (FAIL if reasons else PASS), "; ".join(reasons)
+
+
+def comparison_line(res: dict | None) -> dict:
+    goal = (
+        f"{(res or {}).get('device', 'device')} tables equal CPU tables (float32: {rtol_text(COMPARE_RTOL)} relative)"
+    )
+    if not res or "error" in res:
+        error = (res or {}).get("error", "not run")
+        return {"goal": goal, "measured": cell_text(error), "verdict": NOT_RUN if error.startswith("not run") else FAIL}
+    judged = [(shape, run) for shape in res["shapes"] for run in shape["runs"] if run["judged"]]
+    measured = ", ".join(
+        f"{shape_name(shape['shape'])} {run['device']} {max_difference(run):.1e} over {len(run['tables'])} tables"
+        for shape, run in judged
+    )
+    verdicts = [compare_run_verdict(run, res["rtol"])[0] for _, run in judged]
+    return {"goal": goal, "measured": measured or "no table", "verdict": combine(verdicts)}
+
+
+def rtol_text(rtol: float) -> str:
+    return f"{rtol:.0e}".replace("e-0", "e-")
+
+
+def comparison_summary(res: dict) -> list[str]:
+    line = comparison_line(res)
+    if "error" in res:
+        return [
+            "### Device tables against the CPU's",
+            "",
+            f"{line['verdict']}: {line['measured'].removeprefix('not run: ')}",
+        ]
+    names = list(res["shapes"][0]["runs"][0]["tables"]) if res["shapes"] else []
+    lines = [
+        "### Device tables against the CPU's",
+        "",
+        f"Largest |device - cpu| / max(|cpu|, {res['rel_floor']}) of each table, against the CPU's float32 tables; "
+        f"{res['n_sequences']} x {res['seq_len']} tokens, padded; float32 judged at {rtol_text(res['rtol'])}, bfloat16 "
+        "reported.",
+        "",
+        f"| shape | run | path | {' | '.join(names)} | verdict |",
+        "|---|---|---|" + "---|" * len(names) + "---|",
+    ]
+    for shape in res["shapes"]:
+        for run in shape["runs"]:
+            verdict, why = compare_run_verdict(run, res["rtol"])
+            values = " | ".join(f"{run['tables'][name]['max_rel']:.1e}" for name in names)
+            lines.append(
+                f"| {shape_name(shape['shape'])} | {run['device']} {run['dtype']} | {run['attention']} | "
+                f"{values} | {verdict + (f' ({cell_text(why, 400)})' if why else '')} |"
+            )
+    return lines
+
+
+def tally_tests(res: dict) -> dict:
+    outcomes = res.get("outcomes", {})
+    tally = {
+        kind: sorted(t for t, o in outcomes.items() if o == kind) for kind in ("passed", "failed", "error", "skipped")
+    }
+    tally["cuda"] = {
+        name: next((o for t, o in outcomes.items() if t.split("::")[-1].split("[")[0] == name), "missing")
+        for name in CUDA_TESTS
+    }
+    return tally
+
+
+def kernel_tests_line(res: dict | None) -> dict:
+    """The kernel tests' counts; pass only if every test ran and passed, the CUDA-only ones too: a skipped test
+    is NOT run."""
+    goal = "CUDA kernel tests run and pass (" + ", ".join(Path(t).name for t in KERNEL_TESTS) + ")"
+    if not res or "error" in res and not res.get("outcomes"):
+        error = (res or {}).get("error", "not run")
+        return {"goal": goal, "measured": error, "verdict": NOT_RUN if error.startswith("not run") else FAIL}
+    tally = tally_tests(res)
+    ran = len(tally["passed"]) + len(tally["failed"]) + len(tally["error"])
+    cuda = ", ".join(
+        f"{name} {'passed' if o == 'passed' else 'NOT run' if o in ('skipped', 'missing') else o}"
+        for name, o in tally["cuda"].items()
+    )
+    measured = (
+        f"{ran} ran: {len(tally['passed'])} passed, {len(tally['failed'])} failed, {len(tally['error'])} errors; "
+        f"{len(tally['skipped'])} skipped (NOT run); CUDA-only: {cuda}"
+    )
+    if res.get("error"):
+        measured += f"; {res['error']}"
+    if tally["failed"] or tally["error"] or res.get("error") or res.get("returncode") not in (0, None) or not ran:
+        verdict = FAIL
+    elif tally["skipped"] or any(o != "passed" for o in tally["cuda"].values()):
+        verdict = NOT_RUN
+    else:
+        verdict = PASS
+    return {"goal": goal, "measured": measured, "verdict": verdict}
+
+
+def kernel_tests_summary(res: dict) -> list[str]:
+    line = kernel_tests_line(res)
+    lines = [
+        "### Kernel tests",
+        "",
+        f"`{res['command']}`: {line['measured']} ({res.get('seconds', 0):.0f} s): **{line['verdict']}**",
+    ]
+    tally = tally_tests(res) if res.get("outcomes") else {"failed": [], "error": [], "skipped": []}
+    lines += [f"- {kind}: {test}" for kind in ("failed", "error") for test in tally[kind]]
+    lines += [f"- skipped, NOT run: {test} ({res['skip_reasons'].get(test, '')})" for test in tally["skipped"]]
     return lines
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "mode", nargs="?", default="drive", choices=["drive", "speed", "memory", "checkpoint", "device", "summary"]
+        "mode",
+        nargs="?",
+        default="drive",
+        choices=["drive", "speed", "memory", "checkpoint", "device", "compare", "summary"],
     )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq-lens", type=int, nargs="+", default=[128, 512])
     ap.add_argument("--shapes", nargs="+", default=["bert", "pythia"], choices=["bert", "pythia"])
-    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--repeat", type=int, help="repetitions: default 7 (CPU ratios), 5 (the device table)")
     ap.add_argument("--flat-n", type=int, nargs="*", default=[8, 32, 128])
     ap.add_argument("--tl-python", default="/work/benchvenv/bin/python")
     ap.add_argument("--out", help="default benchmarks/out/extract.json, or extract_<device>.json off the CPU")
     ap.add_argument(
         "--parts",
         nargs="+",
-        choices=["ratios", "flat", "checkpoint", "device"],
+        choices=["ratios", "flat", "checkpoint", "tests", "compare", "device"],
         help="what to (re)measure, the rest of --out is kept; default ratios flat checkpoint on the "
-        "CPU, device checkpoint elsewhere",
+        "CPU, tests compare device checkpoint elsewhere (run in that order)",
     )
     ap.add_argument("--device", default="cpu", help="cpu, cuda: where the device table and the checkpoint run")
     ap.add_argument("--cells", nargs="+", default=DEVICE_CELLS, help="the device table's shape:batch:seq:dtype")
+    ap.add_argument(
+        "--budget", type=float, help=f"seconds for the whole call (default {BUDGET_S} off the CPU, none on it)"
+    )
+    ap.add_argument("--compare-shapes", nargs="+", default=["bert", "pythia"], choices=list(SHAPES))
+    ap.add_argument("--compare-n", type=int, default=8, help="sequences of the comparison's batch")
+    ap.add_argument("--compare-seq", type=int, default=512, help="tokens per sequence of the comparison's batch")
     # worker options
-    ap.add_argument("--shape", choices=list(VOCAB))
+    ap.add_argument("--shape", choices=list(SHAPES))
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--seq-len", type=int)
     ap.add_argument("--n-sequences", type=int)
@@ -777,14 +1366,16 @@ def main(argv=None):
     ap.add_argument("--tl-env", action="store_true", help="load transformer_lens instead of anisweep (memory)")
     a = ap.parse_args(argv)
     on_cpu = a.device == "cpu"
-    a.parts = a.parts or (["ratios", "flat", "checkpoint"] if on_cpu else ["device", "checkpoint"])
+    a.parts = a.parts or (["ratios", "flat", "checkpoint"] if on_cpu else ["tests", "compare", "device", "checkpoint"])
+    a.budget = a.budget if a.budget is not None or on_cpu else BUDGET_S
     a.out = a.out or str(HERE.parent / "out" / ("extract.json" if on_cpu else f"extract_{a.device}.json"))
     if a.mode == "drive":
         drive(a)
     elif a.mode == "summary":
         print(summary(json.loads(Path(a.out).read_text())))
     else:
-        worker = {"speed": speed, "memory": memory, "checkpoint": checkpoint, "device": device_cell}[a.mode]
+        worker = {"speed": speed, "memory": memory, "checkpoint": checkpoint, "device": device_cell, "compare": compare}
+        worker = worker[a.mode]
         print(MARK + json.dumps(worker(a)), flush=True)
 
 

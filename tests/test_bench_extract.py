@@ -1,0 +1,275 @@
+"""benchmarks/bench_extract.py's verdicts, tables and comparison on made-up results (no GPU): the goal's thresholds,
+a skipped CUDA test counted as NOT run, the Markdown's columns; and its comparison and device cell on tiny models
+on the CPU."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_extract.py"
+spec = importlib.util.spec_from_file_location("bench_extract", SCRIPT)
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+PASS, FAIL, NOT_RUN = bench.PASS, bench.FAIL, bench.NOT_RUN
+
+
+def cell(shape="bert", batch=32, seq_len=512, dtype="float32", speed=0.9, memory=1.1, hf_speed=0.5):
+    """A device-table row as device_cell writes it: plain 1 s a repetition, extract and HF keep-all at the ratios."""
+    plain = [1.0, 1.1, 0.9, 1.0, 1.0]
+    return {
+        "shape": shape,
+        "batch": batch,
+        "seq_len": seq_len,
+        "dtype": dtype,
+        "device": "NVIDIA H100 80GB HBM3",
+        "attention": "triton",
+        "plain": {"seconds": plain, "tokens_per_s": batch * seq_len, "speed_ratio": 1.0, "memory_ratio": 1.0},
+        "extract": {"seconds": [s / speed for s in plain], "speed_ratio": speed, "memory_ratio": memory},
+        "hf_keep_all": {"seconds": [s / hf_speed for s in plain], "speed_ratio": hf_speed, "memory_ratio": 3.0},
+    }
+
+
+@pytest.mark.parametrize(
+    "shape, batch, seq_len, speed, verdict",
+    [
+        ("bert", 32, 512, 0.79, FAIL),
+        ("bert", 32, 512, 0.8, PASS),
+        ("pythia", 32, 512, 0.81, PASS),
+        ("pythia-1.4b", 8, 512, 0.69, FAIL),
+        ("pythia-1.4b", 8, 512, 0.71, PASS),
+        ("pythia", 8, 2048, 0.75, PASS),
+        ("pythia", 8, 512, 0.75, FAIL),  # outside the goal's table: DEFAULT_GOAL
+    ],
+)
+def test_speed_goal_per_cell(shape, batch, seq_len, speed, verdict):
+    checks = bench.cell_checks(cell(shape, batch, seq_len, speed=speed))
+    assert checks["speed"] == (speed, verdict)
+    assert bench.cell_verdict(checks) == verdict
+
+
+@pytest.mark.parametrize(
+    "memory, hf_speed, verdict",
+    [(1.2, 0.5, PASS), (1.21, 0.5, FAIL), (None, 0.5, NOT_RUN), (1.0, 0.95, FAIL), (None, 0.95, FAIL)],
+)
+def test_memory_and_hf_goals(memory, hf_speed, verdict):
+    """extract at 0.9x: HF keep-all at 0.95x is ahead of it. A memory not measured is NOT RUN, never a pass."""
+    row = cell(speed=0.9, memory=memory, hf_speed=hf_speed)
+    assert bench.cell_verdict(bench.cell_checks(row)) == verdict
+    assert math.isclose(bench.vs_hf(row), 0.9 / hf_speed)
+
+
+def test_a_cell_that_failed_or_was_not_run():
+    base = {"shape": "bert", "batch": 32, "seq_len": 512, "dtype": "float32"}
+    assert bench.cell_verdict(bench.cell_checks({**base, "error": "not run: time budget spent"})) == NOT_RUN
+    assert bench.cell_verdict(bench.cell_checks({**base, "error": "Traceback ...\nOutOfMemoryError: CUDA"})) == FAIL
+
+
+def columns(line: str) -> int:
+    return line.replace("\\|", "").count("|")
+
+
+def test_device_table_markdown():
+    rows = [
+        cell(speed=0.81),
+        cell("pythia", speed=0.79, memory=1.3),
+        {"shape": "pythia-1.4b", "batch": 8, "seq_len": 512, "dtype": "bfloat16", "error": "x | y\nkilled"},
+    ]
+    lines = bench.device_summary(rows)
+    assert len(lines) == 2 + len(rows)
+    assert {columns(line) for line in lines} == {columns(lines[0])}
+    assert lines[2].endswith("| pass |")
+    assert (
+        "| FAIL (extract / plain 0.790x, goal >= 0.8x; peak memory extract / plain 1.300x, goal <= 1.2x) |" in lines[3]
+    )
+    assert lines[4].endswith("| FAIL (killed) |")
+
+
+def junit(*cases: str) -> str:
+    return f'<testsuites><testsuite name="pytest">{"".join(cases)}</testsuite></testsuites>'
+
+
+def case(name: str, inner: str = "", module: str = "tests.extract.test_attention_triton") -> str:
+    return f'<testcase classname="{module}" name="{name}">{inner}</testcase>'
+
+
+CUDA_PASSED = [case("test_compiled_kernels_on_cuda"), case("test_on_a_gpu_no_op_of_a_run_synchronises", "")]
+CUDA_SKIPPED = '<skipped type="pytest.skip" message="needs a CUDA device" />'
+
+
+def kernel_res(xml: str, returncode: int = 0) -> dict:
+    return {"command": "python -m pytest -q", "returncode": returncode, **bench.junit_outcomes(xml), "seconds": 1.0}
+
+
+def test_kernel_tests_pass_only_when_every_test_ran():
+    passed = kernel_res(junit(case("test_ties[dtype0]"), *CUDA_PASSED))
+    line = bench.kernel_tests_line(passed)
+    assert line["verdict"] == PASS
+    assert line["measured"].startswith("3 ran: 3 passed, 0 failed, 0 errors; 0 skipped")
+
+    skipped = kernel_res(junit(case("test_ties[dtype0]"), case("test_compiled_kernels_on_cuda", CUDA_SKIPPED)))
+    line = bench.kernel_tests_line(skipped)
+    assert line["verdict"] == NOT_RUN
+    assert line["measured"].startswith("1 ran: 1 passed, 0 failed, 0 errors; 1 skipped (NOT run)")
+    assert "test_compiled_kernels_on_cuda NOT run" in line["measured"]
+    assert "test_on_a_gpu_no_op_of_a_run_synchronises NOT run" in line["measured"]  # missing from the report
+    summary = "\n".join(bench.kernel_tests_summary(skipped))
+    assert (
+        "skipped, NOT run: tests.extract.test_attention_triton::test_compiled_kernels_on_cuda (needs a CUDA" in summary
+    )
+
+    ptxas = '<skipped type="pytest.skip" message="Triton\'s ptxas for sm_90 is missing" />'
+    other_skipped = kernel_res(junit(case("test_every_configuration_compiles_without_spills", ptxas), *CUDA_PASSED))
+    assert bench.kernel_tests_line(other_skipped)["verdict"] == NOT_RUN
+
+    failed = kernel_res(junit(case("test_ties[dtype0]", '<failure message="x" />'), *CUDA_PASSED), returncode=1)
+    assert bench.kernel_tests_line(failed)["verdict"] == FAIL
+    assert (
+        bench.kernel_tests_line(
+            {"command": "c", "error": "killed at the time budget, after 180 s", **bench.junit_outcomes(None)}
+        )["verdict"]
+        == FAIL
+    )
+    assert bench.kernel_tests_line(None)["verdict"] == NOT_RUN
+
+
+def test_table_difference():
+    ref = pl.DataFrame(
+        {"layer": [0, 1, 2], "site": ["a", "b", "c"], "x": [1.0, -200.0, 1e-4], "v": [[1.0, 2.0], [3.0], []]}
+    )
+    assert bench.table_difference(ref, ref) == {"max_rel": 0.0, "column": None}
+    near = ref.with_columns(pl.Series("x", [1.0 + 5e-6, -200.0 * (1 + 2e-5), 1e-4 + 5e-8]))
+    got = bench.table_difference(near, ref)
+    assert got["column"] == "x" and math.isclose(got["max_rel"], 2e-5, rel_tol=1e-6)  # below 0.01: absolute / 0.01
+    lists = ref.with_columns(pl.Series("v", [[1.0, 2.0 + 2e-5], [3.0], []]))
+    assert bench.table_difference(lists, ref)["column"] == "v"
+    inf = float("inf")
+    assert bench.table_difference(ref.with_columns(pl.Series("v", [[1.0], [3.0], []])), ref)["max_rel"] == inf
+    assert bench.table_difference(ref.with_columns(pl.Series("site", ["a", "b", "d"])), ref)["max_rel"] == inf
+    assert bench.table_difference(ref.drop("site"), ref)["max_rel"] == inf
+    nan = pl.DataFrame({"x": [float("nan"), 1.0]})
+    assert bench.table_difference(nan, nan)["max_rel"] == 0.0
+    assert bench.table_difference(nan, pl.DataFrame({"x": [0.0, 1.0]}))["max_rel"] == inf
+
+
+def compare_res(float32_rel=2e-6, attention="triton", fallbacks=()):
+    def run(dtype, rel):
+        tables = {name: {"max_rel": rel, "column": "c"} for name in ("qk", "attention", "hidden")}
+        return {
+            "device": "cuda",
+            "dtype": dtype,
+            "attention": attention,
+            "fallbacks": list(fallbacks),
+            "judged": dtype == "float32",
+            "tables": tables,
+        }
+
+    shapes = [{"shape": s, "runs": [run("float32", float32_rel), run("bfloat16", 0.3)]} for s in ("bert", "pythia")]
+    return {"device": "cuda", "n_sequences": 8, "seq_len": 512, "rtol": 1e-5, "rel_floor": 0.01, "shapes": shapes}
+
+
+@pytest.mark.parametrize(
+    "res, verdict",
+    [
+        (compare_res(), PASS),
+        (compare_res(float32_rel=1e-5), PASS),
+        (compare_res(float32_rel=1.1e-5), FAIL),
+        (compare_res(attention="torch"), FAIL),  # the kernel was not what ran
+        (compare_res(fallbacks=["FallbackWarning: 512 keys, d_head 64: PTXASError"]), FAIL),
+        ({"error": "killed at the time budget, after 120 s"}, FAIL),
+        ({"error": "not run: time budget spent"}, NOT_RUN),
+        (None, NOT_RUN),
+    ],
+)
+def test_comparison_verdict(res, verdict):
+    assert bench.comparison_line(res)["verdict"] == verdict
+
+
+def test_comparison_markdown_reports_bfloat16_unjudged():
+    lines = bench.comparison_summary(compare_res(float32_rel=3e-5))
+    rows = [line for line in lines if line.startswith("| bert") or line.startswith("| pythia")]
+    assert len(rows) == 4 and {columns(line) for line in rows} == {columns(lines[4])}
+    assert rows[0].startswith(
+        "| bert-base | cuda float32 | triton | 3.0e-05 | 3.0e-05 | 3.0e-05 | FAIL (qk 3.0e-05 in c"
+    )
+    assert rows[1].endswith("| reported |")
+
+
+def goal_out(rows, wall=300.0, res=None):
+    tests = kernel_res(junit(case("test_ties[dtype0]"), *CUDA_PASSED))
+    call = {"parts": ["tests", "compare", "device"], "device": "cuda", "budget_s": 540, "wall_s": wall}
+    return {"device_rows": rows, "comparison": res or compare_res(), "kernel_tests": tests, "call": call}
+
+
+def test_goal_lines():
+    rows = [
+        cell("bert", speed=0.85),
+        cell("pythia", speed=0.82, dtype="bfloat16"),
+        cell("pythia-1.4b", 8, 512, "bfloat16", speed=0.72),
+        cell("pythia", 8, 2048, "bfloat16", speed=0.7, hf_speed=0.3),
+    ]
+    lines = bench.goal_lines(goal_out(rows))
+    assert [line["verdict"] for line in lines] == [PASS] * len(lines)
+    assert lines[0]["goal"] == "extract >= 0.8x the tokens/s of a plain sdpa forward"
+    assert lines[0]["measured"] == "bert-base 32x512 float32 0.85x, pythia-160m 32x512 bfloat16 0.82x"
+    assert lines[1]["measured"] == "pythia-1.4b 8x512 bfloat16 0.72x, pythia-160m 8x2048 bfloat16 0.70x"
+    assert lines[-1]["measured"] == f"{len(lines) - 1} of {len(lines) - 1} pass"
+
+    rows[1] = cell("pythia", speed=0.79, dtype="bfloat16")
+    lines = bench.goal_lines(goal_out(rows, wall=601.0))
+    verdicts = {line["goal"]: line["verdict"] for line in lines}
+    assert verdicts["extract >= 0.8x the tokens/s of a plain sdpa forward"] == FAIL
+    assert verdicts["extract >= 0.7x the tokens/s of a plain sdpa forward"] == PASS
+    assert verdicts["one call under 10 minutes"] == FAIL
+    assert verdicts["all of the above"] == FAIL
+
+    lines = bench.goal_lines(goal_out([cell(memory=None)]))
+    assert lines[-1]["verdict"] == NOT_RUN  # a CPU run: memory not measured, nothing failed
+
+    text = bench.summary({**goal_out(rows), "goal": lines})
+    for heading in (
+        "### The goal (cuda, budget 540 s)",
+        "### The device table",
+        "### Device tables",
+        "### Kernel tests",
+    ):
+        assert heading in text
+
+
+def test_cuda_without_a_gpu_stops_at_once(monkeypatch):
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a GPU, and torch sees none"):
+        bench.cuda_or_exit("cuda")
+    bench.cuda_or_exit("cpu")
+
+
+def test_comparison_and_device_cell_on_tiny_models():
+    """The worker's code paths for real (CPU against CPU: equal), and a device cell's row through the verdicts."""
+    args = argparse.Namespace(compare_shapes=["pythia-tiny"], device="cpu", n_sequences=4, seq_len=32, threads=1)
+    res = bench.compare(args)
+    (run32, run16) = res["shapes"][0]["runs"]
+    assert run32["judged"] and not run16["judged"]
+    assert set(run32["tables"]) == {
+        "qk",
+        "attention",
+        "hidden",
+        "hidden_stats",
+        "layernorm",
+        "embeddings",
+        "qk_sample",
+        "score_hist",
+    }
+    assert bench.max_difference(run32) == 0.0 and bench.max_difference(run16) > 0.0
+    assert bench.comparison_line(res)["verdict"] == PASS
+
+    args = argparse.Namespace(shape="bert-tiny", batch=2, seq_len=16, dtype="float32", device="cpu", repeat=1)
+    row = bench.device_cell(args)
+    assert row["attention"] == "torch" and row["extract"]["memory_ratio"] is None
+    assert bench.cell_checks(row)["memory"] == (None, NOT_RUN)
+    assert columns(bench.device_summary([row])[2]) == columns(bench.device_summary([row])[0])
