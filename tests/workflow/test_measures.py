@@ -156,3 +156,17 @@ def test_a_failing_measure_names_itself_and_the_checkpoint(swept, installed, tmp
     text = done.stdout + done.stderr
     assert "measure 'broken' (brokenmeasure:broken) failed at toy/toy-neox/step0: KeyError: 'q_mean_typo'" in text
     assert not (workdir / NEOX / "step0" / "measures" / "broken.parquet").exists()
+
+
+def test_stream_measures_and_live_models_are_a_config_error(swept, installed):
+    """A live model's tables come from the training callback, which runs no stream measure."""
+    workdir, _ = swept
+    config = write_config(workdir / "live.yaml", [])
+    live = yaml.safe_load(config.read_text())
+    live["toy"]["toy-neox"]["live"] = True
+    config.write_text(yaml.safe_dump(live))
+    done = snakemake(workdir, installed, config, "-n")
+    assert done.returncode != 0
+    text = done.stdout + done.stderr
+    assert "stream measures ['attention_output_norm'] run in extract's forward pass" in text
+    assert "the live models ['toy-neox']" in text
