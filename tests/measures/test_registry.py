@@ -280,5 +280,12 @@ def test_nan_rows_are_marked_never_ok(tmp_path):
     assert sweep.filter(pl.col("value").is_nan())["status"].unique().to_list() == ["nan"]
 
 
-def test_the_reserved_names_are_the_builtins():
-    assert registry.BUILTIN_NAMES == (*(m.name for m in builtin_measures()), GRADIENT_MEASURE)
+def test_the_registry_is_the_one_list_of_the_builtins():
+    """metrics.BUILTIN binds a function to every name of registry.BUILTIN, in its order; the model figures are
+    those the built-in measures name, and plots.sweep draws exactly them."""
+    from anisweep.plots import sweep as plots
+
+    assert [m.name for m in builtin_measures()] == list(registry.BUILTIN)
+    assert registry.BUILTIN_NAMES == (*registry.BUILTIN, GRADIENT_MEASURE)
+    assert [m.tables for m in builtin_measures()] == [tables for tables, _ in registry.BUILTIN.values()]
+    assert plots.MODEL_FIGURES == registry.builtin_figures() and set(plots.PLOTTERS) == set(plots.MODEL_FIGURES)

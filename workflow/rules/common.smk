@@ -260,7 +260,7 @@ def model_figures(names, folder="results/{family}/{model}/figures", **where):
 
 def figures(family, model):
     built_in = [f"results/{family}/{model}/figures/{name}" for name in MODEL_FIGURES]
-    return built_in + [f"results/{family}/{model}/figures/measure_{name}.png" for name in MEASURES]
+    return built_in + [f"results/{family}/{model}/figures/{f}" for m in MEASURES.values() for f in m.figures]
 
 
 def distribution_outputs(family, model):

@@ -502,7 +502,8 @@ def _measure_rows(measures) -> list[tuple[str, ...]]:
     rows = []
     for m in measures:
         reads = ", ".join(f"`{t}`" for t in m.tables) if m.kind == "table" else ", ".join(f"`{s}`" for s in m.sites)
-        rows.append((f"`{m.name}`", m.kind, reads, m.definition, "anisweep" if m.builtin else f"`{m.entry}`"))
+        figures = ", ".join(f"`{f}`" for f in m.figures) or "-"
+        rows.append((f"`{m.name}`", m.kind, reads, figures, m.definition, "anisweep" if m.builtin else f"`{m.entry}`"))
     return rows
 
 
@@ -521,11 +522,12 @@ def glossary_markdown(measures=()) -> str:
         "",
         "## Measures",
         "",
-        "What computes the rows (column `measure`; `gradients`: the gradient analysis). A table measure reads the",
-        "checkpoint's extract tables; a stream measure listens at sites of the forward pass (docs/measures.md).",
+        "What computes the rows (column `measure`; `gradients`: the gradient analysis), and the figures of each model",
+        "(`results/{family}/{model}/figures/`) that draw them. A table measure reads the checkpoint's extract tables;",
+        "a stream measure listens at sites of the forward pass (docs/measures.md).",
         "",
         *_table(
-            ("measure", "kind", "reads", "definition", "from"),
+            ("measure", "kind", "reads", "figures", "definition", "from"),
             _measure_rows([*builtin_measures(), *measures]),
         ),
         "",

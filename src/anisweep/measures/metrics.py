@@ -15,7 +15,14 @@ import numpy as np
 import polars as pl
 
 from anisweep.measures import geometry
-from anisweep.measures.registry import CheckpointTables, Measure, measure_frame, measure_of, table_measure
+from anisweep.measures.registry import (
+    GRADIENT_MEASURE,
+    CheckpointTables,
+    Measure,
+    builtin_measure,
+    measure_frame,
+    measure_of,
+)
 from anisweep.tables import (
     ATTENTION_STATISTICS,
     IDENTITY,
@@ -172,61 +179,61 @@ def embedding_rows(embeddings: pl.DataFrame) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- the built-in measures
-# Registered as a user's table measures are (anisweep.measures.registry), in the order metrics.parquet lists them.
+# Registered as a user's table measures are, their tables and figures named in anisweep.measures.registry.BUILTIN.
 
 
-@table_measure(tables=("qk",))
+@builtin_measure("qk_alignment")
 def qk_alignment(tables) -> list[dict]:
     """Query-key alignment per head from the mean queries and keys (qk_cos, qk_mean_score, qk_mean_dot, their
     norms) and per layer (qk_cos_abs_mean, qk_cos_concat)."""
     return qk_rows(tables.qk)
 
 
-@table_measure(tables=("attention",))
+@builtin_measure("attention")
 def attention(tables) -> list[dict]:
     """Attention entropy, softmax max / median / min and the pre-softmax scores' mean and std, per head and
     per layer."""
     return attention_rows(tables.attention)
 
 
-@table_measure(tables=("hidden_stats",))
+@builtin_measure("stream_geometry")
 def stream_geometry(tables) -> list[dict]:
     """Exact statistics over every valid token at each hidden site: avg_cos, drift, norms."""
     return stats_rows(tables.hidden_stats)
 
 
-@table_measure(tables=("hidden",))
+@builtin_measure("sample_geometry")
 def sample_geometry(tables) -> list[dict]:
     """Statistics of the sampled point cloud at each sampled site: centred avg_cos, IsoScore, top eigenvalue
     share."""
     return sample_rows(tables.hidden)
 
 
-@table_measure(tables=("hidden_stats",))
+@builtin_measure("drift_correlation")
 def drift_correlation(tables) -> list[dict]:
     """Correlation of drift and anisotropy over the residual-stream layers (Godey et al. 2024, Fig. 5 and 16)."""
     return correlation_rows(stats_rows(tables.hidden_stats))
 
 
-@table_measure(tables=("layernorm", "hidden_stats"))
+@builtin_measure("layernorm")
 def layernorm(tables) -> list[dict]:
     """Each norm's gain and bias, and the final LayerNorm bias's share of the output drift."""
     return layernorm_rows(tables.layernorm, tables.hidden_stats)
 
 
-@table_measure(tables=("embeddings",))
+@builtin_measure("embeddings")
 def embeddings(tables) -> list[dict]:
     """Isotropy of the embedding matrices (partition isotropy I(W), avg_cos)."""
     return embedding_rows(tables.embeddings)
 
 
-@table_measure(tables=("qk_sample",))
+@builtin_measure("qk_anisotropy")
 def qk_anisotropy(tables) -> list[dict]:
     """Anisotropy of the sampled queries and of the sampled keys themselves, per head."""
     return qk_sample_rows(tables.qk_sample)
 
 
-BUILTIN = (
+BUILTIN = (  # in anisweep.measures.registry.BUILTIN's order (a test keeps it)
     qk_alignment,
     attention,
     stream_geometry,
@@ -236,7 +243,6 @@ BUILTIN = (
     embeddings,
     qk_anisotropy,
 )
-GRADIENT_MEASURE = "gradients"  # the `measure` of the gradient analysis's rows (anisweep.tangent)
 
 
 def builtin_measures() -> list[Measure]:

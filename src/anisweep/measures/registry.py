@@ -46,19 +46,31 @@ ROW_COLUMNS = frozenset({*METRIC_KEY, "value"})
 #: them (`q`, `k`: (B, H, T, d_head), post-rotary where rotary) and each head's attention output before the
 #: output projection (`attention_output`: (B, H, T, d_head)).
 HEAD_SITES = ("q", "k", "attention_output")
-#: The `measure` names the built-ins take (anisweep.measures.metrics.BUILTIN's, then the gradient analysis's; a test
-#: keeps them equal): no user's measure may take one. Here, so that a dry run imports no numerics.
-BUILTIN_NAMES = (
-    "qk_alignment",
-    "attention",
-    "stream_geometry",
-    "sample_geometry",
-    "drift_correlation",
-    "layernorm",
-    "embeddings",
-    "qk_anisotropy",
-    "gradients",
-)
+#: The built-in measures, in the order metrics.parquet lists them: name -> (the extract tables it reads, the figures
+#: of each model that draw its rows). anisweep.measures.metrics binds each to its function (`builtin_measure`),
+#: anisweep.plots.sweep draws these figures (MODEL_FIGURES), the glossary lists them. Here, so that the workflow
+#: reads them without importing any numerics.
+BUILTIN = {
+    "qk_alignment": (("qk",), ("qk_alignment.png", "qk_mean_dot.png", "qk_cos_concat.png")),
+    "attention": (("attention",), ("attention_entropy.png", "attention_softmax.png")),
+    "stream_geometry": (
+        ("hidden_stats",),
+        ("isotropy.png", "isotropy_heatmap.png", "final_layernorm.png", "drift_vs_anisotropy.png", "norms.png"),
+    ),
+    "sample_geometry": (("hidden",), ("isotropy.png", "final_layernorm.png")),
+    "drift_correlation": (("hidden_stats",), ("drift_vs_anisotropy.png",)),
+    "layernorm": (("layernorm", "hidden_stats"), ("layernorm_params.png",)),
+    "embeddings": (("embeddings",), ("layernorm_params.png",)),
+    "qk_anisotropy": (("qk_sample",), ()),
+}
+GRADIENT_MEASURE = "gradients"  # the `measure` of the gradient analysis's rows (anisweep.tangent)
+#: The names no user's measure may take.
+BUILTIN_NAMES = (*BUILTIN, GRADIENT_MEASURE)
+
+
+def builtin_figures() -> tuple[str, ...]:
+    """Every figure of a model that the built-in measures name, each once, in their order."""
+    return tuple(dict.fromkeys(figure for _, figures in BUILTIN.values() for figure in figures))
 
 
 class MeasureError(ValueError):
@@ -93,6 +105,11 @@ class Measure:
     figure: Callable | None = field(default=None, compare=False)
     entry: str = ""
     builtin: bool = False
+    figures: tuple[str, ...] = ()  # the files of a model's figures/ that draw its rows
+
+    def __post_init__(self):
+        if not self.figures and not self.builtin:
+            object.__setattr__(self, "figures", (f"measure_{self.name}.png",))
 
     @property
     def definition(self) -> str:
@@ -126,6 +143,17 @@ def table_measure(
         return fn
 
     return wrap(function) if function is not None else wrap
+
+
+def builtin_measure(name: str):
+    """Register a built-in table measure: its tables and figures are BUILTIN's."""
+    tables, figures = BUILTIN[name]
+
+    def wrap(fn):
+        fn.__anisweep_measure__ = dict(kind="table", name=name, tables=tables, figure=None, figures=figures)
+        return fn
+
+    return wrap
 
 
 def stream_measure(
