@@ -89,8 +89,14 @@ def test_both_measures_land_in_the_tables_figures_and_glossary(swept):
     for name in ("effective_rank", "attention_output_norm"):
         assert (workdir / NEOX / "figures" / f"measure_{name}.png").stat().st_size > 10_000
     glossary = (workdir / "results" / "glossary.md").read_text()
-    assert "| `effective_rank` | table | `hidden` | Effective rank of the sampled residual stream" in glossary
-    assert "| `attention_output_norm` | stream | `attention_output` | Mean L2 norm of each head's" in glossary
+    assert (
+        "| `effective_rank` | table | `hidden` | `measure_effective_rank.png` | Effective rank of the sampled residual"
+        in glossary
+    )
+    assert (
+        "| `attention_output_norm` | stream | `attention_output` | `measure_attention_output_norm.png` | Mean L2 norm"
+        in glossary
+    )
 
 
 def test_editing_a_measure_reruns_exactly_its_jobs(swept, installed):
