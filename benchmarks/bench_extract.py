@@ -698,6 +698,27 @@ def part_timeout(a, part: str) -> float | None:
     return left if left is None or part not in PART_CAPS else min(left, PART_CAPS[part])
 
 
+BUDGET_SPENT = {"error": "not run: time budget spent"}
+
+
+def spawn_in_budget(a, part: str, mode: str, announce: str, **kw) -> dict | None:
+    """`spawn`'s result for `part` within what the budget leaves it, announced first, or {"error": ...}: how it
+    failed, or that it was killed at the budget; with `seconds`, its wall time. None where the budget was spent
+    before it."""
+    timeout = part_timeout(a, part)
+    if timeout is not None and timeout <= 0:
+        return None
+    print(announce, flush=True)
+    started = time.perf_counter()
+    try:
+        res = spawn(sys.executable, mode, timeout, **kw)
+    except subprocess.TimeoutExpired:
+        res = {"error": f"killed at the time budget, after {time.perf_counter() - started:.0f} s"}
+    except RuntimeError as error:
+        res = {"error": str(error)[-1500:]}
+    return {**res, "seconds": time.perf_counter() - started}
+
+
 def process_seconds() -> float:
     """Seconds since this process started, imports included (Linux)."""
     start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
@@ -870,29 +891,14 @@ def device_row(a, cell: str) -> dict:
     was spent before it."""
     shape, batch, seq_len, dtype = cell.split(":")
     row = {"shape": shape, "batch": int(batch), "seq_len": int(seq_len), "dtype": dtype}
-    timeout = part_timeout(a, "device")
-    if timeout is not None and timeout <= 0:
-        return {**row, "error": "not run: time budget spent"}
-    print(f"[{shape} {batch}x{seq_len} {dtype} on {a.device}] speed and memory ...", flush=True)
-    started = time.perf_counter()
-    try:
-        row = spawn(
-            sys.executable,
-            "device",
-            timeout,
-            shape=shape,
-            batch=int(batch),
-            seq_len=int(seq_len),
-            dtype=dtype,
-            device=a.device,
-            repeat=a.repeat or 5,
-            threads=a.threads,
-        )
-    except subprocess.TimeoutExpired:
-        row["error"] = f"killed at the time budget, after {time.perf_counter() - started:.0f} s"
-    except RuntimeError as error:
-        row["error"] = str(error)[-1500:]
-    row["wall_s"] = time.perf_counter() - started
+    announce = f"[{shape} {batch}x{seq_len} {dtype} on {a.device}] speed and memory ..."
+    kw = dict(shape=shape, batch=int(batch), seq_len=int(seq_len), dtype=dtype, device=a.device)
+    res = spawn_in_budget(a, "device", "device", announce, **kw, repeat=a.repeat or 5, threads=a.threads)
+    if res is None:
+        return {**row, **BUDGET_SPENT}
+    seconds = res.pop("seconds")
+    row = {**row, **res} if "error" in res else res
+    row["wall_s"] = seconds
     checks = cell_checks(row)
     print(f"  {cell_verdict(checks)}: " + "  ".join(f"{k} {fmt_x(v)}" for k, (v, _) in checks.items()), flush=True)
     return row
@@ -903,7 +909,7 @@ def kernel_tests(a) -> dict:
     timeout = part_timeout(a, "tests")
     command = ["python", "-m", "pytest", "-q", *KERNEL_TESTS]
     if timeout is not None and timeout <= 0:
-        return {"command": " ".join(command), "error": "not run: time budget spent"}
+        return {"command": " ".join(command), **BUDGET_SPENT}
     print(f"[kernel tests] {' '.join(command)} ...", flush=True)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -935,27 +941,19 @@ def junit_outcomes(xml: str | None) -> dict:
 
 
 def comparison(a) -> dict:
-    timeout = part_timeout(a, "compare")
-    if timeout is not None and timeout <= 0:
-        return {"error": "not run: time budget spent"}
-    print(f"[compare] {', '.join(a.compare_shapes)}: tables on the CPU and on {a.device} ...", flush=True)
-    started = time.perf_counter()
-    try:
-        res = spawn(
-            sys.executable,
-            "compare",
-            timeout,
-            compare_shapes=a.compare_shapes,
-            device=a.device,
-            n_sequences=a.compare_n,
-            seq_len=a.compare_seq,
-            threads=os.cpu_count() or a.threads,  # the CPU's reference, no ratio: every core
-        )
-    except subprocess.TimeoutExpired:
-        res = {"error": f"killed at the time budget, after {time.perf_counter() - started:.0f} s"}
-    except RuntimeError as error:
-        res = {"error": str(error)[-1500:]}
-    res["seconds"] = time.perf_counter() - started
+    res = spawn_in_budget(
+        a,
+        "compare",
+        "compare",
+        f"[compare] {', '.join(a.compare_shapes)}: tables on the CPU and on {a.device} ...",
+        compare_shapes=a.compare_shapes,
+        device=a.device,
+        n_sequences=a.compare_n,
+        seq_len=a.compare_seq,
+        threads=os.cpu_count() or a.threads,  # the CPU's reference, no ratio: every core
+    )
+    if res is None:
+        return dict(BUDGET_SPENT)
     print(f"  {comparison_line(res)['measured']}", flush=True)
     return res
 
@@ -964,16 +962,13 @@ def checkpoint_row(a, shape: str) -> dict:
     """One checkpoint at the settings of the shape's sweep config, and the projection of the sweep from it."""
     import transformers
 
-    timeout = part_timeout(a, "checkpoint")
-    if timeout is not None and timeout <= 0:
-        return {"shape": shape, "error": "not run: time budget spent"}
-    print(f"[{shape}] one checkpoint at the settings of {SWEEPS[shape]['config']} ...", flush=True)
-    try:
-        row = spawn(sys.executable, "checkpoint", timeout, shape=shape, threads=a.threads, device=a.device)
-    except subprocess.TimeoutExpired:
-        return {"shape": shape, "error": "killed at the time budget"}
-    except RuntimeError as error:
-        return {"shape": shape, "error": str(error)[-1500:]}
+    announce = f"[{shape}] one checkpoint at the settings of {SWEEPS[shape]['config']} ..."
+    row = spawn_in_budget(a, "checkpoint", "checkpoint", announce, shape=shape, threads=a.threads, device=a.device)
+    if row is None:
+        return {"shape": shape, **BUDGET_SPENT}
+    if "error" in row:
+        return {"shape": shape, "error": row["error"]}
+    del row["seconds"]
     with torch.device("meta"):  # parameter counts of the checkpoints' own classes, without allocating them
         if shape == "bert":
             lm = transformers.BertForPreTraining(hf_model_config(shape))

@@ -41,30 +41,33 @@ def _runtime_nodes(tree: ast.AST):
         yield from _runtime_nodes(node)
 
 
+def imported_names(file: Path, package: str) -> set[str]:
+    """Every dotted name `file` imports when it runs, made absolute: `import a.b` gives a.b; `from .c import d`
+    in the package `package` gives package.c and package.c.d (d a module or an attribute)."""
+    found = set()
+    for node in _runtime_nodes(ast.parse(file.read_text(), str(file))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            parent = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                parent = ".".join([*parts, *([node.module] if node.module else [])])
+            found.add(parent)
+            found.update(f"{parent}.{a.name}" for a in node.names)
+    return found
+
+
 @functools.cache
 def direct_imports(module: str) -> frozenset[str]:
     """The anisweep modules `module` imports (relative to the package: `extract.model`)."""
     file = module_file(module)
     package = module if file.name == "__init__.py" else module.rpartition(".")[0]
-    found = set()
-    for node in _runtime_nodes(ast.parse(file.read_text(), str(file))):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1] if package else []
-                parent = ".".join([PACKAGE, *filter(None, base), *([node.module] if node.module else [])])
-            else:
-                parent = node.module or ""
-            names = [parent] + [f"{parent}.{a.name}" for a in node.names]
-        else:
-            continue
-        for name in names:
-            if name == PACKAGE or not name.startswith(PACKAGE + "."):
-                continue
-            relative = name[len(PACKAGE) + 1 :]
-            if _is_module(relative):
-                found.add(relative)
+    found = {
+        name[len(PACKAGE) + 1 :]
+        for name in imported_names(file, ".".join(filter(None, [PACKAGE, package])))
+        if name.startswith(PACKAGE + ".") and _is_module(name[len(PACKAGE) + 1 :])
+    }
     found.discard(module)
     return frozenset(found)
 

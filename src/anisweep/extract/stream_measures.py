@@ -4,6 +4,7 @@ an accumulator, fed mini-batch by mini-batch by the Recorder, and its rows at th
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import polars as pl
@@ -62,20 +63,13 @@ class StreamMeasures:
             out[f"measures/{measure.name}"] = pl.concat(frames)
         return out
 
+    @contextlib.contextmanager
     def _blame(self, measure: Measure, at: str):
-        return _Blame(f"measure {measure.name!r} ({measure.entry}) failed at {self.where}, {at}")
-
-
-class _Blame:
-    """Re-raise any exception of a measure's own code as a MeasureError naming the measure, checkpoint and site."""
-
-    def __init__(self, message: str):
-        self.message = message
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, error, traceback):
-        if error is None or isinstance(error, MeasureError):
-            return False
-        raise MeasureError(f"{self.message}: {kind.__name__}: {error}") from error
+        """Re-raise any exception of the measure's own code as a MeasureError naming it, the checkpoint and site."""
+        try:
+            yield
+        except MeasureError:
+            raise
+        except Exception as error:
+            where = f"measure {measure.name!r} ({measure.entry}) failed at {self.where}, {at}"
+            raise MeasureError(f"{where}: {type(error).__name__}: {error}") from error

@@ -19,13 +19,11 @@ the group `anisweep.measures`; its source files are inputs of the rules that run
 
 from __future__ import annotations
 
-import ast
 import importlib
 import importlib.metadata
 import importlib.util
 import inspect
 import json
-import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -35,17 +33,13 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from anisweep.code_inputs import imported_names
 from anisweep.tables import EXTRACT_TABLES, IDENTITY, METRIC_KEY, metric_rows, read_parquet
 
 ENTRY_POINT_GROUP = "anisweep.measures"
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 #: The columns a measure's rows may hold; every other is an error naming the measure.
 ROW_COLUMNS = frozenset({*METRIC_KEY, "value"})
-#: Where a stream measure can listen (Site.name): the residual stream after each block (`resid`), each norm's
-#: input and output (`{norm}_in`, `{norm}_out`, e.g. `final_ln_out`), the queries and keys as attention sees
-#: them (`q`, `k`: (B, H, T, d_head), post-rotary where rotary) and each head's attention output before the
-#: output projection (`attention_output`: (B, H, T, d_head)).
-HEAD_SITES = ("q", "k", "attention_output")
 #: The built-in measures, in the order metrics.parquet lists them: name -> (the extract tables it reads, the figures
 #: of each model that draw its rows). anisweep.measures.metrics binds each to its function (`builtin_measure`),
 #: anisweep.plots.sweep draws these figures (MODEL_FIGURES), the glossary lists them. Here, so that the workflow
@@ -80,8 +74,10 @@ class MeasureError(ValueError):
 
 @dataclass(frozen=True)
 class Site:
-    """Where a stream measure's accumulator listens: `name` (a Site name: `resid`, `final_ln_out`,
-    `attention_output`, ...), `layer`, and the model's shapes."""
+    """Where a stream measure's accumulator listens, at `layer`, with the model's shapes. `name`: the residual
+    stream after each block (`resid`), each norm's input and output (`{norm}_in`, `{norm}_out`, e.g.
+    `final_ln_out`), the queries and keys as attention sees them (`q`, `k`: (B, H, T, d_head), post-rotary where
+    rotary) or each head's attention output before the output projection (`attention_output`: (B, H, T, d_head))."""
 
     name: str
     layer: int
@@ -159,7 +155,7 @@ def builtin_measure(name: str):
 def stream_measure(
     cls: type | None = None, *, name: str | None = None, sites: Iterable[str] = (), figure: Callable | None = None
 ):
-    """Register an accumulator class as a stream measure listening at `sites` (see HEAD_SITES and Site)."""
+    """Register an accumulator class as a stream measure listening at `sites` (Site's names)."""
 
     def wrap(target):
         target.__anisweep_measure__ = dict(
@@ -281,10 +277,6 @@ def checkpoint_name(ident: dict) -> str:
     return f"{ident.get('family')}/{ident.get('model')}/step{ident.get('step')}"
 
 
-def not_finite(value) -> bool:
-    return value is None or not math.isfinite(value)
-
-
 # --------------------------------------------------------------------------- table measures
 
 
@@ -358,7 +350,7 @@ def _package_closure(module: str) -> list[Path]:
             continue
         files.append(Path(spec.origin).resolve())
         package = name if Path(spec.origin).name == "__init__.py" else name.rpartition(".")[0]
-        todo += [imported for imported in _imports(Path(spec.origin), package) if _exists(imported, top)]
+        todo += [imported for imported in imported_names(Path(spec.origin), package) if _exists(imported, top)]
     return sorted(set(files))
 
 
@@ -369,18 +361,3 @@ def _exists(name: str, top: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
-
-
-def _imports(file: Path, package: str) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(file.read_text(), str(file))):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parts, *([node.module] if node.module else [])])
-            found.add(base)
-            found.update(f"{base}.{a.name}" for a in node.names)
-    return found
