@@ -39,6 +39,11 @@ onerror:
     remove_fetched_weights(workflow)
 
 
+# A measure no longer in the config leaves no table or figure behind (anisweep.measures.stale).
+onsuccess:
+    remove_stale_measure_outputs("results", MODELS, MEASURES)
+
+
 rule all:
     default_target: True
     input:

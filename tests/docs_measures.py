@@ -28,7 +28,7 @@ packages = ["mymeasures"]
 def docs_package(root: Path) -> Path:
     """The package `mymeasures` under `root`, from the doc's code blocks that name their file (`# mymeasures/x.py`)."""
     blocks = re.findall(r"```python\n# (mymeasures/\w+\.py)\n(.*?)```", DOCS.read_text(), re.S)
-    assert {path for path, _ in blocks} == {"mymeasures/rank.py", "mymeasures/heads.py"}
+    assert {path for path, _ in blocks} == {"mymeasures/rank.py", "mymeasures/heads.py", "mymeasures/sinks.py"}
     (root / "mymeasures").mkdir(parents=True, exist_ok=True)
     (root / "mymeasures" / "__init__.py").write_text("")
     for path, code in blocks:

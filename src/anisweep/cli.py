@@ -259,9 +259,9 @@ def cmd_plot_measure(args) -> None:
 def cmd_glossary(args) -> None:
     from anisweep.atomic import write_text
     from anisweep.measures.glossary import glossary_markdown
-    from anisweep.measures.registry import user_measures
+    from anisweep.measures.registry import measures_of
 
-    text = glossary_markdown(user_measures(args.measure or []))
+    text = glossary_markdown(measures_of(args.measure or []))
     if args.out:
         write_text(text, Path(args.out))
     else:

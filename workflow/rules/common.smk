@@ -17,7 +17,8 @@ from anisweep.tables import UNTRAINED_TABLES
 from anisweep.plots.untrained import UNTRAINED_FIGURES
 from anisweep.mechanism import untrained_inits
 from anisweep.errors import ConfigError
-from anisweep.measures.registry import MeasureError, user_measures
+from anisweep.measures.registry import InstalledMeasureError, MeasureError, user_measures
+from anisweep.measures.stale import record_code_identities, remove_stale_measure_outputs
 
 # Every rule calls the package's CLI with the interpreter that runs Snakemake, so an unactivated
 # virtual environment works as well as an activated one. With `--sdm conda`, with the python of the rule's conda
@@ -48,10 +49,13 @@ except ConfigError as error:
 MODELS = anisweep_config.models(config)
 
 # The user's measures (config `measures:` and installed packages' entry points, anisweep.measures.registry), imported
-# now so that an entry that does not import stops the run before any job, naming it. A table measure runs in its
-# own job per checkpoint (rule table_measure), a stream measure in extract's; both tables join metrics.parquet.
+# now so that an entry that does not import stops the run before any job, naming it (and, for an installed package's,
+# the package and how to leave it out). A table measure runs in its own job per checkpoint (rule table_measure), a
+# stream measure in extract's; both tables join metrics.parquet.
 try:
-    MEASURES = {m.name: m for m in user_measures(config["measures"])}
+    MEASURES = {m.name: m for m in user_measures(config["measures"], config["installed_measures"])}
+except InstalledMeasureError as error:
+    raise WorkflowError(str(error)) from None
 except MeasureError as error:
     raise WorkflowError(f"config: {error}") from None
 TABLE_MEASURES = {name: m for name, m in MEASURES.items() if m.kind == "table"}
@@ -66,6 +70,17 @@ if STREAM_MEASURES and LIVE_MODELS:
         f"{LIVE_MODELS} have none of (their tables come from the training callback): sweep their saved checkpoints "
         "(live: false), or make the measure a table measure"
     )
+
+
+# The identity of each stream measure's code (its content, never its path), recorded in one file that extract reads:
+# rewritten only when a stream measure is new or its code changed, so that editing one reruns extract (the file is
+# newer than extract's tables) and removing one reruns nothing (the file, and extract's inputs, stay as they were).
+STREAM_MEASURE_CODE = "resources/stream_measure_code.json"
+record_code_identities(STREAM_MEASURE_CODE, {name: m.code_identity for name, m in STREAM_MEASURES.items()})
+
+
+def stream_measure_code(wildcards):
+    return [STREAM_MEASURE_CODE] if Path(STREAM_MEASURE_CODE).is_file() else []
 
 
 def measure_tables(wildcards):

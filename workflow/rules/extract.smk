@@ -10,7 +10,7 @@ rule extract:
         weights="weights/{family}/{model}/step{step}",
         texts=rules.corpus.output[0],
         # a stream measure's code runs in the forward pass: editing it reruns extract (docs/measures.md)
-        stream_measure_code=sorted({f for m in STREAM_MEASURES.values() for f in m.source_files}),
+        stream_measure_code=stream_measure_code,
     output:
         **{
             name: update(f"results/{{family}}/{{model}}/step{{step}}/{name}.parquet")
@@ -41,7 +41,9 @@ rule extract:
         source=checkpoint_source,
         settings=untracked(json_arg(config["extract"])),
         gradients=untracked(gradient_pass_arg),
-        stream_measures=" ".join(f"--stream-measure {shlex.quote(m.entry)}" for m in STREAM_MEASURES.values()),
+        stream_measures=untracked(
+            " ".join(f"--stream-measure {shlex.quote(m.entry)}" for m in STREAM_MEASURES.values())
+        ),
         out="results/{family}/{model}/step{step}",
     shell:
         "{params.cli} extract --manifest {input.weights}/checkpoint.json --texts {input.texts} "

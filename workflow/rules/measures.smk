@@ -33,7 +33,7 @@ rule table_measure:
             for name in TABLE_MEASURES[wc.measure].tables
         ],
         info="results/{family}/{model}/step{step}/extract.json",
-        code=lambda wc: [*TABLE_MEASURES[wc.measure].source_files, *ANALYSIS_CODE["measure"]],
+        code=ANALYSIS_CODE["measure"],
     output:
         "results/{family}/{model}/step{step}/measures/{measure}.parquet",
     log:
@@ -46,6 +46,8 @@ rule table_measure:
         on_failure=on_failure("table_measure"),
         cli=CLI,
         entry=lambda wc: shlex.quote(TABLE_MEASURES[wc.measure].entry),
+        # its code by content: editing it reruns its jobs, installing the same code elsewhere does not
+        code=lambda wc: TABLE_MEASURES[wc.measure].code_identity,
         extract_dir=lambda wildcards, input: os.path.dirname(input.info),
     shell:
         "{params.cli} measure --entry {params.entry} --extract-dir {params.extract_dir} --out {output} "
@@ -56,7 +58,7 @@ rule table_measure:
 # plus the user's measures, their docstrings as definitions).
 rule glossary:
     input:
-        code=[*ANALYSIS_CODE["glossary"], *sorted({f for m in MEASURES.values() for f in m.source_files})],
+        code=ANALYSIS_CODE["glossary"],
     output:
         "results/glossary.md",
     log:
@@ -67,6 +69,7 @@ rule glossary:
         on_failure=on_failure("glossary"),
         cli=CLI,
         measures=" ".join(f"--measure {shlex.quote(m.entry)}" for m in MEASURES.values()),
+        code=sorted(m.code_identity for m in MEASURES.values()),
     shell:
         "{params.cli} glossary {params.measures} --out {output} 2> {log} {params.on_failure}"
 

@@ -35,7 +35,7 @@ rule plot_model:
 rule plot_measure:
     input:
         sweep="results/{family}/{model}/sweep.parquet",
-        code=lambda wc: [*MEASURES[wc.measure].source_files, *ANALYSIS_CODE["plot_measure"]],
+        code=ANALYSIS_CODE["plot_measure"],
     output:
         report(
             "results/{family}/{model}/figures/measure_{measure}.png",
@@ -53,6 +53,7 @@ rule plot_measure:
         on_failure=on_failure("plot_measure"),
         cli=CLI,
         entry=lambda wc: shlex.quote(MEASURES[wc.measure].entry),
+        code=lambda wc: MEASURES[wc.measure].code_identity,
     shell:
         "{params.cli} plot-measure --entry {params.entry} --sweep {input.sweep} --out {output} "
         "2> {log} {params.on_failure}"

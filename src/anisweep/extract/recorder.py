@@ -19,8 +19,9 @@ from anisweep.extract import attention_torch
 from anisweep.extract.attention_torch import Scratch, Workers, row_blocks
 from anisweep.extract.qk_sample import QKSample
 from anisweep.extract.score_hist import ScoreHistogram
-from anisweep.extract.stream_measures import StreamMeasures
+from anisweep.extract.stream_measures import StreamMeasures, attention_maps
 from anisweep.extract.streaming import AttentionStats, HeadVectorStats, VectorStats, VisibleKeys, to_device
+from anisweep.measures.glossary import ATTENTION_STREAM_SITES
 
 ATTENTION_NAME = "anisweep"
 SAMPLED_SITES = ("resid", "final_ln_in", "final_ln_out")
@@ -125,11 +126,17 @@ class Recorder:
         self.samples: dict[tuple[int, str], torch.Tensor] = {}  # (n sampled tokens, d) float32 on the CPU
         self._batch_sample = None
         self._recent: list[tuple[weakref.ref, dict]] = []
+        if self.stream is not None:
+            for layer in range(g.n_layers):
+                for site in ATTENTION_STREAM_SITES:
+                    self.stream.expect(layer, site)
 
     def begin_batch(self, valid: torch.Tensor, first_seq: int, host_valid: torch.Tensor | None = None) -> None:
         """Set the masks and the sampled positions of the mini-batch about to run. `host_valid`, valid's copy on
         the CPU when the caller has it: the batch's counts come from it, and no layer waits for the device."""
         host_valid = valid.cpu() if host_valid is None else host_valid
+        if self.stream is not None:
+            self.stream.end_batch()
         self.valid = valid
         self.all_valid = bool(host_valid.all())
         self._recent = []
@@ -186,9 +193,18 @@ class Recorder:
             )
         self.attention[layer].update(row_stats, self.valid, self.n_visible, self.row_counts)
         if self.stream is not None:
-            for site, x in (("q", query), ("k", key), ("attention_output", output)):
-                self.stream.feed(layer, site, x, self.valid)
+            self.feed_attention(layer, query, key, output, scaling)
         return output.transpose(1, 2).contiguous()
+
+    def feed_attention(self, layer, query, key, output, scaling) -> None:
+        """The stream measures' attention sites of one layer; the (B, H, T, T) maps only where one listens."""
+        sites = {"q": query, "k": key, "attention_output": output}
+        if self.stream.wants("attention_scores") or self.stream.wants("attention_probs"):
+            sites["attention_scores"], sites["attention_probs"] = attention_maps(
+                query, key, scaling, self.valid, self.geometry.causal
+            )
+        for site, x in sites.items():
+            self.stream.feed(layer, site, x, self.valid, scaling=scaling)
 
     def record_pre_rotary(self, layer, q, k, rope: str = "pre") -> None:
         """q and/or k (None: not held by this site) before the rotation, or before their norm (`pre_norm`)."""
@@ -203,6 +219,8 @@ class Recorder:
         batch writes into them, and nothing that outlives a pass is allocated amid the model's temporaries."""
         key = (layer, site)
         self.vectors[key] = VectorStats(self.geometry.d_model, self.device)
+        if self.stream is not None:
+            self.stream.expect(layer, site)
         if site in SAMPLED_SITES:
             pinned = self.device.type == "cuda"  # so that copies into it need not wait: see finish()
             self.samples[key] = torch.empty(len(self.sample.seq), self.geometry.d_model, pin_memory=pinned)
@@ -222,6 +240,8 @@ class Recorder:
 
     def finish(self) -> None:
         """Wait for the device's last copies into the sample, once per checkpoint, before anything reads it."""
+        if self.stream is not None:
+            self.stream.end_batch()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 

@@ -76,6 +76,10 @@ QK_SAMPLE_SITES = ("qk_pre", "qk_post")
 EMBEDDING_SITES = ("embed_in", "embed_out")
 #: Sites of the gradient analysis (anisweep.tangent.backward.gradient_sites).
 GRADIENT_SITES = ("resid", "final_ln_in", "final_ln_out")
+#: What a stream measure sees at each layer's attention, per head (docs/measures.md, Sites).
+ATTENTION_STREAM_SITES = ("q", "k", "attention_output", "attention_scores", "attention_probs")
+#: Every site a stream measure can listen at (anisweep.measures.registry.Site).
+STREAM_SITES = (*HIDDEN_SITES, *ATTENTION_STREAM_SITES)
 
 _LN_IO = (
     "input (`_in`) or output (`_out`, with gain and bias) of the norm of the same name, `layer` as for its parameters"
@@ -118,6 +122,37 @@ SITES: tuple[Term, ...] = (
     ),
     Term("qk_pre_norm", "OLMo 2: queries and keys of block `layer` (from 0) before their q_norm / k_norm", GODEY),
     Term("attention", "the attention probabilities and pre-softmax scores of block `layer` (from 0)", GODEY),
+    Term(
+        "q",
+        "stream measures: the queries of block `layer` (from 0) as attention sees them (after the rotary embedding"
+        " where there is one: `qk_post`, else `qk_pre`), every token, (batch, heads, tokens, d_head)",
+        ANISWEEP,
+    ),
+    Term(
+        "k",
+        "stream measures: the keys of block `layer` (from 0) as attention sees them, one per query head (grouped-query"
+        " attention's key heads repeated), (batch, heads, tokens, d_head)",
+        ANISWEEP,
+    ),
+    Term(
+        "attention_output",
+        "stream measures: each head's attention output softmax(scaling q k^T + mask) v of block `layer` (from 0),"
+        " before the output projection, (batch, heads, tokens, d_head)",
+        ANISWEEP,
+    ),
+    Term(
+        "attention_scores",
+        "stream measures: the pre-softmax scores scaling q k^T of block `layer` (from 0), -inf where the key is"
+        " padding or (causal) later than the query, (batch, heads, queries, keys)",
+        ANISWEEP,
+    ),
+    Term(
+        "attention_probs",
+        "stream measures: the attention probabilities softmax(attention_scores) of block `layer` (from 0), 0 where"
+        " the key is hidden; rows of padding queries are 0 (TransformerLens `hook_pattern`), (batch, heads, queries,"
+        " keys)",
+        ANISWEEP,
+    ),
     Term("embed_in", "the input embedding matrix (V x d), `layer` null", MACHINA),
     Term(
         "embed_out",

@@ -19,6 +19,7 @@ the group `anisweep.measures`; its source files are inputs of the rules that run
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -34,6 +35,7 @@ import numpy as np
 import polars as pl
 
 from anisweep.code_inputs import imported_names
+from anisweep.measures.glossary import STREAM_SITES
 from anisweep.tables import EXTRACT_TABLES, IDENTITY, METRIC_KEY, metric_rows, read_parquet
 
 ENTRY_POINT_GROUP = "anisweep.measures"
@@ -72,18 +74,33 @@ class MeasureError(ValueError):
     message names the measure (its config entry) and, where it ran, the checkpoint."""
 
 
+class InstalledMeasureError(MeasureError):
+    """A measure an installed package declares (entry point) that fails to load: the package's to fix, not the
+    config's; the message names the package and how to leave it out."""
+
+
 @dataclass(frozen=True)
 class Site:
-    """Where a stream measure's accumulator listens, at `layer`, with the model's shapes. `name`: the residual
-    stream after each block (`resid`), each norm's input and output (`{norm}_in`, `{norm}_out`, e.g.
-    `final_ln_out`), the queries and keys as attention sees them (`q`, `k`: (B, H, T, d_head), post-rotary where
-    rotary) or each head's attention output before the output projection (`attention_output`: (B, H, T, d_head))."""
+    """Where a stream measure's accumulator listens, with the facts of the model it needs (docs/measures.md, Sites).
+
+    `name` is the site (`resid`, a norm's `{norm}_in` / `{norm}_out`, `q`, `k`, `attention_output`,
+    `attention_scores`, `attention_probs`: STREAM_SITES, named as in the glossary); for a measure that reads
+    several sites together, their names joined by `+`, and `sites` lists them. `layer` numbers blocks from 0 at
+    the attention sites and counts from the embeddings (0) at the hidden-state sites, as the tables do. `scaling`
+    is the factor the model multiplies q.k by before the softmax (1/sqrt(d_head) in most models), given where the
+    site is one of the layer's attention sites, else None; `causal` whether a query sees only earlier keys."""
 
     name: str
     layer: int
     d_model: int
     n_heads: int
     d_head: int
+    n_layers: int = 0
+    kv_heads: int = 0
+    causal: bool = False
+    scaling: float | None = None
+    rotary_dims: int = 0
+    sites: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -102,6 +119,7 @@ class Measure:
     entry: str = ""
     builtin: bool = False
     figures: tuple[str, ...] = ()  # the files of a model's figures/ that draw its rows
+    together: bool = False  # a stream measure fed every site it listens at of one layer at once (a dict)
 
     def __post_init__(self):
         if not self.figures and not self.builtin:
@@ -116,11 +134,27 @@ class Measure:
     @cached_property
     def source_files(self) -> tuple[str, ...]:
         """The measure's module file and those of the modules of its own top-level package that it imports,
-        transitively: the code inputs of the rules that run it."""
-        return tuple(str(path) for path in _package_closure(self.target.__module__))
+        transitively."""
+        return tuple(str(path) for path in _package_closure(self.target.__module__).values())
+
+    @cached_property
+    def code_identity(self) -> str:
+        """sha256 of its code: each module of `source_files` by its name and content, never its path, so that the
+        same code installed elsewhere (an editable install, another environment) is the same measure. The rules
+        that run it record this, so that editing its code reruns them and moving it does not."""
+        digest = hashlib.sha256()
+        for module, path in sorted(_package_closure(self.target.__module__).items()):
+            digest.update(f"{module}\0".encode())
+            digest.update(Path(path).read_bytes())
+            digest.update(b"\0")
+        return digest.hexdigest()
 
     def listens(self, site: str) -> bool:
-        return any(site == s or (s.endswith("*") and site.startswith(s[:-1])) for s in self.sites)
+        return any(matches(pattern, site) for pattern in self.sites)
+
+
+def matches(pattern: str, site: str) -> bool:
+    return site == pattern or (pattern.endswith("*") and site.startswith(pattern[:-1]))
 
 
 def table_measure(
@@ -153,13 +187,20 @@ def builtin_measure(name: str):
 
 
 def stream_measure(
-    cls: type | None = None, *, name: str | None = None, sites: Iterable[str] = (), figure: Callable | None = None
+    cls: type | None = None,
+    *,
+    name: str | None = None,
+    sites: Iterable[str] = (),
+    together: bool = False,
+    figure: Callable | None = None,
 ):
-    """Register an accumulator class as a stream measure listening at `sites` (Site's names)."""
+    """Register an accumulator class as a stream measure listening at `sites` (Site's names). With `together`, one
+    accumulator per layer gets every one of its sites there at once: `update(x, valid)` with x a dict
+    {site: tensor}, e.g. `q`, `k` and `attention_probs` of one block."""
 
     def wrap(target):
         target.__anisweep_measure__ = dict(
-            kind="stream", name=name or _snake(target.__name__), sites=tuple(sites), figure=figure
+            kind="stream", name=name or _snake(target.__name__), sites=tuple(sites), figure=figure, together=together
         )
         return target
 
@@ -198,6 +239,9 @@ def check_declaration(measure: Measure) -> None:
     else:
         if not measure.sites:
             raise MeasureError(f"{where}: sites=(): name the sites it listens at (docs/measures.md)")
+        unknown = [p for p in measure.sites if not any(matches(p, site) for site in STREAM_SITES)]
+        if unknown:
+            raise MeasureError(f"{where}: sites {unknown} match no site; the sites are {list(STREAM_SITES)}")
         missing = [m for m in ("update", "merge", "finalize") if not callable(getattr(measure.target, m, None))]
         if missing:
             raise MeasureError(f"{where}: a stream measure's class needs update, merge and finalize; lacks {missing}")
@@ -223,22 +267,61 @@ def load(entry: str) -> Measure:
     return measure_of(target, entry)
 
 
-def discovered() -> list[str]:
-    """The `module:attribute` of every measure installed packages declare in the entry point group."""
-    return sorted({ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
+def discovered(exclude: Iterable[str] = ()) -> list[importlib.metadata.EntryPoint]:
+    """The entry points installed packages declare in the group `anisweep.measures`, but those `exclude` names
+    (by the entry point's name or its package's distribution name)."""
+    skip = {_normalise(name) for name in exclude}
+    found = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if _normalise(ep.name) not in skip and _normalise(_distribution(ep)) not in skip:
+            found.setdefault(ep.value, ep)
+    return [found[value] for value in sorted(found)]
 
 
-def user_measures(entries: Iterable[str] = ()) -> list[Measure]:
-    """The config's measures and the installed packages', each once, in that order; two measures of one name,
-    or one named as a built-in, are a MeasureError."""
+def _distribution(ep: importlib.metadata.EntryPoint) -> str:
+    return ep.dist.name if ep.dist is not None else "?"
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def load_installed(ep: importlib.metadata.EntryPoint) -> Measure:
+    """The measure an installed package's entry point names; any failure is a MeasureError naming the package,
+    the entry point and how to leave it out."""
+    package = _distribution(ep)
+    try:
+        return load(ep.value)
+    except MeasureError as error:
+        raise InstalledMeasureError(
+            f"installed measures: the package {package!r} declares the measure entry point "
+            f"'{ep.name} = {ep.value}' (group {ENTRY_POINT_GROUP}), which fails: {error}. Fix or uninstall "
+            f"{package}, or leave its measures out with `installed_measures: {{exclude: [{package}]}}` in the "
+            "config (`installed_measures: {enabled: false}` leaves out every installed package's)"
+        ) from error
+
+
+def user_measures(entries: Iterable[str] = (), installed: dict | None = None) -> list[Measure]:
+    """The config's measures and the installed packages' (`installed`: the config's `installed_measures`,
+    {enabled, exclude}), each once, in that order; two measures of one name, or one named as a built-in, are a
+    MeasureError."""
+    installed = {"enabled": True, "exclude": [], **(installed or {})}
+    entries = list(dict.fromkeys(entries))
+    loaded = [load(entry) for entry in entries]
+    if installed["enabled"]:
+        loaded += [load_installed(ep) for ep in discovered(installed["exclude"]) if ep.value not in entries]
     measures, seen = [], dict.fromkeys(BUILTIN_NAMES, "a built-in measure")
-    for entry in dict.fromkeys([*entries, *discovered()]):
-        measure = load(entry)
+    for measure in loaded:
         if measure.name in seen:
-            raise MeasureError(f"measures: {entry!r} and {seen[measure.name]} are both named {measure.name!r}")
-        seen[measure.name] = repr(entry)
+            raise MeasureError(f"measures: {measure.entry!r} and {seen[measure.name]} are both named {measure.name!r}")
+        seen[measure.name] = repr(measure.entry)
         measures.append(measure)
     return measures
+
+
+def measures_of(entries: Iterable[str]) -> list[Measure]:
+    """The measures `entries` name, each once, in that order (a job's command names every measure it runs)."""
+    return [load(entry) for entry in dict.fromkeys(entries)]
 
 
 # --------------------------------------------------------------------------- rows
@@ -336,10 +419,10 @@ def run_table_measure(measure: Measure, folder: str | Path) -> pl.DataFrame:
 # --------------------------------------------------------------------------- source files
 
 
-def _package_closure(module: str) -> list[Path]:
-    """`module`'s file and those of the modules of its top-level package it imports, transitively."""
+def _package_closure(module: str) -> dict[str, Path]:
+    """{module name: file} of `module` and the modules of its top-level package it imports, transitively."""
     top = module.split(".")[0]
-    seen, todo, files = set(), [module], []
+    seen, todo, files = set(), [module], {}
     while todo:
         name = todo.pop()
         if name in seen:
@@ -348,10 +431,10 @@ def _package_closure(module: str) -> list[Path]:
         spec = importlib.util.find_spec(name)
         if spec is None or not spec.origin or not spec.origin.endswith(".py"):
             continue
-        files.append(Path(spec.origin).resolve())
+        files[name] = Path(spec.origin).resolve()
         package = name if Path(spec.origin).name == "__init__.py" else name.rpartition(".")[0]
         todo += [imported for imported in imported_names(Path(spec.origin), package) if _exists(imported, top)]
-    return sorted(set(files))
+    return dict(sorted(files.items()))
 
 
 def _exists(name: str, top: str) -> bool:

@@ -221,10 +221,11 @@ def per_head_panels(sweep: pl.DataFrame, path: Path, rows_spec: list[tuple[str, 
     save_figure(fig, path)
 
 
-def not_measured(sweep: pl.DataFrame, path: Path, what: str) -> None:
-    """A figure saying so, for metrics a sweep lacks (metrics computed before they were added): rerun metrics."""
+def not_measured(sweep: pl.DataFrame, path: Path, what: str, why: str = "not in this sweep's metrics") -> None:
+    """A figure saying so, for metrics a sweep lacks (metrics computed before they were added: rerun metrics), or
+    `why` they cannot be drawn."""
     fig, axes = panel_grid(1, 1)
-    axes[0].text(0.5, 0.5, f"{what}:\nnot in this sweep's metrics", ha="center", va="center")
+    axes[0].text(0.5, 0.5, f"{what}:\n{why}", ha="center", va="center", wrap=True)
     axes[0].set_axis_off()
     fig.suptitle(sweep_title(sweep))
     save_figure(fig, path)

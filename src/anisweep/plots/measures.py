@@ -30,9 +30,20 @@ def plot_measure(measure: Measure, sweep: pl.DataFrame, path: Path) -> None:
             raise MeasureError(f"measure {measure.name!r} ({measure.entry}): its figure function wrote no {path}")
         return
     if rows.is_empty():
-        not_measured(sweep, path, f"measure {measure.name}")
+        not_measured(sweep, path, f"measure {measure.name}", why_not_drawn(sweep, measure.name))
         return
     default_figure(measure, sweep, rows, path)
+
+
+def why_not_drawn(sweep: pl.DataFrame, name: str) -> str:
+    """Why a measure's figure has nothing to draw: its rows are all NaN or inf, or it has none in this sweep."""
+    rows = sweep.filter(pl.col("measure") == name)
+    if rows.is_empty():
+        return "not in this sweep's metrics"
+    statuses = ", ".join(f"{n} {status}" for status, n in sorted(rows["status"].value_counts().iter_rows()))
+    if set(rows["status"]) == {"nan"}:
+        return f"every one of its {rows.height} rows is NaN or inf\n(status nan in sweep.parquet)"
+    return f"none of its {rows.height} rows is ok\n(status: {statuses})"
 
 
 def default_figure(measure: Measure, sweep: pl.DataFrame, rows: pl.DataFrame, path: Path) -> None:
