@@ -1,0 +1,266 @@
+"""Every code block of README.md, docs/*.md and config/README.md, as a user would paste it.
+
+- python: executed in a temporary directory, after a setup that gives it what the page says it needs (a results
+  folder, a model in training); docs/measures.md's package files (`# mymeasures/...`) are run by the tests that
+  build tests/docs_measures.py's package from them;
+- yaml: validated as a config (anisweep.config.complete), a snippet merged into a minimal config, and its Hub
+  and toy models resolved (names, steps, sizes; a local run's folder is not there to resolve);
+- toml: parsed;
+- bash: each `snakemake` command dry-run (`-n`; `--unlock` runs as it is) in a clone-like directory, `my.yaml`
+  being the tiny test config (slow: about 2 s each);
+- text: output or a listing, not code.
+
+A block that cannot run here is listed in NOT_RUN with the reason; a block none of these runs fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+from docs_measures import docs_package
+
+from anisweep.config import checkpoints, complete
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")), "config/README.md"]
+LANGUAGES = {"python", "yaml", "toml", "bash", "text"}
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str
+    line: int
+    language: str
+    code: str
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def blocks() -> list[Block]:
+    found = []
+    for page in PAGES:
+        text = (ROOT / page).read_text(encoding="utf-8")
+        for m in re.finditer(r"^```([^\n]*)\n(.*?)^```$", text, re.M | re.S):
+            found.append(Block(page, text.count("\n", 0, m.start()) + 1, m[1].strip(), m[2]))
+    return found
+
+
+def matching(page: str, marker: str) -> list[Block]:
+    """The blocks of `page` that hold `marker`."""
+    return [b for b in blocks() if b.page == page and marker in b.code]
+
+
+#: (page, a string only that block holds): why it cannot run here
+NOT_RUN = {
+    ("README.md", "python3.11 -m venv"): "a new virtual environment installed from PyPI, then the whole default sweep "
+    "(minutes) and the whole test suite: the README's two commands, run from a fresh clone by hand",
+    ("README.md", 'pip install -e ".[hub]"'): "installs from PyPI; my.yaml there is the config above it, whose models "
+    "download from the Hub and whose local run is /data/run",
+    ("README.md", 'pip install -e ".[slurm]"'): "installs from PyPI and submits to a SLURM cluster "
+    "(tests/workflow/test_slurm.py runs the profile on a one-node SLURM it starts)",
+    ("docs/slurm.md", 'pip install -e ".[slurm]"'): "installs from PyPI",
+    ("docs/slurm.md", "--workflow-profile profiles/slurm"): "submits to a SLURM cluster "
+    "(tests/workflow/test_slurm.py runs the profile on a one-node SLURM it starts)",
+}
+
+
+def measures_package_file(b: Block) -> str | None:
+    """The file of docs/measures.md's example package that a python block is (its first line names it)."""
+    m = re.match(r"# (mymeasures/\w+\.py)\n", b.code)
+    return m[1] if b.page == "docs/measures.md" and m else None
+
+
+# Python blocks: what each needs, set up in the working directory, and what it must have done.
+
+
+def results_folder(tmp_path: Path):
+    """README, Reading the results from Python: two models, two checkpoints each, with metrics and a sweep."""
+    for model in ("toy-bert", "toy-neox"):
+        rows = []
+        for step in (0, 64):
+            ident = {"family": "toy", "model": model, "seed": 0, "step": step, "tokens_seen": step * 1024}
+            frame = pl.DataFrame([{**ident, "layer": 0, "metric": m, "value": 0.5} for m in ("avg_cos", "isoscore")])
+            (tmp_path / f"results/toy/{model}/step{step}").mkdir(parents=True)
+            frame.write_parquet(tmp_path / f"results/toy/{model}/step{step}/metrics.parquet")
+            rows.append(frame.with_columns(status=pl.lit("ok")))
+        pl.concat(rows).write_parquet(tmp_path / f"results/toy/{model}/sweep.parquet")
+
+    def check(namespace):
+        assert namespace["avg_cos"].height == 4 and set(namespace["avg_cos"]["metric"]) == {"avg_cos"}
+        assert namespace["sweeps"].height == 8
+
+    return {}, check
+
+
+def trainer_run(tmp_path: Path):
+    """README, Analysing a model while it trains: a tiny GPT-NeoX in training, the Trainer's arguments and data."""
+    pytest.importorskip("accelerate")  # the `live` extra, which the README's section names
+    import torch
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, TrainingArguments
+
+    from anisweep.corpus import load_texts, make_batch
+    from anisweep.toy.tokenizers import build_neox_tokenizer
+
+    texts = load_texts({"source": "builtin"})[:400]
+    tokenizer = build_neox_tokenizer(texts, 256)
+    torch.manual_seed(0)
+    config = GPTNeoXConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+    )
+    model = GPTNeoXForCausalLM(config)
+    windows = make_batch(tokenizer, texts, 8, 32, seed=1)["input_ids"]
+    namespace = {
+        "eval_texts": texts,
+        "tokenizer": tokenizer,
+        "model": model,
+        "train": [{"input_ids": ids, "labels": ids} for ids in windows],
+        "args": TrainingArguments(
+            output_dir=str(tmp_path / "trainer"),
+            max_steps=1,
+            per_device_train_batch_size=4,
+            use_cpu=True,
+            report_to="none",
+            disable_tqdm=True,
+            save_strategy="no",
+            logging_strategy="no",
+        ),
+    }
+
+    def check(namespace):
+        assert (tmp_path / "results/local/my-run/step0/extract.json").is_file()
+        assert (tmp_path / "results/local/my-run/step0/gradient_sums.parquet").is_file()
+
+    return namespace, check
+
+
+def own_figure(tmp_path: Path):
+    """docs/measures.md, Its figure: the decorator of the example before it in scope."""
+    from anisweep.measures.registry import table_measure
+
+    def check(namespace):
+        assert callable(namespace["effective_rank"]) and callable(namespace["draw"])
+
+    return {"table_measure": table_measure}, check
+
+
+#: (page, a string only that block holds): its setup
+PYTHON = {
+    ("README.md", "from anisweep.results import"): results_folder,
+    ("README.md", "AnisweepCallback("): trainer_run,
+    ("docs/measures.md", "figure=draw"): own_figure,
+}
+
+#: the config a snippet is merged into (its top-level keys replace these)
+MINIMAL = {
+    "models": [{"family": "toy", "name": "toy-neox", "steps": "all"}],
+    "toy": {"toy-neox": {"arch": "gpt_neox", "steps": [0, 16, 64, 1000]}},
+    "extract": {"seq_len": 64},
+}
+
+
+def runs_here(b: Block) -> bool:
+    if b.language == "python":
+        return any(b in matching(*key) for key in PYTHON)
+    if b.language == "bash":
+        return all(command.startswith("snakemake ") for command in commands(b))
+    return b.language in ("yaml", "toml", "text")
+
+
+def commands(b: Block) -> list[str]:
+    return [line.split("#", 1)[0].strip() for line in b.code.splitlines() if line.split("#", 1)[0].strip()]
+
+
+def not_run() -> list[Block]:
+    return [b for key in NOT_RUN for b in matching(*key)]
+
+
+def test_every_block_is_run_or_listed():
+    assert not [key for key in [*NOT_RUN, *PYTHON] if len(matching(*key)) != 1], "each entry names one block"
+    unknown = [str(b) for b in blocks() if b.language not in LANGUAGES]
+    assert not unknown, f"a fence without one of the languages {sorted(LANGUAGES)}: {unknown}"
+    neither = [str(b) for b in blocks() if b not in not_run() and not measures_package_file(b) and not runs_here(b)]
+    assert not neither, f"blocks neither run nor listed in NOT_RUN: {neither}"
+
+
+def test_measures_package_blocks_are_the_package_tests_build(tmp_path):
+    """docs/measures.md's `# mymeasures/...` blocks are the files of the package tests/docs_measures.py builds,
+    which tests/measures/test_registry.py and tests/workflow/test_measures.py run."""
+    root = docs_package(tmp_path)
+    files = {measures_package_file(b): b.code for b in blocks() if measures_package_file(b)}
+    assert files
+    for path, code in files.items():
+        assert (root / path).read_text() == code.split("\n", 1)[1], path  # the file, under its name's line
+
+
+# the README's callback is asked for steps 100 and 1000, past the test's one training step: warned about
+@pytest.mark.filterwarnings("ignore:AnisweepCallback:UserWarning")
+@pytest.mark.parametrize("key", list(PYTHON), ids=[f"{page}:{marker}" for page, marker in PYTHON])
+def test_python_block(key, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace, check = PYTHON[key](tmp_path)
+    (b,) = matching(*key)
+    exec(compile(b.code, str(b), "exec"), namespace)
+    check(namespace)
+
+
+YAML = [b for b in blocks() if b.language == "yaml"]
+
+
+@pytest.mark.parametrize("b", YAML, ids=[str(b) for b in YAML])
+def test_yaml_block_is_a_valid_config(b):
+    config = complete({**MINIMAL, **yaml.safe_load(b.code)})
+    resolvable = [entry for entry in config["models"] if entry["family"] != "local"]
+    if resolvable:
+        assert checkpoints({**config, "models": resolvable})
+
+
+TOML = [b for b in blocks() if b.language == "toml"]
+
+
+@pytest.mark.parametrize("b", TOML, ids=[str(b) for b in TOML])
+def test_toml_block_parses(b):
+    assert tomllib.loads(b.code)
+
+
+def clone_like(tmp_path: Path) -> Path:
+    """A directory that runs the workflow as a clone does, with `my.yaml` the tiny test config."""
+    for name in ("Snakefile", "workflow", "config", "profiles"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    (tmp_path / "my.yaml").write_text((ROOT / "tests" / "configs" / "tiny.yaml").read_text())
+    return tmp_path
+
+
+SNAKEMAKE = [
+    (b, command)
+    for b in blocks()
+    if b.language == "bash" and b not in not_run()
+    for command in commands(b)
+    if command.startswith("snakemake ")
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("b, command", SNAKEMAKE, ids=[f"{b}: {c}" for b, c in SNAKEMAKE])
+def test_snakemake_command_dry_runs(b, command, tmp_path):
+    args = shlex.split(command)[1:]
+    args += [] if "--unlock" in args else ["-n"]
+    done = subprocess.run(
+        [sys.executable, "-m", "snakemake", *args],
+        cwd=clone_like(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
