@@ -4,6 +4,7 @@ its rows in metrics and sweep, its figures and glossary entries, and the reruns 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,13 +43,14 @@ def installed(tmp_path_factory) -> Path:
     return site
 
 
-def write_config(path: Path, measures: list[str]) -> Path:
+def write_config(path: Path, measures: list[str], installed: dict | None = None) -> Path:
     config = {
         **TINY,
         "models": [{"family": "toy", "name": "toy-neox", "steps": STEPS}],
         "toy": {"toy-neox": TINY["toy"]["toy-neox"]},
         "gradients": {"enabled": False},
         "measures": measures,
+        **({"installed_measures": installed} if installed is not None else {}),
     }
     path.write_text(yaml.safe_dump(config))
     return path
@@ -101,7 +103,8 @@ def test_both_measures_land_in_the_tables_figures_and_glossary(swept):
 
 def test_editing_a_measure_reruns_exactly_its_jobs(swept, installed):
     """A table measure's edit reruns its own jobs and what reads metrics, never a model; a stream measure's
-    reruns extract at every checkpoint (docs/measures.md, What reruns)."""
+    reruns extract at every checkpoint, and undoing the edit before a run reruns nothing (docs/measures.md, What
+    reruns)."""
     workdir, config = swept
     rank, heads = installed / "mymeasures" / "rank.py", installed / "mymeasures" / "heads.py"
     original = rank.read_text(), heads.read_text()
@@ -121,11 +124,19 @@ def test_editing_a_measure_reruns_exactly_its_jobs(swept, installed):
         heads.write_text(original[1] + "\n# edited\n")
         plan = planned(workdir, installed, config)
         assert plan["extract"] == len(STEPS) and plan["fetch"] == len(STEPS)
+        heads.write_text(original[1])
+        assert planned(workdir, installed, config) == {}
     finally:
         rank.write_text(original[0])
         heads.write_text(original[1])
-        for path in (rank, heads):
-            os.utime(path, (0, 0))  # older than every output again
+
+
+def test_the_same_code_installed_elsewhere_reruns_nothing(swept, installed, tmp_path):
+    """An editable install and a regular one of the same package: another path, the same code."""
+    workdir, config = swept
+    elsewhere = tmp_path / "site"
+    shutil.copytree(installed, elsewhere)
+    assert planned(workdir, elsewhere, config) == {}
 
 
 def test_removing_a_measure_reruns_metrics_not_models(swept, installed):
@@ -133,6 +144,22 @@ def test_removing_a_measure_reruns_metrics_not_models(swept, installed):
     config = write_config(workdir / "without_rank.yaml", [])
     plan = planned(workdir, installed, config)
     assert plan.get("metrics") == len(STEPS) and "extract" not in plan and "table_measure" not in plan
+
+
+def test_removing_a_stream_measure_runs_no_model_and_leaves_none_of_its_files(swept, installed, tmp_path):
+    """The installed package's stream measure left out (installed_measures): metrics onwards, no fetch or extract;
+    after the run neither measure's tables or figure remain."""
+    workdir = tmp_path / "run"
+    shutil.copytree(swept[0], workdir, symlinks=True)
+    config = write_config(workdir / "without_both.yaml", [], installed={"exclude": ["mymeasures"]})
+    plan = planned(workdir, installed, config)
+    assert plan.get("metrics") == len(STEPS) and not {"fetch", "extract", "table_measure"} & set(plan)
+    done = snakemake(workdir, installed, config)
+    assert done.returncode == 0, done.stderr[-3000:]
+    left = [p for p in (workdir / NEOX).rglob("*") if "attention_output_norm" in p.name or "effective_rank" in p.name]
+    assert left == []
+    sweep = pl.read_parquet(workdir / NEOX / "sweep.parquet")
+    assert not {"effective_rank", "attention_output_norm"} & set(sweep["measure"])
 
 
 def test_an_entry_that_does_not_import_stops_the_run_before_any_job(swept, installed):
