@@ -101,7 +101,13 @@ def cmd_fetch(args) -> None:
 def cmd_corpus(args) -> None:
     from anisweep.corpus import load_texts, write_texts
 
-    write_texts(load_texts(args.corpus), args.out)
+    texts = load_texts(args.corpus)
+    if not texts:
+        raise ValueError(
+            f"the corpus {json.dumps(args.corpus, sort_keys=True)} holds no text (every document is empty or blank): "
+            "name files or a dataset column with text under the config's `corpus:`"
+        )
+    write_texts(texts, args.out)
 
 
 def cmd_extract(args) -> None:
