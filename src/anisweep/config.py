@@ -2,12 +2,17 @@
 expanded into checkpoints. Importing this module imports neither torch nor the model code, so that a dry
 run of the workflow stays fast.
 
-`config.schema.yaml` beside this file is the one home of every key and default; `config/README.md` explains them.
+`config.schema.yaml` beside this file is the one home of every key, default and meaning; config/README.md's table
+of each section's keys is generated from it (a test keeps them equal), rewrite them with
+
+    python -m anisweep.config            # rewrites config/README.md (run from the repository root)
 """
 
 from __future__ import annotations
 
 import copy
+import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,7 +24,7 @@ from anisweep.checkpoints.catalogue import model_shape, resolve_all
 from anisweep.checkpoints.config_checks import check_models, check_sections
 from anisweep.checkpoints.preflight import ModelShape, PreflightError, check_model_config
 from anisweep.errors import ConfigError
-from anisweep.schema import SCHEMA_PATH, defaults, schema  # noqa: F401 - the config's names too
+from anisweep.schema import SCHEMA_PATH, defaults, schema
 
 TOY_ROOT = "resources/toy"
 
@@ -217,3 +222,53 @@ def models(config: dict) -> list[tuple[str, str]]:
 
 def describe(config: dict) -> list[dict[str, Any]]:
     return [c.to_dict() for c in checkpoints(complete(config))]
+
+
+#: config/README.md: a section's generated table lies between these lines, the first naming the section
+GENERATED = re.compile(
+    r"^(<!-- (\w+): generated from src/anisweep/config\.schema\.yaml by python -m anisweep\.config -->\n)"
+    r".*?^(<!-- end of generated table -->)$",
+    re.M | re.S,
+)
+
+
+def documented_sections() -> list[str]:
+    """The sections with a key that has a default: config/README.md has a generated table of each."""
+    sections = schema()["properties"]
+    return [name for name in sections if (name == "toy" or sections[name].get("type") == "object") and defaults(name)]
+
+
+def _yaml(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=float("inf")).splitlines()[0]
+
+
+def section_table(section: str) -> str:
+    """The markdown table of a section's keys (for `toy`, of one toy's entry): each one's default, as YAML, and its
+    description."""
+    node = schema()["properties"][section]
+    node = node["additionalProperties"] if section == "toy" else node
+    lines = ["| key | default | meaning |", "|---|---|---|"]
+    for key, p in node["properties"].items():
+        if "description" not in p:
+            raise ValueError(f"{SCHEMA_PATH.name}: {section}.{key} has no description")
+        default = f"`{_yaml(p['default'])}`" if "default" in p else ""
+        if key in node.get("required", []):
+            default = "required"
+        meaning = p["description"].replace("|", r"\|")  # a bare bar would end the cell
+        lines.append(f"| `{key}` | {default} | {meaning} |")
+    return "\n".join(lines)
+
+
+def readme(text: str) -> str:
+    """`text` (config/README.md) with each generated table rewritten from the schema."""
+    return GENERATED.sub(lambda m: f"{m[1]}{section_table(m[2])}\n{m[3]}", text)
+
+
+def generated_sections(text: str) -> list[str]:
+    return [m[2] for m in GENERATED.finditer(text)]
+
+
+if __name__ == "__main__":
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else "config/README.md")
+    path.write_text(readme(path.read_text(encoding="utf-8")), encoding="utf-8")
+    print(path)
