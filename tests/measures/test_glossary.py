@@ -13,6 +13,7 @@ from test_metrics import measure_checkpoint
 
 from anisweep.measures import glossary
 from anisweep.measures.gradient_metrics import GRADIENT_METRICS
+from anisweep.measures.sites import ATTENTION_STREAM_SITES
 from anisweep.measures.sweep import SWEEP_SCHEMA
 from anisweep.tables import ATTENTION_STATISTICS, METRIC_SCHEMA
 
@@ -74,7 +75,7 @@ def test_every_glossary_entry_is_written_by_some_architecture(written):
     the sites only a stream measure sees, which test_stream_sites.py feeds)."""
     everything = pl.concat(written.values())
     assert glossary.metric_names() == set(everything["metric"])
-    assert glossary.site_names() - set(glossary.ATTENTION_STREAM_SITES) == set(everything["site"])
+    assert glossary.site_names() - set(ATTENTION_STREAM_SITES) == set(everything["site"])
     pairs = set(everything.select("metric", "site").unique().iter_rows())
     listed = {(term.name, site) for term in glossary.METRICS for site in term.sites}
     assert listed == pairs, (sorted(listed - pairs), sorted(pairs - listed))

@@ -21,7 +21,7 @@ from anisweep.extract.qk_sample import QKSample
 from anisweep.extract.score_hist import ScoreHistogram
 from anisweep.extract.stream_measures import StreamMeasures, attention_maps
 from anisweep.extract.streaming import AttentionStats, HeadVectorStats, VectorStats, VisibleKeys, to_device
-from anisweep.measures.glossary import ATTENTION_STREAM_SITES
+from anisweep.measures.sites import ATTENTION_STREAM_SITES
 
 ATTENTION_NAME = "anisweep"
 SAMPLED_SITES = ("resid", "final_ln_in", "final_ln_out")

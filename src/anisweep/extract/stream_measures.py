@@ -12,8 +12,8 @@ import polars as pl
 import torch
 
 from anisweep.adapters import Geometry
-from anisweep.measures.glossary import ATTENTION_STREAM_SITES
 from anisweep.measures.registry import Measure, MeasureError, Site, matches, measure_frame
+from anisweep.measures.sites import ATTENTION_STREAM_SITES
 
 
 class StreamMeasures:
@@ -46,9 +46,7 @@ class StreamMeasures:
     def wants(self, site: str) -> bool:
         return bool(self.listening(site))
 
-    def feed(
-        self, layer: int, site: str, x: torch.Tensor, valid: torch.Tensor, scaling: float | None = None
-    ) -> None:
+    def feed(self, layer: int, site: str, x: torch.Tensor, valid: torch.Tensor, scaling: float | None = None) -> None:
         """x: (B, T, d_model) at a hidden site, (B, H, T, d_head) at q, k and attention_output, (B, H, T, T) at
         attention_scores and attention_probs; valid (B, T). `scaling`: the layer's score scale, at its attention
         sites."""

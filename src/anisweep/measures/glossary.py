@@ -14,6 +14,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from anisweep.measures.sites import (
+    HIDDEN_SITES,
+    SAMPLED_SITES,
+)
+
 __all__ = [
     "COLUMNS",
     "METRICS",
@@ -50,23 +55,6 @@ class Term:
 
 
 # --------------------------------------------------------------------------- sites
-#: The input and output of each norm: statistics streamed over every valid token (hidden_stats.parquet), no sample.
-NORM_INPUT_OUTPUT_SITES = (
-    "ln_embed_in",
-    "ln_embed_out",
-    "ln_attn_in",
-    "ln_attn_out",
-    "ln_mlp_in",
-    "ln_mlp_out",
-    "ln_attn_post_in",
-    "ln_attn_post_out",
-    "ln_mlp_post_in",
-    "ln_mlp_post_out",
-)
-#: Sites whose seeded token sample extract keeps whole (hidden.parquet: extract.recorder.SAMPLED_SITES).
-SAMPLED_SITES = ("resid", "final_ln_in", "final_ln_out")
-#: Every site of hidden_stats.parquet: the streamed statistics (avg_cos, drift, norms, counts).
-HIDDEN_SITES = (*SAMPLED_SITES, *NORM_INPUT_OUTPUT_SITES)
 #: Sites of the norms' own parameters (layernorm.parquet).
 NORM_SITES = ("ln_embed", "ln_attn", "ln_mlp", "ln_attn_post", "ln_mlp_post", "final_ln")
 #: `qk_{rope}`: where the queries and keys are read (qk.parquet's rope).
@@ -76,10 +64,6 @@ QK_SAMPLE_SITES = ("qk_pre", "qk_post")
 EMBEDDING_SITES = ("embed_in", "embed_out")
 #: Sites of the gradient analysis (anisweep.tangent.backward.gradient_sites).
 GRADIENT_SITES = ("resid", "final_ln_in", "final_ln_out")
-#: What a stream measure sees at each layer's attention, per head (docs/measures.md, Sites).
-ATTENTION_STREAM_SITES = ("q", "k", "attention_output", "attention_scores", "attention_probs")
-#: Every site a stream measure can listen at (anisweep.measures.registry.Site).
-STREAM_SITES = (*HIDDEN_SITES, *ATTENTION_STREAM_SITES)
 
 _LN_IO = (
     "input (`_in`) or output (`_out`, with gain and bias) of the norm of the same name, `layer` as for its parameters"

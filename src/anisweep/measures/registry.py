@@ -35,7 +35,7 @@ import numpy as np
 import polars as pl
 
 from anisweep.code_inputs import imported_names
-from anisweep.measures.glossary import STREAM_SITES
+from anisweep.measures.sites import STREAM_SITES
 from anisweep.tables import EXTRACT_TABLES, IDENTITY, METRIC_KEY, metric_rows, read_parquet
 
 ENTRY_POINT_GROUP = "anisweep.measures"
