@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import polars as pl
@@ -140,6 +143,12 @@ def test_report_renders(tiny_run):
     done = snakemake(tiny_run, "--report", str(tiny_run / "report.zip"), configfile=tiny_run / "tiny.yaml")
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tiny_run / "report.zip").stat().st_size > 50_000
+    with zipfile.ZipFile(tiny_run / "report.zip") as report:
+        html = next(report.read(name).decode() for name in report.namelist() if name.endswith("report.html"))
+    panels = re.findall(r'"params": "((?:[^"\\]|\\.)*)"', html)
+    assert any("out_dir=results/toy/toy-neox/figures" in panel for panel in panels), panels
+    for panel in panels:  # a figure's parameters panel shows its settings, not the workflow's plumbing
+        assert sys.executable not in panel and "rc=$?" not in panel, panel
 
 
 def bad_config(tmp_path: Path, change) -> Path:

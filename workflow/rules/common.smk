@@ -17,6 +17,7 @@ from anisweep.tables import UNTRAINED_TABLES
 from anisweep.plots.untrained import UNTRAINED_FIGURES
 from anisweep.mechanism import untrained_inits
 from anisweep.errors import ConfigError
+from anisweep.job_failure import failure_suffix, failure_suffix_template
 from anisweep.measures.registry import InstalledMeasureError, MeasureError, user_measures
 from anisweep.measures.stale import record_code_identities, remove_stale_measure_outputs
 

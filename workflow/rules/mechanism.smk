@@ -51,13 +51,11 @@ rule qk_svd:
     conda:
         CONDA_ENV
     params:
-        on_failure=on_failure("qk_svd"),
-        cli=CLI,
         dirs=lambda wc: " ".join(f"results/{c.key}" for c in model_checkpoints(wc.family, wc.model)),
         figures="results/{family}/{model}/figures",
         fraction=config["qk_svd"]["fraction"],
         seed=config["qk_svd"]["seed"],
         heads=json_arg(config["qk_svd"]["heads"]),
     shell:
-        "{params.cli} qk-svd --out {output.table} --figures-dir {params.figures} --fraction {params.fraction} "
-        "--seed {params.seed} --heads {params.heads} {params.dirs} 2> {log} {params.on_failure}"
+        "{ANISWEEP} qk-svd --out {output.table} --figures-dir {params.figures} --fraction {params.fraction} "
+        "--seed {params.seed} --heads {params.heads} {params.dirs} 2> {log:q} " + failing("qk_svd", "family", "model")

@@ -24,11 +24,10 @@ rule plot_model:
     conda:
         CONDA_ENV
     params:
-        on_failure=on_failure("plot_model"),
-        cli=CLI,
         out_dir="results/{family}/{model}/figures",
     shell:
-        "{params.cli} plot --sweep {input.sweep} --out-dir {params.out_dir} 2> {log} {params.on_failure}"
+        "{ANISWEEP} plot --sweep {input.sweep} --out-dir {params.out_dir} 2> {log:q} "
+        + failing("plot_model", "family", "model")
 
 
 # A user's measure's figure (its own, or the default: value over training per layer), from the model's sweep.
@@ -50,13 +49,11 @@ rule plot_measure:
     conda:
         CONDA_ENV
     params:
-        on_failure=on_failure("plot_measure"),
-        cli=CLI,
         entry=lambda wc: shlex.quote(MEASURES[wc.measure].entry),
         code=lambda wc: MEASURES[wc.measure].code_identity,
     shell:
-        "{params.cli} plot-measure --entry {params.entry} --sweep {input.sweep} --out {output} "
-        "2> {log} {params.on_failure}"
+        "{ANISWEEP} plot-measure --entry {params.entry} --sweep {input.sweep} --out {output} "
+        "2> {log:q} " + failing("plot_measure", "family", "model", "measure")
 
 
 rule plot_family:
@@ -74,11 +71,8 @@ rule plot_family:
         "logs/plots/{family}/compare.log",
     conda:
         CONDA_ENV
-    params:
-        on_failure=on_failure("plot_family"),
-        cli=CLI,
     shell:
-        "{params.cli} plot-family --out {output} {input.sweeps} 2> {log} {params.on_failure}"
+        "{ANISWEEP} plot-family --out {output} {input.sweeps} 2> {log:q} " + failing("plot_family", "family")
 
 
 rule plot_families:
@@ -95,11 +89,8 @@ rule plot_families:
         "logs/plots/compare_families.log",
     conda:
         CONDA_ENV
-    params:
-        on_failure=on_failure("plot_families"),
-        cli=CLI,
     shell:
-        "{params.cli} plot-families --out {output} {input.sweeps} 2> {log} {params.on_failure}"
+        "{ANISWEEP} plot-families --out {output} {input.sweeps} 2> {log:q} " + failing("plot_families")
 
 
 rule plot_score_hist:
@@ -117,11 +108,9 @@ rule plot_score_hist:
         "logs/plots/{family}/{model}.score_hist.log",
     conda:
         CONDA_ENV
-    params:
-        on_failure=on_failure("plot_score_hist"),
-        cli=CLI,
     shell:
-        "{params.cli} plot-score-hist --out {output} {input.hists} 2> {log} {params.on_failure}"
+        "{ANISWEEP} plot-score-hist --out {output} {input.hists} 2> {log:q} "
+        + failing("plot_score_hist", "family", "model")
 
 
 # Per model: the normalised singular-value spectra of the sampled hidden states and q/k over training.
@@ -135,11 +124,9 @@ rule plot_spectra:
         "logs/plots/{family}/{model}.spectra.log",
     conda:
         CONDA_ENV
-    params:
-        on_failure=on_failure("plot_spectra"),
-        cli=CLI,
     shell:
-        "{params.cli} plot-spectra --out {output} {input.spectra} 2> {log} {params.on_failure}"
+        "{ANISWEEP} plot-spectra --out {output} {input.spectra} 2> {log:q} "
+        + failing("plot_spectra", "family", "model")
 
 
 rule plot_gradients:
@@ -153,13 +140,11 @@ rule plot_gradients:
     conda:
         CONDA_ENV
     params:
-        on_failure=on_failure("plot_gradients"),
-        cli=CLI,
         out_dir="results/{family}/{model}/figures",
         figures=" ".join(gradient_figures(GRADIENTS)),
     shell:
-        "{params.cli} plot-gradients --sweep {input.sweep} --out-dir {params.out_dir} --figures {params.figures} "
-        "2> {log} {params.on_failure}"
+        "{ANISWEEP} plot-gradients --sweep {input.sweep} --out-dir {params.out_dir} --figures {params.figures} "
+        "2> {log:q} " + failing("plot_gradients", "family", "model")
 
 
 rule plot_untrained:
@@ -173,9 +158,6 @@ rule plot_untrained:
         "logs/plots/untrained.log",
     conda:
         CONDA_ENV
-    params:
-        on_failure=on_failure("plot_untrained"),
-        cli=CLI,
     shell:
-        "{params.cli} plot-untrained --tables-dir results/untrained --out-dir results/untrained/figures "
-        "2> {log} {params.on_failure}"
+        "{ANISWEEP} plot-untrained --tables-dir results/untrained --out-dir results/untrained/figures "
+        "2> {log:q} " + failing("plot_untrained")
