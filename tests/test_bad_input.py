@@ -86,9 +86,9 @@ def local_checkpoint(run: Path, **extra) -> dict:
 def test_a_local_run_without_a_tokenizer_stops_before_its_weights_are_read(
     models, tmp_path, texts, capsys, monkeypatch, kind
 ):
-    from anisweep.checkpoints import fetch
+    from anisweep.checkpoints import weight_files
 
-    monkeypatch.setattr(fetch, "hash_weight_files", lambda *a: pytest.fail("the weights were read"))
+    monkeypatch.setattr(weight_files, "hash_weight_files", lambda *a: pytest.fail("the weights were read"))
     run = local_run_without_tokenizer(models, tmp_path, kind)
     out = tmp_path / "weights"
     code, line = run_cli(capsys, *fetch_args(local_checkpoint(run), out, texts))
@@ -253,6 +253,38 @@ def test_two_local_runs_under_one_name_are_an_error_naming_both(models, tmp_path
     with pytest.raises(ConfigError, match="local/run/step1 is listed twice with different sources") as error:
         checkpoints(complete(config))
     assert str(runs[0] / "step1") in str(error.value) and str(runs[1] / "step1") in str(error.value)
+
+
+def test_two_entries_of_one_toy_are_an_error_naming_both_and_their_union(models):
+    config = tiny_config()
+    config["models"] = [
+        {"family": "toy", "name": "toy-bert", "steps": [0, 8]},
+        {"family": "toy", "name": "toy-neox", "steps": "all"},
+        {"family": "toy", "name": "toy-bert", "steps": [32]},
+    ]
+    with pytest.raises(ConfigError) as error:
+        checkpoints(complete(config))
+    message = str(error.value)
+    assert "two entries name the toy model 'toy-bert'" in message
+    assert "models[0] {'family': 'toy', 'name': 'toy-bert', 'steps': [0, 8]}" in message
+    assert "models[2] {'family': 'toy', 'name': 'toy-bert', 'steps': [32]}" in message
+    assert message.endswith("write one entry with the union of their steps, steps: [0, 8, 32]")
+
+
+def test_two_entries_of_one_local_run_are_an_error_naming_both(models, tmp_path):
+    run = tmp_path / "run"
+    for step in (1, 2):
+        shutil.copytree(models["bert"], run / f"step{step}")
+    entry = {"family": "local", "name": "run", "path": str(run)}
+    with pytest.raises(ConfigError, match=r"union of their steps, steps: \[1, 2\]") as error:
+        checkpoints(complete({"models": [{**entry, "steps": [1]}, {**entry, "steps": "all"}]}))
+    assert "models[0]" in str(error.value) and "models[1]" in str(error.value)
+    other = tmp_path / "other"
+    shutil.copytree(models["bert"], other / "step2")
+    two_runs = [{**entry, "steps": [1]}, {**entry, "path": str(other), "steps": [2]}]
+    with pytest.raises(ConfigError, match="with different settings: .* give one entry another name") as error:
+        checkpoints(complete({"models": two_runs}))
+    assert str(run) in str(error.value) and str(other) in str(error.value)
 
 
 def test_a_config_of_models_alone_gets_every_default(models, tmp_path):
@@ -424,9 +456,9 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_stops_before_its_weights_
 ):
     """The BERT run has 79 embedding rows; the BPE tokenizer named for it has 300 tokens. Its ids failed with an
     IndexError inside extract, after the weights were hashed and loaded."""
-    from anisweep.checkpoints import fetch
+    from anisweep.checkpoints import weight_files
 
-    monkeypatch.setattr(fetch, "hash_weight_files", lambda *a: pytest.fail("the weights were read"))
+    monkeypatch.setattr(weight_files, "hash_weight_files", lambda *a: pytest.fail("the weights were read"))
     run = local_run_without_tokenizer(models, tmp_path)
     out = tmp_path / "weights"
     checkpoint = local_checkpoint(run, tokenizer=str(models["pythia"]))
@@ -434,6 +466,22 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_stops_before_its_weights_
     assert code == 1
     assert line.startswith("local/run/step1: PreflightError: the tokenizer ") and "(300 tokens)" in line, line
     assert "vocab_size = 79 rows" in line and "not this model's" in line and "tokenizer: <folder or Hub id>" in line
+    assert not (out / "checkpoint.json").exists()
+
+
+def test_a_corpus_the_tokenizer_cannot_read_stops_before_the_weights_move(models, tmp_path, capsys, monkeypatch):
+    """Chinese text through an English WordPiece vocabulary is all [UNK]: the analysis would be of one token id."""
+    from anisweep.checkpoints import weight_files
+
+    monkeypatch.setattr(weight_files, "hash_weight_files", lambda *a: pytest.fail("the weights were read"))
+    texts = tmp_path / "chinese.parquet"
+    write_texts(["机器学习是人工智能的一个分支。它研究计算机如何从数据中学习。"] * 40, texts)
+    out = tmp_path / "weights"
+    checkpoint = local_checkpoint(local_run_without_tokenizer(models, tmp_path), tokenizer=str(models["bert"]))
+    code, line = run_cli(capsys, *fetch_args(checkpoint, out, texts))
+    assert code == 1
+    assert re.match(r"local/run/step1: PreflightError: \d+\.\d% of the evaluation batch's 64 tokens are the", line)
+    assert "unknown token '[UNK]'" in line and "机器学习" in line and "extract.max_unknown_token_share" in line
     assert not (out / "checkpoint.json").exists()
 
 

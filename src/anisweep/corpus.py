@@ -33,6 +33,7 @@ __all__ = [
     "load_texts",
     "split_paragraphs",
     "make_batch",
+    "unknown_token_share",
     "read_texts",
     "write_texts",
     "special_affixes",
@@ -219,11 +220,13 @@ def tokenize_stream(
     max_tokens: int | None = None,
     *,
     chunk_size: int = 64,
+    separators: list[int] | None = None,
 ) -> list[int]:
     """Tokenize documents (no special tokens) into one stream separated by :func:`separator_id`.
 
     With ``max_tokens``, documents are tokenized only until that many tokens are collected and the
     stream is cut to exactly ``max_tokens``, so the result does not depend on ``chunk_size``.
+    ``separators``, when given, receives the stream positions of the separators.
     """
     sep = separator_id(tokenizer)
     stream: list[int] = []
@@ -235,6 +238,8 @@ def tokenize_stream(
             if not ids:
                 continue
             if stream and sep is not None:
+                if separators is not None:
+                    separators.append(len(stream))
                 stream.append(sep)
             stream.extend(ids)
         chunk.clear()
@@ -265,7 +270,9 @@ def make_batch(
     margin: float = 2.0,
     shuffle_documents: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """A fixed evaluation batch: ``input_ids`` and ``attention_mask``, int64, ``(n_sequences, seq_len)``.
+    """A fixed evaluation batch: ``input_ids`` and ``attention_mask``, int64, ``(n_sequences, seq_len)``, and
+    ``unknown_mask``, bool, True where the tokenizer's unknown token stands for text it could not read (never a
+    separator or special token that shares its id, as ``<|endoftext|>`` does in byte-level BPE tokenizers).
 
     Documents are visited in a seeded order (``shuffle_documents``) and tokenized lazily until
     ``margin`` times the needed content tokens are collected (the rest of a large corpus is never
@@ -288,7 +295,8 @@ def make_batch(
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(texts)) if shuffle_documents else np.arange(len(texts))
     target = max(needed, int(math.ceil(needed * margin)))
-    stream = tokenize_stream(tokenizer, (texts[i] for i in order), max_tokens=target)
+    separators: list[int] = []
+    stream = tokenize_stream(tokenizer, (texts[i] for i in order), max_tokens=target, separators=separators)
     if len(stream) < needed:
         special = f" plus {n_special} special tokens each" if n_special else ""
         raise ValueError(
@@ -302,6 +310,7 @@ def make_batch(
     tokens = torch.tensor(stream, dtype=torch.int64)
     idx = torch.from_numpy(starts.astype(np.int64))[:, None] + torch.arange(content_len)[None, :]
     body = tokens[idx]
+    unknown = _unknown_in(tokenizer, tokens, separators)[idx]
     parts = []
     if prefix:
         parts.append(torch.tensor(prefix, dtype=torch.int64).expand(n_sequences, -1))
@@ -309,7 +318,29 @@ def make_batch(
     if suffix:
         parts.append(torch.tensor(suffix, dtype=torch.int64).expand(n_sequences, -1))
     input_ids = torch.cat(parts, dim=1).contiguous()
-    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    unknown_mask = torch.zeros_like(input_ids, dtype=torch.bool)
+    unknown_mask[:, len(prefix) : len(prefix) + content_len] = unknown
+    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "unknown_mask": unknown_mask}
+
+
+def _unknown_in(tokenizer, tokens: torch.Tensor, separators: list[int]) -> torch.Tensor:
+    """Where the token stream holds the unknown token, separators excluded."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:
+        return torch.zeros_like(tokens, dtype=torch.bool)
+    unknown = tokens == int(unk)
+    unknown[[p for p in separators if p < len(tokens)]] = False
+    return unknown
+
+
+def unknown_token_share(batch: Mapping[str, torch.Tensor]) -> float | None:
+    """The share of the batch's valid tokens that are the tokenizer's unknown token (:func:`make_batch`'s
+    ``unknown_mask``); None for a batch without that mask."""
+    if "unknown_mask" not in batch:
+        return None
+    valid = batch["attention_mask"].bool()
+    n_valid = int(valid.sum())
+    return int((batch["unknown_mask"] & valid).sum()) / n_valid if n_valid else 0.0
 
 
 # --------------------------------------------------------------------------- corpus statistics

@@ -16,7 +16,8 @@ from huggingface_hub.utils import filter_repo_objects
 
 import anisweep.checkpoints.fetch as fetch_mod
 from anisweep.checkpoints.catalogue import resolve
-from anisweep.checkpoints.fetch import FetchError, RevisionNotFound, fetch, hash_files, select_files
+from anisweep.checkpoints.fetch import FetchError, RevisionNotFound, fetch, select_files
+from anisweep.checkpoints.weight_files import WeightFiles
 from anisweep.measures.sweep import find_duplicates
 
 from hubcache import build_hub_cache, offline_hub, repo_cache_dir, save_tiny_bert, save_tiny_pythia
@@ -113,15 +114,18 @@ def test_fetch_pythia_offline_into_dest(hub, tmp_path):
         "tokenizer_config.json",
     ]
     assert m["weight_files"] == ["model.safetensors"]
-    assert m["weights_sha256"] == hash_files(Path(m["path"]), ["model.safetensors"])
+    # no hash: fetch never reads the weights; extract hashes the bytes it loads (anisweep.checkpoints.weight_files)
+    assert "weights_sha256" not in m and m["weights_bytes"] == (Path(m["path"]) / "model.safetensors").stat().st_size
     assert load(m["path"])[-1] == 32
+    first = WeightFiles.read(m["path"]).sha256
     # the pipeline deletes dest/weights after extraction: the HF cache must survive that
     shutil.rmtree(dest / "weights")
     assert (
         repo_cache_dir(hf_home, "EleutherAI/pythia-70m") / "snapshots" / commits["step1000"] / "model.safetensors"
     ).is_file()
     # and a re-fetch into the same dest works
-    assert fetch(ckpt("pythia", "pythia-70m", 1000), dest)["weights_sha256"] == m["weights_sha256"]
+    again = fetch(ckpt("pythia", "pythia-70m", 1000), dest)
+    assert WeightFiles.read(again["path"]).sha256 == first
 
 
 def test_fetch_keep_weights_points_into_the_cache(hub, tmp_path):
@@ -155,7 +159,7 @@ def test_fetch_multiberts_bin_fallback_and_no_tf(hub, tmp_path, monkeypatch):
     # and flax_model.msgpack (listed, never downloaded) was not requested: the offline snapshot_download
     # would have raised for a missing requested file.
     m2 = fetch(c, tmp_path / "d2", keep_weights=True)
-    assert m2["weights_sha256"] == m["weights_sha256"]
+    assert WeightFiles.read(m2["path"]).sha256 == WeightFiles.read(m["path"]).sha256
     assert "tf_model.h5" not in m2["weight_files"] and not (Path(m2["path"]) / "flax_model.msgpack").exists()
 
 
@@ -366,20 +370,12 @@ def test_select_files():
         select_files(["config.json", "tf_model.h5"])
 
 
-def test_hash_streams_files_in_sorted_order(tmp_path, monkeypatch):
-    import hashlib
-
-    (tmp_path / "b.bin").write_bytes(b"B" * (3 << 20))
-    (tmp_path / "a.bin").write_bytes(b"A" * 10)
-    monkeypatch.setattr(fetch_mod, "CHUNK", 1 << 20)
-    assert hash_files(tmp_path, ["b.bin", "a.bin"]) == hashlib.sha256(b"A" * 10 + b"B" * (3 << 20)).hexdigest()
-
-
 def test_duplicate_weights_across_revisions_are_flagged(hub, tmp_path):
     manifests = [
         fetch(ckpt("pythia", "pythia-70m", step), tmp_path / str(step), keep_weights=True) for step in (0, 1000, 143000)
     ]
     assert manifests[1]["commit"] != manifests[2]["commit"]
+    manifests = [{**m, **WeightFiles.read(m["path"]).manifest()} for m in manifests]  # as extract.json holds them
     assert manifests[1]["weights_sha256"] == manifests[2]["weights_sha256"] != manifests[0]["weights_sha256"]
     dups = find_duplicates(manifests)
     assert [(d["step"], d["duplicate_of"]) for d in dups] == [(1000, [143000]), (143000, [1000])]

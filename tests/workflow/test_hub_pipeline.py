@@ -28,6 +28,7 @@ import yaml
 
 from anisweep.checkpoints.catalogue import resolve
 from anisweep.checkpoints.fetch import fetch
+from anisweep.checkpoints.weight_files import WeightFiles
 from anisweep.measures.sweep import aggregate, find_duplicates
 from anisweep.tables import METRIC_SCHEMA, extract_columns, write_atomic
 
@@ -431,7 +432,8 @@ def test_a_shard_served_under_another_step_is_flagged(monkeypatch, tmp_path):
     manifests = {}
     for step in (49000, 50000, 143000):
         (ckpt,) = resolve({"family": "pythia", "name": "pythia-12b", "steps": [step]})
-        manifests[step] = fetch(ckpt, tmp_path / "w" / str(step), keep_weights=True)
+        fetched = fetch(ckpt, tmp_path / "w" / str(step), keep_weights=True)
+        manifests[step] = {**fetched, **WeightFiles.read(fetched["path"]).manifest()}  # as extract.json holds it
         assert sorted(manifests[step]["weight_files_sha256"]) == shards
     assert manifests[50000]["weights_sha256"] != manifests[143000]["weights_sha256"]
     dups = find_duplicates(manifests.values())

@@ -274,6 +274,7 @@ def _set(section: str, **values):
         (lambda c: c.update(extract=_reversed(c["extract"]) | {"attention": "auto"}), {}),
         (lambda c: c.update(gradients=_reversed(c["gradients"])), {}),
         (_set("extract", batch_size=2, device="cpu"), {}),
+        (_set("extract", max_unknown_token_share=0.5), {}),  # whether a run may start, not what it writes
         (lambda c: c.update(corpus={"source": "builtin"}, fetch={"keep_weights": False, "retries": 3}), {}),
         (_set("gradients", rank=[4], subspaces="both"), {}),
         # settings of the analyses that read Parquet: no model reruns
@@ -296,6 +297,7 @@ def _set(section: str, **values):
         "key-order",
         "gradients-key-order",
         "how-extract-runs",
+        "unknown-token-threshold",
         "defaults-written-out",
         "rank-as-a-list",
         "gradient-rank",

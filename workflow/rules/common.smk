@@ -165,8 +165,9 @@ def settings_of(section, keys):
 CLI = untracked(ANISWEEP)
 
 # The extract settings that change extract's tables: device, attention and batch_size choose how the same
-# numbers are computed (to rounding), so changing them reruns nothing (--forcerun extract to redo the model runs).
-EXTRACT_OUTPUT_KEYS = sorted(set(config["extract"]) - {"device", "attention", "batch_size"})
+# numbers are computed (to rounding), and max_unknown_token_share only whether a run may start, so changing them
+# reruns nothing (--forcerun extract to redo the model runs).
+EXTRACT_OUTPUT_KEYS = sorted(set(config["extract"]) - {"device", "attention", "batch_size", "max_unknown_token_share"})
 
 
 def on_failure(rule):

@@ -114,13 +114,17 @@ def resolve_all(
 ) -> list[Checkpoint]:
     """Every checkpoint of a config's ``models`` list, in config order, each ``key`` once.
 
-    The same checkpoint listed twice is kept once; two different checkpoints under one key (e.g. the
-    MultiBERTs ``-step_2000k`` repo and the ``final`` repo of one seed, or two local runs of one name)
-    are a :class:`ConfigError`: their results would land in the same folder.
+    The same Hub checkpoint listed twice is kept once (two entries of one Hub model select from one published
+    grid); two different checkpoints under one key (e.g. the MultiBERTs ``-step_2000k`` repo and the ``final``
+    repo of one seed, or two local runs of one name) are a :class:`ConfigError`: their results would land in the
+    same folder. A toy or a local run (``one_entry_per_model``) named by two entries is a ConfigError too, naming
+    both: a local name may stand for two runs, and one entry with all the steps says what is swept.
     """
     seen: dict[str, Checkpoint] = {}
-    for entry in models or ():
-        for ckpt in resolve(entry, toy_root=toy_root, toy_specs=toy_specs):
+    entries: dict[tuple[str, str], _Entry] = {}
+    for index, entry in enumerate(models or ()):
+        found = resolve(entry, toy_root=toy_root, toy_specs=toy_specs)
+        for ckpt in found:
             old = seen.get(ckpt.key)
             if old is not None and old != ckpt:
                 raise ConfigError(
@@ -128,7 +132,34 @@ def resolve_all(
                     " give one of the entries another name"
                 )
             seen.setdefault(ckpt.key, ckpt)
+        if getattr(family_of(entry["family"]), "one_entry_per_model", False):
+            model = (str(entry["family"]), str(entry["name"]))
+            if model in entries:
+                _two_entries(entries[model], (index, entry, found))
+            entries[model] = (index, entry, found)
     return list(seen.values())
+
+
+_Entry = tuple[int, Mapping[str, Any], list[Checkpoint]]  # a models entry: its index, itself, its checkpoints
+
+
+def _two_entries(first: _Entry, second: _Entry) -> None:
+    """The ConfigError for two entries of one toy or local run: one entry with the union of their steps, or,
+    where they differ in more than their steps, another name for one of them."""
+    (i, a, found_a), (j, b, found_b) = first, second
+    what = f"{a['family']} model {a['name']!r}"
+    shown = f"models[{i}] {dict(a)} and models[{j}] {dict(b)}"
+    others = {k: v for k, v in a.items() if k != "steps"} != {k: v for k, v in b.items() if k != "steps"}
+    if others:
+        raise ConfigError(
+            f"two entries name the {what}, with different settings: {shown}; their steps would be merged into "
+            "one sweep. If they are two runs, give one entry another name; if one, write one entry"
+        )
+    steps = sorted({c.step for c in found_a} | {c.step for c in found_b})
+    raise ConfigError(
+        f"two entries name the {what}: {shown}; a model is one entry (its steps would be merged without a word): "
+        f"write one entry with the union of their steps, steps: {steps}"
+    )
 
 
 def _source(ckpt: Checkpoint) -> str:

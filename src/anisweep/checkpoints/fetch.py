@@ -1,4 +1,4 @@
-"""Getting a checkpoint's weights onto disk, and proving which bytes were analysed.
+"""Getting a checkpoint's weights onto disk, and the manifest that says where they are.
 
 :func:`fetch` turns a :class:`~anisweep.checkpoints.base.Checkpoint` into a folder that ``from_pretrained`` loads
 and writes ``dest/checkpoint.json`` (the manifest) atomically.
@@ -23,20 +23,13 @@ Hub checkpoints (``pythia``, ``multiberts``):
 
 Local/toy checkpoints are used in place: ``path`` is the checkpoint folder, nothing is copied.
 
-``weights_sha256`` is a sha256 over the weight files' bytes (sorted by name, streamed in 1 MiB chunks), and
-``weight_files_sha256`` the sha256 of each file (the Hub's LFS oid), from the same single read;
-:func:`anisweep.measures.sweep.find_duplicates` uses them (read back from ``extract.json``) to flag steps serving
-the same weights as another step. The known Pythia defects come in two shapes: a whole checkpoint that is
-another step's (pythia-2.8b: the early branches serve final-era files, EleutherAI/pythia#205, #195) and ONE
-shard of a sharded checkpoint that is another step's (pythia-12b step50000/step58000 serve the final model's
-first shard, #206): the combined hash alone misses the
-second, the per-file hashes catch it.
+The manifest lists the weight files and their total size; it holds no hash of them: extract hashes the
+bytes it loads (anisweep.checkpoints.weight_files), so that fetch never reads a checkpoint's weights at all.
 """
 
 from __future__ import annotations
 
 import difflib
-import hashlib
 import logging
 import os
 import re
@@ -83,8 +76,6 @@ __all__ = [
     "log_to_stderr",
     "RevisionNotFound",
     "fetch",
-    "hash_files",
-    "hash_weight_files",
     "select_files",
     "weight_files_in",
     "MANIFEST",
@@ -95,7 +86,6 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "checkpoint.json"
 WEIGHTS_DIR = "weights"
-CHUNK = 1 << 20  # 1 MiB
 
 CONFIG_FILES = ("config.json",)
 TOKENIZER_FILES = (
@@ -251,26 +241,6 @@ def weight_files_in(folder: Path) -> list[str]:
     """The weight files ``from_pretrained`` loads from a local folder (same preference as :func:`select_files`)."""
     names = [p.name for p in folder.iterdir() if p.is_file()]
     return select_files(names)[1]
-
-
-def hash_weight_files(folder: Path, names: Iterable[str]) -> tuple[str, dict[str, str]]:
-    """``(combined, {name: sha256})``: sha256 over the bytes of ``folder/name`` for the names in sorted order,
-    and each file's own sha256, from one streamed read (1 MiB chunks) of every file."""
-    combined = hashlib.sha256()
-    per_file: dict[str, str] = {}
-    for name in sorted(names):
-        own = hashlib.sha256()
-        with open(folder / name, "rb") as f:
-            while chunk := f.read(CHUNK):
-                combined.update(chunk)
-                own.update(chunk)
-        per_file[name] = own.hexdigest()
-    return combined.hexdigest(), per_file
-
-
-def hash_files(folder: Path, names: Iterable[str]) -> str:
-    """sha256 over the bytes of ``folder/name`` for the names in sorted order, streamed in 1 MiB chunks."""
-    return hash_weight_files(folder, names)[0]
 
 
 def _has_tokenizer(folder: Path) -> bool:
@@ -520,8 +490,8 @@ def fetch(
     The manifest: family, model, step, tokens_seen, seed, repo_id, revision, commit (Hub commit hash or
     None), path (the folder ``from_pretrained`` loads), tokenizer_path (the folder ``AutoTokenizer`` loads;
     for local runs the checkpoint folder or else the run folder; None if neither has tokenizer files),
-    weight_files (names inside ``path``), weights_sha256 (all weight files), weight_files_sha256 ({name: sha256}),
-    weights_bytes.
+    weight_files (names inside ``path``), weights_bytes (their total size). No weight file is read: extract
+    hashes the bytes it loads (anisweep.checkpoints.weight_files).
     ``cache_dir`` overrides the HF cache (default: ``$HF_HOME/hub``). ``before_weights(folder, tokenizer)``,
     given the folder holding config.json and the tokenizer's folder (or Hub id, or None), runs before any
     weight file is downloaded or read (the preflight checks): when it raises, no weights have moved.
@@ -542,7 +512,6 @@ def fetch(
         got = _fetch_local(ckpt, before_weights)
     folder: Path = got["path"]
     weights: list[str] = got["weight_files"]
-    combined, per_file = hash_weight_files(folder, weights)
     manifest = {
         "family": ckpt.family,
         "model": ckpt.model,
@@ -555,8 +524,6 @@ def fetch(
         "path": str(folder),
         "tokenizer_path": None if got["tokenizer_path"] is None else str(got["tokenizer_path"]),
         "weight_files": weights,
-        "weights_sha256": combined,
-        "weight_files_sha256": per_file,
         "weights_bytes": sum((folder / f).stat().st_size for f in weights),
     }
     write_json(manifest, dest / MANIFEST)

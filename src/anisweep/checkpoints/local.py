@@ -26,7 +26,8 @@ class LocalRun:
     family = "local"
     tokens_per_step = None  # the run's own: the entry's tokens_per_step, or the Trainer's count
     entry_keys = ("family", "name", "steps", "path", "tokens_per_step", "seed", "tokenizer", "live")
-    checks_before_fetch = True  # before the weights are hashed: a large run's are GBs to read
+    checks_before_fetch = True  # the config.json and tokenizer against the extract settings (preflight)
+    one_entry_per_model = True  # two entries of one name may be two runs: a config error, never merged
     patterns = ("step{N}/", "checkpoint-{N}/")
     _DIR = re.compile(r"(?:step|checkpoint-)(\d+)")
     _NEAR = re.compile(r"(?:step|checkpoint)[-_. ]?(\d+)", re.IGNORECASE)  # step-20, step_30, Step20, ...

@@ -1,7 +1,8 @@
 """What a checkpoint's config.json and tokenizer (kilobytes) can tell is checked before its weights are
 downloaded or read: the model's positions against `extract.seq_len`, its width against the hidden-state
-sample, the tokenizer's presence, the corpus against `n_sequences x seq_len` with that tokenizer, and the batch's
-token ids against the model's vocabulary.
+sample, the tokenizer's presence, the corpus against `n_sequences x seq_len` with that tokenizer, the batch's share of
+unknown tokens (text the tokenizer cannot read) against `extract.max_unknown_token_share`, and the batch's token
+ids against the model's vocabulary.
 Each failure is a PreflightError that names the key, folder or file to change.
 
 fetch runs these checks between the small files and the weights; extract runs them again on what it
@@ -112,8 +113,43 @@ def evaluation_batch(
         batch = make_batch(tokenizer, texts, settings.n_sequences, settings.seq_len, settings.seed)
     except ValueError as error:
         raise PreflightError(f"{where}: {error} (the config's corpus and extract sections)") from None
+    check_unknown_tokens(tokenizer, batch, texts, settings.max_unknown_token_share, tokenizer_source, where)
     check_vocabulary(hf_config, len(tokenizer), int(batch["input_ids"].max()), tokenizer_source, where)
     return batch
+
+
+def check_unknown_tokens(tokenizer, batch: dict, texts: Sequence[str], limit: float, source: Any, where: str) -> None:
+    """A corpus the tokenizer cannot read (another language or script than its vocabulary's) turns into the
+    unknown token, and the model would be analysed on a handful of ids: above `limit` (a share of the batch's
+    valid tokens) it is a PreflightError naming the share, the token, the tokenizer and a text it cannot read."""
+    from anisweep.corpus import unknown_token_share
+
+    share = unknown_token_share(batch)
+    if share is None or share <= limit:
+        return
+    unk = tokenizer.unk_token_id
+    sample = _unreadable_text(tokenizer, texts, unk)
+    raise PreflightError(
+        f"{where}: {share:.1%} of the evaluation batch's {int(batch['attention_mask'].sum())} tokens are the "
+        f"unknown token {tokenizer.unk_token!r} (id {unk}) of the tokenizer {source}: it cannot read the corpus, "
+        f"e.g. {sample!r}. Use a corpus in the language the model was trained on (the config's corpus section) "
+        f"or the model's own tokenizer; or raise extract.max_unknown_token_share (now {limit}) to analyse it anyway"
+    )
+
+
+def _unreadable_text(tokenizer, texts: Sequence[str], unk: int, looked_at: int = 200, chars: int = 60) -> str:
+    """Text around the first unknown token of the first text (of the first `looked_at`) that has one."""
+    for text in texts[:looked_at]:
+        try:
+            encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+            offsets = encoded["offset_mapping"]
+        except (NotImplementedError, KeyError, ValueError):  # a tokenizer without offsets: the text's start
+            encoded, offsets = tokenizer(text, add_special_tokens=False, verbose=False), None
+        ids = list(encoded["input_ids"])
+        if unk in ids:
+            start = offsets[ids.index(unk)][0] if offsets else 0
+            return text[max(0, start - chars // 4) :][:chars]
+    return texts[0][:chars] if texts else ""
 
 
 def check_vocabulary(hf_config: dict[str, Any], n_tokens: int, max_id: int, source: Any, where: str) -> None:

@@ -19,6 +19,7 @@ class Toy:
     tokens_per_step = None  # batch_size * seq_len of the toy's spec
     entry_keys = ("family", "name", "steps")
     checks_before_fetch = False  # checked against the config before it is trained (anisweep.config)
+    one_entry_per_model = True  # two entries of one toy are a config error, not a silent union of their steps
 
     @classmethod
     def resolve_entry(

@@ -10,6 +10,7 @@ from torch import nn
 
 from anisweep import schema
 from anisweep.adapters import Adapter, Geometry, adapter_for
+from anisweep.extract.checked_load import load_checked
 from anisweep.extract.device import torch_device as resolve_device
 from anisweep.extract.recorder import (
     ATTENTION_NAME,
@@ -20,6 +21,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 _DEFAULTS = schema.defaults("extract")
+
+#: what needs a checkpoint's own LM head, and what to do without one
+GRADIENT_HEAD = (
+    "the gradient analysis's loss runs through: leave this step out of gradients.steps, or set gradients.enabled: false"
+)
 
 
 @dataclass
@@ -36,6 +42,7 @@ class ExtractSettings:
     attention: str = _DEFAULTS["attention"]  # auto: the Triton kernel on CUDA, torch ops elsewhere
     qk_sample_tokens: int = _DEFAULTS["qk_sample_tokens"]
     score_bins: dict | None = _DEFAULTS["score_bins"]  # None: no score histogram (it costs a second QK^T)
+    max_unknown_token_share: float = _DEFAULTS["max_unknown_token_share"]  # above it: a PreflightError
     threads: int | None = None  # resources.extract_threads
 
     def torch_device(self) -> torch.device:
@@ -45,19 +52,27 @@ class ExtractSettings:
 @dataclass
 class LoadedModel:
     """A checkpoint ready to run: the LM (for its output embedding), the base model that runs, its adapter
-    and its geometry."""
+    and its geometry; `initialised`, the head's tensors the checkpoint lacked (random: nothing read from them is
+    reported), and `ignored`, the checkpoint's tensors of another architecture's head (anisweep.extract.checked_load).
+    """
 
     model: nn.Module
     base: nn.Module
     adapter: Adapter
     geometry: Geometry
+    initialised: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()
 
 
-def load_model(path: str | Path, dtype: str = "float32", device: torch.device | str = "cpu") -> LoadedModel:
+def load_model(
+    path: str | Path, dtype: str = "float32", device: torch.device | str = "cpu", head_needed: bool = False
+) -> LoadedModel:
     """Load a checkpoint with the recording attention.
 
     The LM class is loaded when the checkpoint has one, so that the output embedding is available for
-    I(W); only the base model ever runs.
+    I(W); only the base model ever runs. A tensor the weight files lack, hold in another shape or hold beyond
+    the model's is a WeightsError before anything runs; the LM head alone may be missing (initialised, named in
+    `initialised`) unless `head_needed` (the gradient analysis's loss runs through it).
     """
     import transformers
 
@@ -66,6 +81,16 @@ def load_model(path: str | Path, dtype: str = "float32", device: torch.device | 
     adapter = adapter_for(config)
     arch = (config.architectures or [None])[0]
     cls = getattr(transformers, arch) if arch in adapter.architectures else transformers.AutoModel
-    model = cls.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=ATTENTION_NAME)
+    loaded = load_checked(
+        cls,
+        path,
+        head_may_be_initialised=not head_needed,
+        head_needed_by=GRADIENT_HEAD,
+        dtype=DTYPES[dtype],
+        attn_implementation=ATTENTION_NAME,
+    )
+    model = loaded.model
     model.to(device).eval()
-    return LoadedModel(model, adapter.base_model(model), adapter, adapter.geometry(model.config))
+    return LoadedModel(
+        model, adapter.base_model(model), adapter, adapter.geometry(model.config), loaded.initialised, loaded.ignored
+    )

@@ -20,6 +20,8 @@ from tqdm.auto import tqdm
 
 from anisweep.atomic import write_text
 from anisweep.checkpoints import preflight
+from anisweep.checkpoints.weight_files import WeightFiles
+from anisweep.corpus import unknown_token_share
 from anisweep.extract.attention_torch import Workers
 from anisweep.extract.model import ExtractSettings, LoadedModel, load_model
 from anisweep.extract.qk_sample import QKSample
@@ -93,14 +95,16 @@ def timed_run(loaded: LoadedModel, batch: dict, settings: ExtractSettings, progr
 def extract_info(
     checkpoint: dict, settings: ExtractSettings, device, batch: dict, recorder: Recorder, seconds: float
 ) -> dict:
-    """extract.json's content: the checkpoint (a fetch manifest, or a live model's identity), the settings, and
-    what the forward pass over `batch` on `device` took and met."""
+    """extract.json's content: the checkpoint (a fetch manifest with the hashes of the weights loaded, or a live
+    model's identity), the settings, and what the forward pass over `batch` on `device` took and met (the share of
+    unknown tokens among its valid tokens: null for a batch without make_batch's `unknown_mask`)."""
     n_valid = int(batch["attention_mask"].sum())
     return {
         "checkpoint": checkpoint,
         "settings": asdict(settings),
         "device": str(device),
         "n_valid_tokens": n_valid,
+        "unknown_token_share": unknown_token_share(batch),
         "forward_seconds": seconds,
         "tokens_per_second": n_valid / seconds if seconds else None,
         "nonfinite_tokens": sum(s.n_nonfinite for s in recorder.vectors.values()),
@@ -129,17 +133,24 @@ def extract_checkpoint(
     """Load the checkpoint a fetch manifest names, run it over the evaluation batch, write every table.
     `more_tables(loaded, batch, ident)`, when given, adds tables of its own from the same loaded model (the
     gradient analysis's backward pass: anisweep.tangent.checkpoint.pass_tables_for), written with extract's;
-    `stream_measures`, the user's stream measures, listen in the forward pass and write `measures/{name}`."""
+    where its `needs_lm_head` is true, a checkpoint lacking its LM head is an error before anything runs.
+    `stream_measures`, the user's stream measures, listen in the forward pass and write `measures/{name}`.
+    The weight files are hashed right before they are loaded, and checked unchanged after: extract.json's
+    `checkpoint` is the manifest with these hashes (anisweep.checkpoints.weight_files)."""
     if settings.threads:
         torch.set_num_threads(settings.threads)
     where = f"{manifest['family']}/{manifest['model']}/step{manifest['step']}"
     target = settings.torch_device()
     batch = preflight.evaluation_batch(manifest["path"], manifest.get("tokenizer_path"), settings, texts, where)
-    loaded = load_model(manifest["path"], settings.dtype, target)
+    weights = WeightFiles.read(manifest["path"])  # the hash is of the bytes loaded next, not of fetch's
+    head_needed = bool(getattr(more_tables, "needs_lm_head", False))
+    loaded = load_model(manifest["path"], settings.dtype, target, head_needed=head_needed)
+    weights.check_unchanged(where)
     stream = StreamMeasures(stream_measures, loaded.geometry, where) if stream_measures else None
     recorder, seconds = timed_run(loaded, batch, settings, progress=progress, stream=stream)
     ident = {key: manifest.get(key) for key in IDENTITY}
-    info = extract_info(manifest, settings, target, batch, recorder, seconds)
+    info = extract_info({**manifest, **weights.manifest()}, settings, target, batch, recorder, seconds)
+    info |= {"initialised_tensors": list(loaded.initialised), "ignored_tensors": list(loaded.ignored)}
     written = tables(recorder, loaded, ident)
     if stream is not None:
         written |= stream.tables(ident)

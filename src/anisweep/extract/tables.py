@@ -183,10 +183,14 @@ def layernorm_table(adapter: Adapter, base: nn.Module) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=EXTRACT_SCHEMAS["layernorm"])
 
 
-def embeddings_table(adapter: Adapter, model: nn.Module) -> pl.DataFrame:
-    """I(W) of the embedding matrices, here because the matrices never leave extract."""
+def embeddings_table(adapter: Adapter, model: nn.Module, initialised: tuple[str, ...] = ()) -> pl.DataFrame:
+    """I(W) of the embedding matrices, here because the matrices never leave extract. A matrix among the
+    `initialised` parameters (an untied LM head the checkpoint lacked, anisweep.extract.checked_load) is random:
+    it is left out, as for a checkpoint without an LM head."""
     matrices = adapter.embedding_matrices(model)
     tied = "embed_out" in matrices and matrices["embed_out"].data_ptr() == matrices["embed_in"].data_ptr()
+    random = {id(p) for name, p in model.named_parameters(remove_duplicate=False) if name in initialised}
+    matrices = {name: weight for name, weight in matrices.items() if id(weight) not in random}
     rows = []
     for name, weight in matrices.items():
         w = weight.detach().float().cpu().numpy()
@@ -213,7 +217,7 @@ def tables(recorder: Recorder, loaded: LoadedModel, ident: dict) -> dict[str, pl
         "hidden": lambda: hidden_table(recorder),
         "hidden_stats": lambda: hidden_stats_table(recorder),
         "layernorm": lambda: layernorm_table(loaded.adapter, loaded.base),
-        "embeddings": lambda: embeddings_table(loaded.adapter, loaded.model),
+        "embeddings": lambda: embeddings_table(loaded.adapter, loaded.model, loaded.initialised),
         "qk_sample": lambda: qk_sample_table(recorder),
         "score_hist": lambda: score_hist_table(recorder),
     }

@@ -111,9 +111,10 @@ def _trainer_callback_base():
 class AnisweepCallback(_trainer_callback_base()):
     """At the chosen global steps, `analyse_live` into `{results}/local/{run_name}/step{N}/`: the step training
     begins at (step 0, before any optimizer step) in on_train_begin, the others after their optimizer step. The
-    evaluation batch is built once from `texts` with the tokenizer; preflight's checks of the model's config run
-    at on_train_begin, before any step. Chosen steps a resumed training has passed, and steps it never reached,
-    are warned about (once each)."""
+    evaluation batch is built once from `texts` with the tokenizer (a PreflightError there when the tokenizer cannot
+    read the texts: more unknown tokens than settings.max_unknown_token_share); preflight's checks of the model's
+    config run at on_train_begin, before any step. Chosen steps a resumed training has passed, and steps it never
+    reached, are warned about (once each)."""
 
     def __init__(
         self,
@@ -126,6 +127,7 @@ class AnisweepCallback(_trainer_callback_base()):
         gradients: GradientSettings | None = None,
         tokens_per_step: int | None = None,
     ):
+        from anisweep.checkpoints.preflight import check_unknown_tokens
         from anisweep.corpus import make_batch
 
         self.steps = set(steps)
@@ -135,6 +137,8 @@ class AnisweepCallback(_trainer_callback_base()):
         self.tokens_per_step = tokens_per_step
         s = self.settings
         self.batch = make_batch(tokenizer, list(texts), s.n_sequences, s.seq_len, s.seed)
+        source = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
+        check_unknown_tokens(tokenizer, self.batch, list(texts), s.max_unknown_token_share, source, f"local/{run_name}")
         self.written: list[Path] = []
         self.pending = set(self.steps)  # the chosen steps this training has neither analysed nor passed
 

@@ -46,7 +46,7 @@ class LiveAnalysis:
 
     def _prepare(self, tokenizer) -> None:
         """The tokenizer as extract reads it from a saved checkpoint, and the evaluation batch it makes."""
-        from anisweep.checkpoints.preflight import PreflightError, load_tokenizer
+        from anisweep.checkpoints.preflight import PreflightError, check_unknown_tokens, load_tokenizer
         from anisweep.corpus import make_batch
 
         where = f"toy/{self.name}"
@@ -58,6 +58,8 @@ class LiveAnalysis:
             self.batch = make_batch(self.tokenizer, self.texts, s.n_sequences, s.seq_len, s.seed)
         except ValueError as error:
             raise PreflightError(f"{where}: {error} (the config's corpus and extract sections)") from None
+        limit = s.max_unknown_token_share
+        check_unknown_tokens(self.tokenizer, self.batch, self.texts, limit, "the toy's tokenizer", where)
 
     def __call__(self, step: int, model: torch.nn.Module, tokenizer) -> None:
         if self.batch is None:

@@ -33,7 +33,8 @@ SWEEP_SCHEMA = {**METRIC_SCHEMA, "status": pl.String, "duplicate_of_step": pl.In
 
 
 def _provenance(extract_json: Path) -> dict:
-    """The fetch manifest `extract.json` keeps: step, weight hashes, weight files."""
+    """`extract.json`'s checkpoint: the fetch manifest (step, revision, weight files) with the hashes of the bytes
+    extract loaded (anisweep.checkpoints.weight_files)."""
     return json.loads(Path(extract_json).read_text()).get("checkpoint", {})
 
 
@@ -50,8 +51,8 @@ def weight_keys(manifest: Mapping[str, Any]) -> set[str]:
 def find_duplicates(manifests: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Steps of one model whose weights (all of them, or one shard) are byte-identical to another step's.
 
-    `manifests` are fetch manifests (``checkpoint.json``, also kept as ``extract.json``'s ``checkpoint``);
-    those without a hash are ignored. Returns one record per affected checkpoint, sorted by
+    `manifests` are ``extract.json``'s ``checkpoint`` sections (the fetch manifest with extract's hashes of the
+    weight files); those without a hash are ignored. Returns one record per affected checkpoint, sorted by
     (family, model, step): ``{family, model, step, revision, weights_sha256, duplicate_of: [other steps
     sharing bytes with it], shared_files: [its weight files found in another step]}``. Identical weights at
     two steps mean at least one of them is not what its name says; this lists all of them, and

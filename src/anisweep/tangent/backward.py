@@ -146,11 +146,13 @@ def gradient_pass(
 
 # --------------------------------------------------------------------------- one checkpoint
 def load_lm(path, dtype: str = "float32", device: torch.device | str = "cpu"):
-    """The checkpoint's LM class (as extract.load_model picks it) with its head, standard attention."""
+    """The checkpoint's LM class (as extract.load_model picks it) with its head, standard attention; every tensor,
+    the head's included, from the checkpoint (anisweep.extract.checked_load)."""
     import transformers
 
     from anisweep.adapters import adapter_for
-    from anisweep.extract.model import DTYPES
+    from anisweep.extract.checked_load import load_checked
+    from anisweep.extract.model import DTYPES, GRADIENT_HEAD
 
     hf_config = transformers.AutoConfig.from_pretrained(path)
     adapter = adapter_for(hf_config)
@@ -159,7 +161,9 @@ def load_lm(path, dtype: str = "float32", device: torch.device | str = "cpu"):
         raise ValueError(
             f"gradients: {path} is a {arch}, not one of {adapter.architectures}: no LM head to take a loss"
         )
-    model = getattr(transformers, arch).from_pretrained(path, dtype=DTYPES[dtype], attn_implementation="sdpa")
+    cls = getattr(transformers, arch)
+    kwargs = {"dtype": DTYPES[dtype], "attn_implementation": "sdpa"}
+    model = load_checked(cls, path, head_may_be_initialised=False, head_needed_by=GRADIENT_HEAD, **kwargs).model
     if model.get_output_embeddings() is None:
         raise ValueError(
             f"gradients: {path} is a {arch}, without an LM head: the gradient of the LM loss needs the checkpoint's "

@@ -90,14 +90,17 @@ def pass_tables_for(
     manifest: dict, gradients: GradientSettings, batch_size: int, progress: bool = True
 ) -> Callable[[LoadedModel, dict, dict], dict[str, pl.DataFrame]]:
     """extract's `more_tables` for a checkpoint of a sweep with the gradient analysis on: the pass's tables where
-    gradients.steps covers the checkpoint, the same tables without rows where it does not."""
+    gradients.steps covers the checkpoint, the same tables without rows where it does not. Its `needs_lm_head`
+    tells extract that a checkpoint lacking its LM head is an error there, before anything runs."""
     from anisweep.checkpoints import preflight
     from anisweep.tables import with_identity
     from anisweep.tangent.embedding_change import EMBEDDING_SCHEMA
     from anisweep.tangent.pass_tables import empty_pass_tables
 
+    covered = gradients.steps is None or manifest["step"] in gradients.steps
+
     def more_tables(loaded: LoadedModel, batch: dict, ident: dict) -> dict[str, pl.DataFrame]:
-        if gradients.steps is not None and manifest["step"] not in gradients.steps:
+        if not covered:
             empty = empty_pass_tables()
             if gradients.embedding_change:
                 empty["embedding_rows"] = pl.DataFrame(schema=EMBEDDING_SCHEMA)
@@ -110,4 +113,5 @@ def pass_tables_for(
             loaded.model, loaded.adapter, batch, tokenizer, gradients, batch_size, ident, progress, counts
         )
 
+    more_tables.needs_lm_head = covered  # the loss runs through the head: it must be the checkpoint's own
     return more_tables
