@@ -18,6 +18,7 @@ from anisweep.code_inputs import ROOT, closure, code_inputs, direct_imports
 STAGES = (
     "errors",
     "atomic",
+    "job_failure",
     "code_inputs",
     "schema",
     "tables",
