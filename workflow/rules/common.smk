@@ -171,27 +171,29 @@ EXTRACT_OUTPUT_KEYS = sorted(set(config["extract"]) - {"device", "attention", "b
 
 
 def on_failure(rule):
-    """params of every rule, untracked (editing it reruns nothing). A shell suffix after `2> {log}`; when the
-    command fails, repeat the last line of its log on the console (the cause: the CLI's last line), name a kill by a signal (9: out of memory, mostly) and
-    exit with the command's status. The log is the rule's own `log:`. The per-checkpoint commands start that line
-    with `{family}/{model}/step{N}: ` themselves; for the other rules it is prefixed with the job's name
-    (`corpus: UnicodeDecodeError: ...`, `sweep toy/toy-neox: ValueError: ...`)."""
+    """params of every rule without a figure in the report, untracked (editing it reruns nothing): the shell suffix
+    after `2> {log}` (anisweep.job_failure) that repeats the cause on the console when the command fails: the last
+    line of its log, or, where it could not write one (a full disk), that it wrote none and the free space there;
+    a kill by a signal named; the command's status kept. The per-checkpoint commands start their line with
+    `{family}/{model}/step{N}: ` themselves; for the other rules it is prefixed with the job's name (`corpus:
+    UnicodeDecodeError: ...`, `sweep toy/toy-neox: ValueError: ...`)."""
 
     def suffix(wildcards, input):
         log = shlex.quote(str(getattr(rules, rule).log[0]).format(**dict(wildcards.items())))
         if "step" in wildcards.keys():
             key = f"{wildcards.family}/{wildcards.model}/step{wildcards.step}"
-            return (
-                f"|| {{ rc=$?; tail -n 1 {log} >&2; if [ $rc -gt 128 ]; then echo "
-                f'"{key}: killed by signal $((rc - 128)) (9: out of memory, or a scheduler\'s limit)" >&2; fi; exit $rc; }}'
-            )
-        name = shlex.quote(" ".join([rule, "/".join(value for _, value in wildcards.items())]).strip())
-        return (
-            f'|| {{ rc=$?; echo {name}": $(tail -n 1 {log})" >&2; if [ $rc -gt 128 ]; then echo {name}'
-            f'": killed by signal $((rc - 128)) (9: out of memory, or a scheduler\'s limit)" >&2; fi; exit $rc; }}'
-        )
+            return failure_suffix(log, shlex.quote(key), name_in_line=False)
+        name = " ".join([rule, "/".join(value for _, value in wildcards.items())]).strip()
+        return failure_suffix(log, shlex.quote(name), name_in_line=True)
 
     return suffix
+
+
+def failing(rule, *wildcards):
+    """The same suffix written into the `shell:` of a rule whose figures are in the report, so that its parameters
+    panel shows the figure's settings only; `wildcards`, the rule's, in its output's order."""
+    fields = "/".join(f"{{wildcards.{name}:q}}" for name in wildcards)
+    return failure_suffix_template(f"{rule}' '{fields}" if wildcards else rule, name_in_line=True)
 
 
 def sweep_of(family, model, job=None):
