@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -184,11 +185,14 @@ def test_missing_triton_warns_once_and_falls_back(monkeypatch):
         recorder._triton_or_warn.cache_clear()
 
 
-@pytest.mark.parametrize("kind", ["bert", "gpt_neox", "llama"])
-def test_extract_through_the_kernel(tmp_path, kind):
+@pytest.mark.parametrize(
+    "kind", ["bert", pytest.param("gpt_neox", marks=pytest.mark.slow), pytest.param("llama", marks=pytest.mark.slow)]
+)
+def test_extract_through_the_kernel(tmp_path, kind, monkeypatch):
     """A whole extract with attention: triton (BERT with padding; GPT-NeoX causal with partial rotary; Llama with
     grouped-query attention, whose key heads the recorder repeats before the kernel) gives the torch path's
-    tables and the eager reference's statistics."""
+    tables and the eager reference's statistics. The kernel must decline nothing here (a fallback warning is an
+    error): the fallback catches any failure of a launch, so a bug in the kernel would hide behind the torch path."""
     cls, config = {
         "bert": (transformers.BertModel, bert_config),
         "gpt_neox": (transformers.GPTNeoXModel, neox_config),
@@ -197,7 +201,11 @@ def test_extract_through_the_kernel(tmp_path, kind):
     path = saved(tmp_path, cls, config(), kind)
     batch = padded_batch(n=4)
     bins = {"low": -2.0, "high": 2.0, "n": 16}
-    kernel, _ = run_extract(path, batch, batch_size=4, attention="triton", score_bins=bins)
+    monkeypatch.setattr(attention_triton, "_fallen_back", {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", attention_triton.FallbackWarning)
+        kernel, _ = run_extract(path, batch, batch_size=4, attention="triton", score_bins=bins)
+    assert attention_triton._fallen_back == {}
     torch_path, _ = run_extract(path, batch, batch_size=4, attention="torch", score_bins=bins)
     for name in ("qk", "attention", "qk_sample", "score_hist"):
         for column in kernel[name].columns:

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -121,13 +120,3 @@ def test_extract_falls_back_to_the_torch_path(tmp_path, monkeypatch, fresh_fallb
     assert len(launched) == (why == "compile_error")  # a failed shape is not launched again
     for name in ("qk", "attention"):
         assert_tables_equal(got[name], expected[name], name, rtol=0.0)
-
-
-def test_the_kernel_declines_nothing_it_should_take(tmp_path, fresh_fallbacks):
-    """The fallback catches any failure of a launch: an extract through the kernel (here the interpreter) must
-    warn of none, or a bug in the kernel would hide behind the torch path."""
-    path = saved(tmp_path, transformers.BertModel, bert_config(), "bert")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", attention_triton.FallbackWarning)
-        run_extract(path, padded_batch(n=5), attention="triton")
-    assert attention_triton._fallen_back == {}

@@ -102,7 +102,11 @@ def test_log_spaced_detection():
     assert not log_spaced([0, 100])
 
 
-@pytest.mark.parametrize("steps", [[0, 1, 2, 4, 64, 512], [0, 100, 200, 300]], ids=["log-grid", "linear-grid"])
+@pytest.mark.parametrize(
+    "steps",
+    [pytest.param([0, 1, 2, 4, 64, 512], marks=pytest.mark.slow), [0, 100, 200, 300]],
+    ids=["log-grid", "linear-grid"],
+)
 def test_every_model_figure_is_drawn(tmp_path, steps):
     sweep = aggregate([fake_checkpoint(tmp_path, step, str(step)) for step in steps])
     paths = plot_model(sweep, tmp_path / "figures")

@@ -71,7 +71,7 @@ def test_shares_against_brute_force():
     assert sums.n[0] == 300
 
 
-@pytest.mark.parametrize(("d", "k"), [(12, 3), (32, 4), (64, 16)])
+@pytest.mark.parametrize(("d", "k"), [(12, 3), (32, 4), pytest.param(64, 16, marks=pytest.mark.slow)])
 def test_the_exact_null_equals_many_random_subspaces(d, k):
     """null_moments against 20,000 Haar-random rank-k projectors (QR of Gaussian matrices), for a spread-out and
     a nearly rank-one A: mean k / d and the sd to Monte Carlo precision (a few percent)."""

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from conftest import snakemake_command
@@ -39,6 +40,7 @@ def extract_settings(done: subprocess.CompletedProcess) -> list[dict]:
     return [json.loads(args[args.index("--settings") + 1]) for args in shell_commands(done, "extract")]
 
 
+@pytest.mark.slow  # snakemake parses the whole workflow
 def test_a_user_config_is_not_merged_into_the_default(tmp_path):
     """config/config.yaml sets extract.device: cpu and sample_tokens: 1024; a user's config that leaves them out
     gets the schema's defaults, never the embedded default config's values."""
@@ -54,6 +56,7 @@ def test_a_user_config_is_not_merged_into_the_default(tmp_path):
     assert "is extended by additional config" not in done.stdout + done.stderr
 
 
+@pytest.mark.slow  # snakemake parses the whole workflow
 def test_without_a_configfile_the_embedded_default_runs(tmp_path):
     (tmp_path / "config").mkdir()
     shutil.copy(ROOT / "config" / "config.yaml", tmp_path / "config" / "config.yaml")
@@ -70,6 +73,7 @@ def test_without_a_configfile_the_embedded_default_runs(tmp_path):
     }
 
 
+@pytest.mark.slow  # snakemake parses the whole workflow
 def test_every_rule_logs_the_same_way_and_repeats_its_cause(tmp_path):
     """Every command writes its stderr to its log (`2> {log}`) and, when it fails, repeats the log's last line on
     the console, prefixed with the job's name where the command does not name a checkpoint itself."""
@@ -90,6 +94,7 @@ def test_every_rule_logs_the_same_way_and_repeats_its_cause(tmp_path):
     assert any("echo 'sweep toy/toy-bert'\": $(tail -n 1 logs/sweep/toy/toy-bert.log)\"" in line for line in lines)
 
 
+@pytest.mark.slow  # snakemake parses the whole workflow
 def test_a_failing_rule_without_a_checkpoint_names_its_cause_on_the_console(tmp_path):
     """The corpus rule fails on a file that is not UTF-8: the console names the rule, the file and the byte."""
     bad = tmp_path / "latin1.txt"
@@ -103,6 +108,7 @@ def test_a_failing_rule_without_a_checkpoint_names_its_cause_on_the_console(tmp_
     assert str(bad) in line and "not UTF-8: byte 0xe9 at byte offset 3" in line and "re-encode it to UTF-8" in line
 
 
+@pytest.mark.slow  # snakemake parses the whole workflow
 def test_a_dry_run_imports_no_torch(tmp_path):
     """Parsing the Snakefile (every `snakemake -n`) needs neither torch nor scipy: the rules import them in their
     own processes."""
@@ -150,6 +156,7 @@ def test_the_rules_conda_env_has_the_packages_dependencies():
     assert listed == wanted
 
 
+@pytest.mark.slow  # snakemake parses the whole workflow
 def test_several_families_get_the_cross_family_figure(tmp_path):
     """With models of two families, rule all asks for results/figures/compare_families.png, drawn by
     plot-families from every model's sweep; with one family (the toys) it does not."""
