@@ -41,6 +41,9 @@ __all__ = [
     "avg_cos_from_sums",
     "unit_sum",
     "avg_cos",
+    "pair_avg_cos",
+    "isotropic_cos_quantile",
+    "isotropic_cos_sf",
     "centred_avg_cos",
     "drift",
     "drift_from_sums",
@@ -149,6 +152,38 @@ def isotropic_cos_spread(d: int) -> float:
     """The standard deviation of the cosine between two independent N(0, I_d) vectors, 1/sqrt(d) (its mean is 0):
     the spread of cosines an isotropic cloud of that dimension shows (Godey et al. 2024, Fig. 17/18)."""
     return 1.0 / np.sqrt(d)
+
+
+def isotropic_cos_quantile(d: int, q: float = 0.95) -> float:
+    """The `q` quantile of the cosine between two independent N(0, I_d) vectors (Godey et al. 2024, Fig. 18), exact:
+    (cos + 1) / 2 follows Beta((d - 1) / 2, (d - 1) / 2)."""
+    a = (d - 1) / 2
+    return float(2.0 * stats.beta.ppf(q, a, a) - 1.0) if d >= 2 else float("nan")
+
+
+def isotropic_cos_sf(d: int, c: float) -> float:
+    """P(cos >= c) for the cosine between two independent N(0, I_d) vectors: how unlikely a cosine as high as `c`
+    is between isotropic vectors of that width."""
+    a = (d - 1) / 2
+    return float(stats.beta.sf((c + 1.0) / 2.0, a, a)) if d >= 2 and np.isfinite(c) else float("nan")
+
+
+def pair_avg_cos(x, seed: int = 0) -> tuple[float, float, int]:
+    """avg_cos as Godey et al. 2024 (Sec. 3) estimate it, from uniformly drawn pairs of the rows of x: the rows in a
+    seeded random order taken two by two (floor(N/2) disjoint pairs, so the pairs are independent). Returns the
+    mean cosine of the pairs, its standard error (sample sd / sqrt(pairs)) and the number of pairs; NaN with no
+    pair. Zero-norm rows are left out."""
+    x = _as_cloud(x)
+    norms = _row_norms(x)
+    x = x[norms > 0]
+    n_pairs = x.shape[0] // 2
+    if n_pairs == 0:
+        return float("nan"), float("nan"), 0
+    order = np.random.default_rng(seed).permutation(x.shape[0])[: 2 * n_pairs]
+    a, b = x[order[0::2]].astype(np.float64), x[order[1::2]].astype(np.float64)
+    cos = np.einsum("ij,ij->i", a, b) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    se = float(cos.std(ddof=1) / np.sqrt(n_pairs)) if n_pairs > 1 else float("nan")
+    return float(cos.mean()), se, n_pairs
 
 
 def centred_avg_cos(x, chunk_rows: int | None = None) -> float:

@@ -286,6 +286,21 @@ METRICS: tuple[Term, ...] = (
         ETHAYARAJH,
         HIDDEN_SITES,
     ),
+    Term(
+        "isotropic_cos_q95",
+        "the 95th percentile of the cosine between two independent isotropic Gaussian vectors of the site's width d,"
+        " exact ((cos + 1) / 2 ~ Beta((d - 1)/2, (d - 1)/2)): cosines above it are unlikely without anisotropy"
+        " (Godey et al. 2024, Fig. 18)",
+        GODEY,
+        HIDDEN_SITES,
+    ),
+    Term(
+        "avg_cos_isotropic_sf",
+        "P(cos >= avg_cos) for two independent isotropic Gaussian vectors of width d: where the layer's avg_cos sits"
+        " in the isotropic distribution (small: far above what isotropy gives)",
+        ANISWEEP,
+        HIDDEN_SITES,
+    ),
     Term("drift_norm", f"||mean_i x_i||, the common drift, {_EXACT}", GODEY, HIDDEN_SITES),
     Term("drift_ratio", f"drift_norm / mean_i ||x_i||, in [0, 1], {_EXACT}", ANISWEEP, HIDDEN_SITES),
     Term("norm_mean", f"mean_i ||x_i|| {_EXACT}", MOLINA, HIDDEN_SITES),
@@ -330,6 +345,21 @@ METRICS: tuple[Term, ...] = (
         ANISWEEP,
         SAMPLED_SITES,
     ),
+    Term(
+        "avg_cos_pairs",
+        "mean cosine of uniformly drawn pairs of sampled tokens, as Godey et al. 2024 (Sec. 3) estimate anisotropy:"
+        " the sample in a seeded order taken two by two (n_pairs disjoint, independent pairs); avg_cos is the exact"
+        " value it estimates",
+        GODEY,
+        SAMPLED_SITES,
+    ),
+    Term(
+        "avg_cos_pairs_se",
+        "standard error of avg_cos_pairs: the sd of the pairs' cosines / sqrt(n_pairs), its sampling error",
+        ANISWEEP,
+        SAMPLED_SITES,
+    ),
+    Term("n_pairs", "number of pairs avg_cos_pairs averages: floor(n_sampled / 2)", ANISWEEP, SAMPLED_SITES),
     Term(
         "n_sampled",
         "number of sampled tokens with finite vectors (what centred_avg_cos, isoscore, top_eig_share use)",

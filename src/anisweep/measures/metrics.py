@@ -92,8 +92,9 @@ def stats_rows(stats: pl.DataFrame) -> list[dict]:
         n = r["n"]
         drift_norm, drift_ratio = geometry.drift_from_sums(np.asarray(r["sum_x"]), r["sum_norm"], n)
         norm_mean, norm_std = geometry.norm_spread_from_sums(r["sum_norm"], r["sum_norm_sq"], n)
+        avg_cos = geometry.avg_cos_from_sums(np.asarray(r["sum_unit"]), n - (r.get("n_zero") or 0))
         values = {
-            "avg_cos": geometry.avg_cos_from_sums(np.asarray(r["sum_unit"]), n - (r.get("n_zero") or 0)),
+            "avg_cos": avg_cos,
             "drift_norm": drift_norm,
             "drift_ratio": drift_ratio,
             "norm_mean": norm_mean,
@@ -104,9 +105,15 @@ def stats_rows(stats: pl.DataFrame) -> list[dict]:
             "n_tokens": n,
             "n_nonfinite": r["n_nonfinite"],
             "dim": r["d"],
+            "isotropic_cos_q95": geometry.isotropic_cos_quantile(r["d"], 0.95),
+            "avg_cos_isotropic_sf": geometry.isotropic_cos_sf(r["d"], avg_cos),
         }
         rows += [{"layer": r["layer"], "site": r["site"], "metric": m, "value": v} for m, v in values.items()]
     return rows
+
+
+#: The seed of the order avg_cos_pairs draws its pairs in: the same pairs of sampled tokens at every checkpoint.
+PAIR_SEED = 0
 
 
 def sample_rows(hidden: pl.DataFrame) -> list[dict]:
@@ -117,7 +124,9 @@ def sample_rows(hidden: pl.DataFrame) -> list[dict]:
         x = x[np.isfinite(x).all(axis=1)]
         n, d = x.shape
         nan = float("nan")
+        pairs, pairs_se, n_pairs = geometry.pair_avg_cos(x, seed=PAIR_SEED)
         values = {"centred_avg_cos": nan, "isoscore": nan, "top_eig_share": nan, "n_sampled": n}
+        values |= {"avg_cos_pairs": pairs, "avg_cos_pairs_se": pairs_se, "n_pairs": n_pairs}
         if n >= 2:  # fewer: every sampled vector non-finite (a diverged layer), flagged by n_nonfinite
             values["centred_avg_cos"] = geometry.centred_avg_cos(x)
             values["top_eig_share"] = geometry.top_eig_share(x)
