@@ -298,6 +298,14 @@ def cmd_plot_families(args) -> None:
     plot_families(pl.concat([pl.read_parquet(p) for p in args.sweeps], how="diagonal_relaxed"), Path(args.out))
 
 
+def cmd_plot_survey(args) -> None:
+    import polars as pl
+
+    from anisweep.plots.survey import plot_survey
+
+    plot_survey(pl.concat([pl.read_parquet(p) for p in args.sweeps], how="diagonal_relaxed"), Path(args.out_dir))
+
+
 def cmd_untrained(args) -> None:
     import torch
 
@@ -525,6 +533,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("sweeps", nargs="+")
     p.set_defaults(run=cmd_plot_families)
+
+    p = sub.add_parser("plot-survey", help="Godey et al. 2024 Section 3's figures across every model, at its last step")
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("sweeps", nargs="+")
+    p.set_defaults(run=cmd_plot_survey)
 
     p = sub.add_parser("untrained", help="the untrained block with an injected common bias (Godey et al. Sec. 4)")
     p.add_argument(

@@ -132,6 +132,7 @@ ANALYSIS_CODE = {
     "sweep": code_inputs("measures.sweep"),
     "plots": code_inputs("plots.sweep"),
     "plot_families": code_inputs("plots.families"),
+    "plot_survey": code_inputs("plots.survey"),
     "untrained": code_inputs("mechanism.untrained"),
     "untrained_plots": code_inputs("plots.untrained"),
     "qk_svd": code_inputs("mechanism.qk_svd", "plots.distributions"),
@@ -299,6 +300,7 @@ def all_outputs():
         outputs.append(f"results/{family}/figures/compare.png")
     if len(families) > 1:
         outputs.append("results/figures/compare_families.png")
+    outputs += [f"results/figures/{name}" for name in SURVEY_FIGURES]
     if config["untrained"]["enabled"]:
         outputs += [f"results/untrained/figures/{name}" for name in UNTRAINED_FIGURES]
     return outputs + gradient_outputs() + ["results/glossary.md"]

@@ -1,4 +1,5 @@
 from anisweep.plots.spectra import SPECTRA_FIGURES
+from anisweep.plots.survey import FIGURES as SURVEY_FIGURES
 
 
 # Seconds of work: on the submit host in cluster runs, not a SLURM job each.
@@ -7,6 +8,7 @@ localrules:
     plot_measure,
     plot_family,
     plot_families,
+    plot_survey,
     plot_score_hist,
     plot_spectra,
     plot_gradients,
@@ -91,6 +93,21 @@ rule plot_families:
         CONDA_ENV
     shell:
         "{ANISWEEP} plot-families --out {output} {input.sweeps} 2> {log:q} " + failing("plot_families")
+
+
+# Godey et al. 2024 Section 3 across every model of the config, each at its last analysed step (plots/survey.py).
+rule plot_survey:
+    input:
+        sweeps=[f"results/{f}/{m}/sweep.parquet" for f, m in MODELS],
+        code=ANALYSIS_CODE["plot_survey"],
+    output:
+        **model_figures(SURVEY_FIGURES, folder="results/figures", category="survey (Godey et al. 2024, Section 3)"),
+    log:
+        "logs/plots/survey.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "{ANISWEEP} plot-survey --out-dir results/figures {input.sweeps} 2> {log:q} " + failing("plot_survey")
 
 
 rule plot_score_hist:

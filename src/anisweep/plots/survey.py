@@ -1,0 +1,151 @@
+"""Godey et al. 2024, Section 3, across the models of a config, each at its last analysed step (results/figures/):
+
+- `survey_layers.png` (their Fig. 1 and 2): the residual stream's avg_cos layer by layer, a line per model; the
+  paper's estimate from uniformly drawn pairs as points with two standard errors. An encoder-decoder model's
+  decoder layers follow its encoder's, as the paper concatenates T5's.
+- `survey_drift_p.png` (Fig. 5 and 16): per model, the p-value of the Spearman and of the Pearson correlation of
+  drift_norm and avg_cos across layers: the exact permutation p (bars) and the t-test p the paper reports (dots),
+  against p = 0.05.
+- `survey_isotropic.png` (Fig. 18): the 95th percentile of the cosine of two isotropic Gaussian vectors against
+  their dimension, and each model's layers' avg_cos at its width.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from anisweep.measures.sweep import analysed
+from anisweep.plots.kit import legend_beside, panel_grid, pyplot, save_figure
+
+FIGURES = ("survey_layers.png", "survey_drift_p.png", "survey_isotropic.png")
+SITE = "resid"
+
+
+def last_steps(sweeps: pl.DataFrame) -> pl.DataFrame:
+    """Each model's rows at its last analysed step (status ok)."""
+    ok = analysed(sweeps)
+    last = ok.group_by("family", "model").agg(pl.col("step").max().alias("last"))
+    return ok.join(last, on=["family", "model"]).filter(pl.col("step") == pl.col("last")).drop("last")
+
+
+def model_label(family: str, model: str, step: int) -> str:
+    return f"{model} (step {step})" if family in ("hub", "local", "toy") else f"{family}/{model} (step {step})"
+
+
+def depth_rows(rows: pl.DataFrame, metric: str) -> pl.DataFrame:
+    """(depth, value) of one model's per-layer `metric` at the residual stream, in order of depth: the decoder's
+    layers (column `stack` = "decoder", where the model has one) after the encoder's."""
+    picked = rows.filter((pl.col("site") == SITE) & (pl.col("metric") == metric) & pl.col("head").is_null())
+    if "stack" not in picked.columns or picked["stack"].is_null().all():
+        return picked.select(pl.col("layer").alias("depth"), "value").sort("depth")
+    encoder = picked.filter(pl.col("stack") != "decoder")
+    offset = (encoder["layer"].max() + 1) if encoder.height else 0
+    return (
+        picked.with_columns(
+            pl.when(pl.col("stack") == "decoder")
+            .then(pl.col("layer") + offset)
+            .otherwise(pl.col("layer"))
+            .alias("depth")
+        )
+        .select("depth", "value")
+        .sort("depth")
+    )
+
+
+def models_of(rows: pl.DataFrame) -> list[tuple[str, str, int]]:
+    return sorted(set(rows.select("family", "model", "step").iter_rows()))
+
+
+def plot_layers(rows: pl.DataFrame, path: Path) -> None:
+    """Fig. 1 / 2: avg_cos per layer, a line per model, the pair estimate with two standard errors."""
+    fig, axes = panel_grid(1, 1, size=(6.0, 4.0))
+    ax = axes[0]
+    for i, (family, model, step) in enumerate(models_of(rows)):
+        own = rows.filter((pl.col("family") == family) & (pl.col("model") == model))
+        exact, pairs, se = (depth_rows(own, m) for m in ("avg_cos", "avg_cos_pairs", "avg_cos_pairs_se"))
+        colour = f"C{i % 10}"
+        ax.plot(exact["depth"], exact["value"], color=colour, label=model_label(family, model, step))
+        if pairs.height and pairs.height == se.height:
+            ax.errorbar(
+                pairs["depth"], pairs["value"], yerr=2 * se["value"], fmt="o", ms=3, color=colour, capsize=2, alpha=0.7
+            )
+    ax.set_xlabel("layer (0 = embeddings; a decoder's layers follow its encoder's)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_ylabel("mean pairwise cosine of the residual stream")
+    ax.set_title("lines: exact over every token; points: uniform pairs, ±2 SE", fontsize=9)
+    ax.axhline(0, color="grey", lw=0.6)
+    legend_beside(fig, axes, source=ax, fontsize=8)
+    fig.suptitle("Anisotropy layer by layer (Godey et al. 2024, Fig. 1-2)")
+    save_figure(fig, path)
+
+
+def plot_drift_p(rows: pl.DataFrame, path: Path) -> None:
+    """Fig. 5 / 16: the drift-anisotropy correlation's p per model, Spearman and Pearson."""
+    models = models_of(rows)
+    fig, axes = panel_grid(2, 2, size=(max(4.0, 0.6 * len(models) + 2.0), 3.6))
+    x = np.arange(len(models))
+    for ax, test in zip(axes, ("spearman", "pearson")):
+        exact = [_value(rows, family, model, f"drift_avg_cos_{test}_p") for family, model, _ in models]
+        ttest = [_value(rows, family, model, f"drift_avg_cos_{test}_p_ttest") for family, model, _ in models]
+        ax.bar(x, exact, color="tab:blue", alpha=0.6, label="permutation p (exact up to 8 layers)")
+        ax.plot(x, ttest, "o", color="black", ms=4, label="t-test p (as the paper reports)")
+        ax.axhline(0.05, color="red", ls=":", label="p = 0.05")
+        ax.set_yscale("log")
+        low = np.nanmin([*exact, *ttest, 0.05])
+        ax.set_ylim(min(low / 2, 1e-3) if np.isfinite(low) else 1e-3, 1.5)
+        ax.set_xticks(x, [model for _, model, _ in models], rotation=45, ha="right", fontsize=8)
+        ax.set_ylabel("p-value")
+        ax.set_title(f"{test.capitalize()}: drift_norm vs avg_cos across layers", fontsize=9)
+    legend_beside(fig, axes, source=axes[0], fontsize=7)
+    fig.suptitle("Is anisotropy explained by the drift? (Godey et al. 2024, Fig. 5 and 16)")
+    save_figure(fig, path)
+
+
+def _value(rows: pl.DataFrame, family: str, model: str, metric: str) -> float:
+    found = rows.filter((pl.col("family") == family) & (pl.col("model") == model) & (pl.col("metric") == metric))
+    return float(found["value"][0]) if found.height else float("nan")
+
+
+def plot_isotropic(rows: pl.DataFrame, path: Path) -> None:
+    """Fig. 18: the isotropic 95th percentile against d, each model's layers at its width."""
+    from anisweep.measures.geometry import isotropic_cos_quantile  # scipy: only in the plotting job
+
+    fig, axes = panel_grid(1, 1, size=(6.0, 4.0))
+    ax = axes[0]
+    dims = np.unique(np.geomspace(4, 16384, 60).astype(int))
+    ax.plot(
+        dims,
+        [isotropic_cos_quantile(int(d)) for d in dims],
+        color="black",
+        label="isotropic Gaussians: 95th percentile",
+    )
+    for i, (family, model, step) in enumerate(models_of(rows)):
+        own = rows.filter((pl.col("family") == family) & (pl.col("model") == model))
+        width = depth_rows(own, "dim")
+        levels = depth_rows(own, "avg_cos")
+        if not width.height or not levels.height:
+            continue
+        d = float(width["value"].max())
+        colour = f"C{i % 10}"
+        ax.plot([d] * levels.height, levels["value"], "o", ms=3, alpha=0.35, color=colour)
+        ax.plot([d], [levels["value"].mean()], "D", ms=6, color=colour, label=f"{model_label(family, model, step)}")
+    ax.set_xscale("log")
+    ax.set_xlabel("dimension d")
+    ax.set_ylabel("cosine similarity")
+    ax.set_title("faint: each layer's avg_cos; diamond: their mean", fontsize=9)
+    legend_beside(fig, axes, source=ax, fontsize=8)
+    fig.suptitle("The cosines isotropic vectors reach, and the models' (Godey et al. 2024, Fig. 18)")
+    save_figure(fig, path)
+
+
+def plot_survey(sweeps: pl.DataFrame, out_dir: Path) -> None:
+    """Every figure of FIGURES into `out_dir` from the models' sweeps (their concatenated sweep.parquet)."""
+    rows = last_steps(sweeps)
+    out_dir = Path(out_dir)
+    pyplot()  # the backend, before any figure
+    plot_layers(rows, out_dir / "survey_layers.png")
+    plot_drift_p(rows, out_dir / "survey_drift_p.png")
+    plot_isotropic(rows, out_dir / "survey_isotropic.png")

@@ -1,0 +1,75 @@
+"""Godey et al. 2024 Section 3's figures across models: each model at its last analysed step, a decoder's layers
+after its encoder's, every figure written from synthetic sweeps."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from anisweep.measures import geometry
+from anisweep.plots import survey
+
+
+def model_rows(family, model, steps, n_layers, d, stack=None, bad_step=None) -> list[dict]:
+    rng = np.random.default_rng(len(model))
+    rows = []
+    for step in steps:
+        status = "nonfinite" if step == bad_step else "ok"
+        base = {"family": family, "model": model, "seed": 0, "step": step, "tokens_seen": None, "status": status}
+        for layer in range(n_layers + 1):
+            cos = float(rng.uniform(0.1, 0.9))
+            values = {"avg_cos": cos, "avg_cos_pairs": cos + 0.01, "avg_cos_pairs_se": 0.02, "dim": d}
+            for metric, value in values.items():
+                rows.append(
+                    base
+                    | {"layer": layer, "head": None, "site": "resid", "metric": metric, "value": value, "stack": stack}
+                )
+        for test in ("spearman", "pearson"):
+            for suffix, p in (("_p", 0.03), ("_p_ttest", 0.2)):
+                rows.append(
+                    base
+                    | {
+                        "layer": None,
+                        "head": None,
+                        "site": "resid",
+                        "metric": f"drift_avg_cos_{test}{suffix}",
+                        "value": p,
+                        "stack": None,
+                    }
+                )
+    return rows
+
+
+def sweeps() -> pl.DataFrame:
+    rows = model_rows("hub", "bert-base-uncased", [0, 100, 200], 4, 32, bad_step=200)
+    rows += model_rows("hub", "t5-base", [7], 3, 16, stack="encoder") + model_rows(
+        "hub", "t5-base", [7], 3, 16, stack="decoder"
+    )
+    return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def test_each_model_at_its_last_analysed_step():
+    last = survey.last_steps(sweeps())
+    assert dict(last.group_by("model").agg(pl.col("step").unique()).rows()) == {
+        "bert-base-uncased": [100],
+        "t5-base": [7],
+    }
+
+
+def test_a_decoders_layers_follow_its_encoders():
+    rows = survey.last_steps(sweeps()).filter(pl.col("model") == "t5-base")
+    depth = survey.depth_rows(rows, "avg_cos")
+    assert depth["depth"].to_list() == list(range(8))
+    encoder = rows.filter((pl.col("stack") == "encoder") & (pl.col("metric") == "avg_cos")).sort("layer")
+    decoder = rows.filter((pl.col("stack") == "decoder") & (pl.col("metric") == "avg_cos")).sort("layer")
+    assert depth["value"].to_list() == encoder["value"].to_list() + decoder["value"].to_list()
+
+
+def test_every_survey_figure_is_written(tmp_path):
+    survey.plot_survey(sweeps(), tmp_path)
+    for name in survey.FIGURES:
+        assert (tmp_path / name).stat().st_size > 10_000, name
+
+
+def test_the_isotropic_curve_is_the_exact_quantile():
+    assert geometry.isotropic_cos_quantile(768) < geometry.isotropic_cos_quantile(16) < 0.5
