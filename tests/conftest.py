@@ -21,7 +21,16 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import numpy as np
 import polars as pl
 import torch
-from transformers import BertConfig, GPT2Config, GPTNeoXConfig, LlamaConfig, Olmo2Config, OlmoConfig
+from transformers import (
+    AlbertConfig,
+    BertConfig,
+    GPT2Config,
+    GPTNeoXConfig,
+    LlamaConfig,
+    Olmo2Config,
+    OlmoConfig,
+    RobertaConfig,
+)
 
 from anisweep.extract import tables as extract_tables
 from anisweep.extract.model import ExtractSettings, load_model
@@ -45,6 +54,16 @@ def bert_config(**kw):
         **TINY_DIMS,
         **kw,
     )
+
+
+def roberta_config(**kw):
+    """RoBERTa's positions start at pad_token_id + 1 (= 2): room for them beyond the 12 tokens of padded_batch."""
+    return RobertaConfig(**TINY_DIMS, **kw)
+
+
+def albert_config(**kw):
+    """One shared block applied 3 times, over an embedding of 16 projected to the hidden size 32."""
+    return AlbertConfig(**{**TINY_DIMS, "num_hidden_layers": 3}, embedding_size=16, **kw)
 
 
 def neox_config(**kw):

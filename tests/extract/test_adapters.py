@@ -12,7 +12,16 @@ from anisweep.adapters import ADAPTERS
 from anisweep.adapters.base import TRANSFORMERLENS_HOOKS, transformerlens_table
 from anisweep.toy.tokenizers import ARCHS
 
-from conftest import bert_config, gpt2_config, llama_config, neox_config, olmo2_config, olmo_config
+from conftest import (
+    albert_config,
+    bert_config,
+    gpt2_config,
+    llama_config,
+    neox_config,
+    olmo2_config,
+    olmo_config,
+    roberta_config,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,6 +64,8 @@ def test_the_adapters_readme_shows_the_hook_table():
         (transformers.LlamaModel, llama_config),
         (transformers.OlmoModel, olmo_config),
         (transformers.Olmo2Model, olmo2_config),
+        (transformers.RobertaModel, roberta_config),
+        (transformers.AlbertModel, albert_config),
     ],
 )
 def test_every_site_the_adapters_record_has_a_hook_name(cls, config):

@@ -16,6 +16,7 @@ from anisweep.extract.run import run
 from anisweep.tables import ATTENTION_STATISTICS, EXTRACT_SCHEMAS, IDENTITY, IDENTITY_SCHEMA
 
 from conftest import (
+    albert_config,
     bert_config,
     gpt2_config,
     llama_config,
@@ -23,6 +24,7 @@ from conftest import (
     olmo2_config,
     olmo_config,
     padded_batch,
+    roberta_config,
     run_extract,
     saved,
 )
@@ -54,6 +56,9 @@ def heads(x, n):
 def final_norm(model, kind):
     return {
         "bert": lambda: model.encoder.layer[-1].output.LayerNorm,
+        "roberta": lambda: model.encoder.layer[-1].output.LayerNorm,
+        # ALBERT's shared block: the hook fires once per application, the last one is kept
+        "albert": lambda: model.encoder.albert_layer_groups[0].albert_layers[0].full_layer_layer_norm,
         "gpt_neox": lambda: model.final_layer_norm,
         "gpt2": lambda: model.ln_f,
     }.get(kind, lambda: model.norm)()
@@ -90,6 +95,10 @@ def decoder_qk(model, kind, layer, h, config):
     return out
 
 
+def n_layers(config):
+    return config.num_hidden_layers * getattr(config, "inner_group_num", 1)
+
+
 @torch.no_grad()
 def reference(path, batch, kind):
     """Eager model with output_attentions / output_hidden_states, and q, k recomputed from the weights."""
@@ -100,13 +109,18 @@ def reference(path, batch, kind):
     handle = final_norm(model, kind).register_forward_hook(lambda m, a, o: captured.update(ln_in=a[0], ln_out=o))
     out = model(**batch, output_attentions=True, output_hidden_states=True)
     handle.remove()
+    assert len(out.attentions) == len(out.hidden_states) - 1 == n_layers(config)  # eager gave every map
     b, t = batch["input_ids"].shape
     qs, ks = {}, {}
     scaling = [d**-0.5] * config.num_hidden_layers
     for layer in range(config.num_hidden_layers):
         h = out.hidden_states[layer]
-        if kind == "bert":
-            att = model.encoder.layer[layer].attention.self
+        if kind in ENCODERS:
+            att = (
+                model.encoder.albert_layer_groups[0].albert_layers[0].attention
+                if kind == "albert"
+                else model.encoder.layer[layer].attention.self
+            )
             q = att.query(h).view(b, t, n_heads, d).transpose(1, 2)
             k = att.key(h).view(b, t, n_heads, d).transpose(1, 2)
             qs[(layer, "pre")], ks[(layer, "pre")] = q, k
@@ -116,7 +130,7 @@ def reference(path, batch, kind):
         if kind == "gpt2" and config.scale_attn_by_inverse_layer_idx:
             scaling[layer] /= layer + 1
     resid = list(out.hidden_states)
-    if kind != "bert":
+    if kind not in ENCODERS:
         resid[-1] = captured["ln_in"]  # transformers' last entry is after the final norm
     return dict(
         attentions=out.attentions,
@@ -211,8 +225,12 @@ def check_all(tables, ref, batch, causal):
         np.testing.assert_allclose(kept, expected, atol=TOL)
 
 
+ENCODERS = ("bert", "roberta", "albert")  # post-LayerNorm, bidirectional: the last hidden state is final_ln's output
+
 ARCHS = {  # kind: the model with its head, the base model, its config
     "bert": (transformers.BertForMaskedLM, transformers.BertModel, bert_config),
+    "roberta": (transformers.RobertaForMaskedLM, transformers.RobertaModel, roberta_config),
+    "albert": (transformers.AlbertForMaskedLM, transformers.AlbertModel, albert_config),
     "gpt_neox": (transformers.GPTNeoXForCausalLM, transformers.GPTNeoXModel, neox_config),
     "gpt2": (transformers.GPT2LMHeadModel, transformers.GPT2Model, gpt2_config),
     "llama": (transformers.LlamaForCausalLM, transformers.LlamaModel, llama_config),
@@ -231,7 +249,7 @@ def test_every_architecture_matches_eager_reference(tmp_path, kind, head):
     path = saved(tmp_path, lm if head == "lm" else base, config(), kind)
     batch = padded_batch()
     tables, _ = run_extract(path, batch)
-    check_all(tables, reference(path, batch, kind), batch, causal=kind != "bert")
+    check_all(tables, reference(path, batch, kind), batch, causal=kind not in ENCODERS)
 
 
 def test_grouped_query_attention_rows_share_their_key_head(tmp_path):
@@ -341,7 +359,7 @@ def full_batch(n=5, t=12, seed=0):
     }
 
 
-@pytest.mark.parametrize("kind", ["bert", "gpt_neox", "llama", "olmo2"])
+@pytest.mark.parametrize("kind", ["bert", "gpt_neox", "llama", "olmo2", "albert"])
 @pytest.mark.parametrize("padded", [True, False])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_chunks_row_blocks_and_workers_match_eager_reference(tmp_path, monkeypatch, kind, padded, threads):
@@ -361,7 +379,7 @@ def test_chunks_row_blocks_and_workers_match_eager_reference(tmp_path, monkeypat
         assert torch.get_num_threads() == threads  # the pool leaves the job's thread count as it was
     finally:
         torch.set_num_threads(before)
-    check_all(tables, reference(path, batch, kind), batch, causal=kind != "bert")
+    check_all(tables, reference(path, batch, kind), batch, causal=kind not in ENCODERS)
 
 
 def test_many_sequences_per_chunk_match_eager_reference(tmp_path, monkeypatch):
@@ -394,3 +412,18 @@ def test_bfloat16_statistics_close_to_float32(tmp_path, cls, config):
     np.testing.assert_allclose(bf16["hidden_stats"]["sum_norm"], f32["hidden_stats"]["sum_norm"], rtol=2e-2)
     assert bf16["hidden_stats"]["n"].to_list() == f32["hidden_stats"]["n"].to_list()
     assert bf16["hidden"]["vector"].dtype == pl.List(pl.Float32)
+
+
+def test_albert_numbers_its_shared_block_by_application_and_keeps_the_embedding_width(tmp_path):
+    """One AlbertLayer applied 3 times gives layers 1..3 (3 distinct rows, not one), q/k rows for blocks 0..2, and the
+    embedding LayerNorm is recorded at the embedding size (16), the stream after the projection at 32."""
+    path = saved(tmp_path, transformers.AlbertModel, albert_config(), "albert")
+    tables, loaded = run_extract(path, padded_batch())
+    stats = tables["hidden_stats"]
+    width = dict(zip(stats["site"] + stats["layer"].cast(str), stats["d"], strict=True))
+    assert width["ln_embed_in0"] == width["ln_embed_out0"] == 16 and width["resid0"] == 32
+    assert sorted(stats.filter(pl.col("site") == "resid")["layer"]) == [0, 1, 2, 3]
+    assert sorted(tables["qk"]["layer"].unique()) == [0, 1, 2]
+    assert set(tables["layernorm"].filter(pl.col("site") == "final_ln")["layer"]) == {3}
+    sums = [tuple(r) for r in stats.filter(pl.col("site") == "resid")["sum_x"].to_list()]
+    assert len(set(sums)) == 4

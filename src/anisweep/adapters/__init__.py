@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from anisweep.adapters.base import Adapter, Geometry, LayerNormSite, PreRotaryQK, ResidSite
+from anisweep.adapters.albert import AlbertAdapter
+from anisweep.adapters.base import Adapter, AttentionSite, Geometry, LayerNormSite, PreRotaryQK, ResidSite
 from anisweep.adapters.bert import BertAdapter
 from anisweep.adapters.gpt2 import GPT2Adapter
 from anisweep.adapters.gpt_neox import GPTNeoXAdapter
 from anisweep.adapters.llama import LlamaAdapter
 from anisweep.adapters.olmo import OlmoAdapter
 from anisweep.adapters.olmo2 import Olmo2Adapter
+from anisweep.adapters.roberta import RobertaAdapter
 
 ADAPTERS: tuple[Adapter, ...] = (
     BertAdapter(),
@@ -17,6 +19,8 @@ ADAPTERS: tuple[Adapter, ...] = (
     LlamaAdapter(),
     OlmoAdapter(),
     Olmo2Adapter(),
+    RobertaAdapter(),
+    AlbertAdapter(),
 )
 
 
@@ -42,6 +46,7 @@ def adapter_for(config) -> Adapter:
 __all__ = [
     "ADAPTERS",
     "Adapter",
+    "AttentionSite",
     "Geometry",
     "LayerNormSite",
     "PreRotaryQK",

@@ -102,6 +102,12 @@ class Geometry:
     causal: bool
     n_kv_heads: int = 0  # grouped-query attention: key/value heads; 0 = one per query head
     pre_norm_qk: bool = False  # q and k pass a norm of their own before the rotation (OLMo 2)
+    causal_layers: tuple[int, ...] = ()  # layers causal in a model that is not (an encoder-decoder's decoder)
+    cross_layers: tuple[int, ...] = ()  # layers with a cross-attention beside their self-attention (T5's decoder)
+
+    def is_causal(self, layer: int) -> bool:
+        """Whether `layer`'s self-attention hides later keys."""
+        return self.causal or layer in self.causal_layers
 
     @property
     def kv_heads(self) -> int:
@@ -121,10 +127,15 @@ class Geometry:
 
 @dataclass(frozen=True)
 class ResidSite:
-    """A module whose output is the residual stream after `layer` blocks (0 = embedding output)."""
+    """A module whose output is the residual stream after `layer` blocks (0 = embedding output). `site` names
+    another stream read the same way (T5's decoder embedding, `decoder_embed`); `width`, where it is not the
+    model's d_model. A module applied several times in one forward (ALBERT's shared layer, T5's shared embedding)
+    is listed once per application, in the order they run: the hook counts them."""
 
     layer: int
     module: nn.Module
+    site: str = "resid"
+    width: int | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +145,18 @@ class LayerNormSite:
     layer: int
     site: str
     module: nn.Module
+    width: int | None = None  # where it is not d_model (ALBERT's embedding LayerNorm, at the embedding size)
+
+
+@dataclass(frozen=True)
+class AttentionSite:
+    """An attention module whose calls of the registered attention function belong to `layer` (for modules
+    without a `layer_idx` of their own, or applied several times: list one site per application, in order);
+    `cross`: a cross-attention (queries from the decoder, keys from the encoder), kept in tables of its own."""
+
+    layer: int
+    module: nn.Module
+    cross: bool = False
 
 
 @dataclass(frozen=True)
@@ -184,6 +207,14 @@ class Adapter:
     def pre_rotary_qk(self, base: nn.Module, geometry: Geometry) -> list[PreRotaryQK]:
         """Empty when the attention function already sees pre-rotary q and k."""
         return []
+
+    def attention_sites(self, base: nn.Module) -> list[AttentionSite]:
+        """Empty where every attention module has its own `layer_idx` and is applied once per forward."""
+        return []
+
+    def forward_inputs(self, base: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
+        """The base model's keyword arguments for one mini-batch (an encoder-decoder adds its decoder's inputs)."""
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
 
     def rotary_embedding(self, base: nn.Module) -> nn.Module:
         """The base model's rotary module: called on (x, position_ids), it gives the (cos, sin) its blocks take

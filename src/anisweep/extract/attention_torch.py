@@ -100,11 +100,14 @@ def row_blocks(seq_len: int, causal: bool) -> list[slice]:
     return [slice(r0, min(r0 + size, seq_len)) for r0 in range(0, seq_len, size)]
 
 
-def attend(query, key, value, scaling: float, blocks, all_valid: bool, workers: Workers, scratch: Scratch):
+def attend(query, key, value, scaling: float, blocks, all_valid: bool, workers: Workers, scratch: Scratch, bias=None):
     """Attention output (B, H, T, d_v) and per-row statistics (B, H, T, len(ROW_FIELDS)) of one layer, in chunks
     of (sequences, heads, query rows). `blocks` are the batch's (query rows, VisibleKeys of each sequence, or
-    of all when `all_valid`) from `row_blocks`."""
+    of all when `all_valid`) from `row_blocks`. `bias`, (1 or B, H, T, T): added to the scaled scores before the
+    softmax (T5's relative position bias); the score statistics include it."""
     b, h, t, _ = query.shape
+    if bias is not None:
+        bias = bias.float().expand(b, h, t, key.shape[2])
     output = value.new_empty(b, h, t, value.shape[-1])
     row_stats = query.new_empty(b, h, t, len(ROW_FIELDS), dtype=torch.float32)
     query, key = query.float(), key.float()
@@ -121,6 +124,8 @@ def attend(query, key, value, scaling: float, blocks, all_valid: bool, workers: 
         scores = torch.baddbmm(
             zero, q, k.transpose(-1, -2), beta=0.0, alpha=scaling, out=scratch.get("scores", shape, q)
         )
+        if bias is not None:
+            scores.add_(bias[seqs, heads, rows, keys_slice].reshape(shape))
         e = masked_exp_(scores, keys, chunk_rows, out=scratch.get("e", shape, q))
         torch.bmm(e.to(value.dtype), flat(value, keys_slice), out=chunk_output)
         chunk_output.div_(chunk_rows[..., ROW_FIELDS.index("z"), None])

@@ -33,10 +33,18 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     """Eager attention that also records q/k means and attention statistics for the active Recorder.
 
     transformers passes no mask to a custom attention function; the recorder builds padding and causal
-    masks from the batch, which reproduces eager attention exactly on every valid position.
+    masks from the batch, which reproduces eager attention exactly on every valid position. T5's relative
+    position bias (`position_bias`, added to the scores before the softmax as T5's eager function does) is
+    part of the scores. The layer is the module's `layer_idx`, or the adapter's `attention_sites` for modules
+    without one or applied several times (ALBERT).
     """
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    return _ACTIVE.get().attend(module.layer_idx, query, key, value, scaling), None
+    recorder = _ACTIVE.get()
+    layer, cross = recorder.layer_of(module)
+    bias = kwargs.get("position_bias")
+    if bias is None and not cross:  # the plain call, as Recorder subclasses (mechanism.untrained) override it
+        return recorder.attend(layer, query, key, value, scaling), None
+    return recorder.attend(layer, query, key, value, scaling, bias=bias, cross=cross), None
 
 
 def attention_kernel(choice: str, device: torch.device):
@@ -113,6 +121,7 @@ class Recorder:
     qk_sample: QKSample | None = None
     score_hist: ScoreHistogram | None = None
     stream: StreamMeasures | None = None  # the user's stream measures (anisweep.extract.stream_measures)
+    attention_sites: list = field(default_factory=list)  # the adapter's AttentionSites (Hooks sets them)
     valid: torch.Tensor = field(init=False)
     scratch: Scratch = field(init=False, default_factory=Scratch)
 
@@ -122,6 +131,11 @@ class Recorder:
         self.q = {site: HeadVectorStats(g.n_heads, g.d_head, dev) for site in sites}
         self.k = {site: HeadVectorStats(g.kv_heads, g.d_head, dev) for site in sites}  # per key head (GQA)
         self.attention = {layer: AttentionStats(g.n_heads, dev) for layer in range(g.n_layers)}
+        # cross-attention (T5's decoder): its own accumulators and tables, never mixed with self-attention's
+        self.cross_q = {layer: HeadVectorStats(g.n_heads, g.d_head, dev) for layer in g.cross_layers}
+        self.cross_k = {layer: HeadVectorStats(g.n_heads, g.d_head, dev) for layer in g.cross_layers}
+        self.cross_attention = {layer: AttentionStats(g.n_heads, dev) for layer in g.cross_layers}
+        self._calls: dict[int, int] = {}
         self.vectors: dict[tuple[int, str], VectorStats] = {}
         self.samples: dict[tuple[int, str], torch.Tensor] = {}  # (n sampled tokens, d) float32 on the CPU
         self._batch_sample = None
@@ -140,38 +154,78 @@ class Recorder:
         self.valid = valid
         self.all_valid = bool(host_valid.all())
         self._recent = []
-        t = valid.shape[1]
-        hidden = ~host_valid[:, None, :].expand(-1, t, -1)  # built on the CPU: no wait for the device
-        if self.geometry.causal:
-            hidden = hidden | torch.ones(t, t, dtype=torch.bool).triu(1)
-        if self.all_valid:  # one mask for the whole mini-batch when there is no padding; else one per sequence
-            hidden = hidden[:1]
-        host_blocks = []  # (query rows, VisibleKeys of each sequence (or of all))
-        for rows in row_blocks(t, self.geometry.causal):
-            n_keys = rows.stop if self.geometry.causal else t
-            host_blocks.append((rows, [VisibleKeys.build(h[rows, :n_keys]) for h in hidden]))
-        n_visible = [torch.cat([keys[i].n_visible for _, keys in host_blocks]) for i in range(len(hidden))]
-        host_n_visible = torch.stack(n_visible).expand(valid.shape[0], -1)
-        self.n_valid, self.row_counts = int(host_valid.sum()), AttentionStats.counts(host_valid, host_n_visible)
-        self.n_visible = to_device(host_n_visible, valid.device)
-        self._host_blocks, self._blocks = host_blocks, None
+        self._calls = {}
+        self.n_valid = int(host_valid.sum())
+        g = self.geometry
+        # the masks of the model's attention (causal or not), and of the other kind where some layers differ
+        # (T5: a bidirectional encoder, a causal decoder, a bidirectional cross-attention)
+        kinds = {g.causal} | ({True} if g.causal_layers else set()) | ({False} if g.cross_layers else set())
+        self._masks = {causal: self._mask(host_valid, causal) for causal in sorted(kinds)}
+        self._host_blocks, self.n_visible, self.row_counts = self._masks[g.causal]
+        self._blocks = None
         in_batch = ((self.sample.seq >= first_seq) & (self.sample.seq < first_seq + valid.shape[0])).nonzero()
         sample_rows = slice(int(in_batch[0]), int(in_batch[-1]) + 1) if len(in_batch) else slice(0, 0)
-        flat_index = (self.sample.seq[sample_rows] - first_seq) * t + self.sample.position[sample_rows]
+        flat_index = (self.sample.seq[sample_rows] - first_seq) * valid.shape[1] + self.sample.position[sample_rows]
         self._batch_sample = (sample_rows, to_device(flat_index, valid.device))
         if self.qk_sample is not None:
             self.qk_sample.begin_batch(first_seq, valid.shape[0], valid.device)
 
-    def blocks(self) -> list:
+    def _mask(self, host_valid: torch.Tensor, causal: bool) -> tuple:
+        """(host blocks: (query rows, VisibleKeys of each sequence, or of all), n_visible on the device, row
+        counts) of the batch for attention that is `causal` or not. Built on the CPU: no wait for the device."""
+        t = host_valid.shape[1]
+        hidden = ~host_valid[:, None, :].expand(-1, t, -1)
+        if causal:
+            hidden = hidden | torch.ones(t, t, dtype=torch.bool).triu(1)
+        if self.all_valid:  # one mask for the whole mini-batch when there is no padding; else one per sequence
+            hidden = hidden[:1]
+        host_blocks = []
+        for rows in row_blocks(t, causal):
+            n_keys = rows.stop if causal else t
+            host_blocks.append((rows, [VisibleKeys.build(h[rows, :n_keys]) for h in hidden]))
+        n_visible = [torch.cat([keys[i].n_visible for _, keys in host_blocks]) for i in range(len(hidden))]
+        host_n_visible = torch.stack(n_visible).expand(host_valid.shape[0], -1)
+        row_counts = AttentionStats.counts(host_valid, host_n_visible)
+        return host_blocks, to_device(host_n_visible, self.valid.device), row_counts
+
+    def layer_of(self, module) -> tuple[int, bool]:
+        """(layer, cross) of an attention module's call: its `layer_idx`, or the adapter's AttentionSite for
+        this application of the module (calls counted per mini-batch)."""
+        if not self.attention_sites:
+            return module.layer_idx, False
+        sites = [site for site in self.attention_sites if site.module is module]
+        if not sites:
+            return module.layer_idx, False
+        calls = self._calls.get(id(module), 0)
+        self._calls[id(module)] = calls + 1
+        site = sites[calls % len(sites)]
+        return site.layer, site.cross
+
+    def blocks(self, causal: bool | None = None) -> list:
         """The batch's (query rows, VisibleKeys of each sequence, or of all) on the model's device, moved there
-        once per batch and only when the torch ops run (the Triton kernel masks by itself)."""
+        once per batch and only when the torch ops run (the Triton kernel masks by itself); `causal`, where
+        it is not the model's (T5's decoder)."""
+        if causal is not None and causal != self.geometry.causal:
+            device = self.valid.device
+            host_blocks = self._masks[causal][0]
+            return [(rows, [k.to(device) for k in keys]) for rows, keys in host_blocks]
         if self._blocks is None:
             device = self.valid.device
             self._blocks = [(rows, [k.to(device) for k in keys]) for rows, keys in self._host_blocks]
         return self._blocks
 
-    def attend(self, layer, query, key, value, scaling) -> torch.Tensor:
-        """Attention output (B, T, H, d_head) of one layer; records its q/k means and row statistics."""
+    def attend(self, layer, query, key, value, scaling, bias=None, cross=False) -> torch.Tensor:
+        """Attention output (B, T, H, d_head) of one layer; records its q/k means and row statistics. `bias`: an
+        additive score bias (T5's relative positions, (1 or B, H, T, T)); `cross`: a cross-attention, recorded
+        apart (same query and key lengths: the decoder reads the encoder's text teacher-forced)."""
+        causal = self.geometry.is_causal(layer) and not cross
+        if cross:
+            self.cross_q[layer].update(query, self.valid, self.all_valid, self.n_valid)
+            self.cross_k[layer].update(key, self.valid, self.all_valid, self.n_valid)
+            output, row_stats = self._attention(query, key, value, scaling, bias, causal)
+            _, n_visible, row_counts = self._masks[causal]
+            self.cross_attention[layer].update(row_stats, self.valid, n_visible, row_counts)
+            return output.transpose(1, 2).contiguous()
         rope = "post" if self.geometry.rotary_dims else "pre"
         self.q[(layer, rope)].update(query, self.valid, self.all_valid, self.n_valid)
         self.k[(layer, rope)].update(key, self.valid, self.all_valid, self.n_valid)
@@ -181,27 +235,33 @@ class Recorder:
         if self.qk_sample is not None:
             self.qk_sample.record(layer, rope, query, key)
         if self.score_hist is not None:
-            self.score_hist.update(layer, query, key, scaling, self.valid, self.geometry.causal)
-        computed = None
-        if self.kernel is not None:  # None where the kernel declines the shape (one warning per shape)
-            computed = self.kernel.try_attend(query, key, value, scaling, self.valid, self.geometry.causal)
-        if computed is not None:
-            output, row_stats = computed
-        else:
-            output, row_stats = attention_torch.attend(
-                query, key, value, scaling, self.blocks(), self.all_valid, self.workers, self.scratch
-            )
-        self.attention[layer].update(row_stats, self.valid, self.n_visible, self.row_counts)
+            self.score_hist.update(layer, query, key, scaling, self.valid, causal, bias=bias)
+        output, row_stats = self._attention(query, key, value, scaling, bias, causal)
+        _, n_visible, row_counts = self._masks[causal]
+        self.attention[layer].update(row_stats, self.valid, n_visible, row_counts)
         if self.stream is not None:
-            self.feed_attention(layer, query, key, output, scaling)
+            self.feed_attention(layer, query, key, output, scaling, causal=causal, bias=bias)
         return output.transpose(1, 2).contiguous()
 
-    def feed_attention(self, layer, query, key, output, scaling) -> None:
+    def _attention(self, query, key, value, scaling, bias, causal) -> tuple[torch.Tensor, torch.Tensor]:
+        """(output (B, H, T, d_v), row statistics): the Triton kernel where it takes the shape (it has no score
+        bias), else the torch ops."""
+        computed = None
+        if self.kernel is not None and bias is None:  # None where the kernel declines the shape (one warning)
+            computed = self.kernel.try_attend(query, key, value, scaling, self.valid, causal)
+        if computed is not None:
+            return computed
+        return attention_torch.attend(
+            query, key, value, scaling, self.blocks(causal), self.all_valid, self.workers, self.scratch, bias=bias
+        )
+
+    def feed_attention(self, layer, query, key, output, scaling, causal=None, bias=None) -> None:
         """The stream measures' attention sites of one layer; the (B, H, T, T) maps only where one listens."""
+        causal = self.geometry.is_causal(layer) if causal is None else causal
         sites = {"q": query, "k": key, "attention_output": output}
         if self.stream.wants("attention_scores") or self.stream.wants("attention_probs"):
             sites["attention_scores"], sites["attention_probs"] = attention_maps(
-                query, key, scaling, self.valid, self.geometry.causal
+                query, key, scaling, self.valid, causal, bias=bias
             )
         for site, x in sites.items():
             self.stream.feed(layer, site, x, self.valid, scaling=scaling)
@@ -214,16 +274,18 @@ class Recorder:
         if self.qk_sample is not None:
             self.qk_sample.record(layer, rope, q, k)
 
-    def reserve(self, layer: int, site: str) -> None:
+    def reserve(self, layer: int, site: str, width: int | None = None) -> None:
         """Allocate a hooked site's accumulators and sample buffer once, before any forward pass: every
-        batch writes into them, and nothing that outlives a pass is allocated amid the model's temporaries."""
+        batch writes into them, and nothing that outlives a pass is allocated amid the model's temporaries.
+        `width`: the site's vector size where it is not d_model (ALBERT's embedding size)."""
         key = (layer, site)
-        self.vectors[key] = VectorStats(self.geometry.d_model, self.device)
+        width = width or self.geometry.d_model
+        self.vectors[key] = VectorStats(width, self.device)
         if self.stream is not None:
             self.stream.expect(layer, site)
         if site in SAMPLED_SITES:
             pinned = self.device.type == "cuda"  # so that copies into it need not wait: see finish()
-            self.samples[key] = torch.empty(len(self.sample.seq), self.geometry.d_model, pin_memory=pinned)
+            self.samples[key] = torch.empty(len(self.sample.seq), width, pin_memory=pinned)
 
     def record_vectors(self, layer: int, site: str, x: torch.Tensor) -> None:
         key = (layer, site)
@@ -263,26 +325,47 @@ class Hooks:
 
     def __init__(self, adapter: Adapter, base: nn.Module, geometry: Geometry, recorder: Recorder):
         self.handles = []
+        recorder.attention_sites = adapter.attention_sites(base)
+        calls = {}  # per (kind, module): what each of its applications in one forward records, in order
         for site in adapter.resid_sites(base):
-            recorder.reserve(site.layer, "resid")
-            self._add(
-                site.module, lambda m, a, o, layer=site.layer: recorder.record_vectors(layer, "resid", first_tensor(o))
-            )
-        for site in adapter.layernorm_sites(base):
-            recorder.reserve(site.layer, f"{site.site}_in")
-            recorder.reserve(site.layer, f"{site.site}_out")
+            recorder.reserve(site.layer, site.site, site.width)
 
-            def on_layernorm(module, args, output, layer=site.layer, name=site.site):
+            def on_resid(args, output, layer=site.layer, name=site.site):
+                recorder.record_vectors(layer, name, first_tensor(output))
+
+            calls.setdefault(("resid", site.module), []).append(on_resid)
+        for site in adapter.layernorm_sites(base):
+            recorder.reserve(site.layer, f"{site.site}_in", site.width)
+            recorder.reserve(site.layer, f"{site.site}_out", site.width)
+
+            def on_layernorm(args, output, layer=site.layer, name=site.site):
                 recorder.record_vectors(layer, f"{name}_in", args[0])
                 recorder.record_vectors(layer, f"{name}_out", first_tensor(output))
 
-            self._add(site.module, on_layernorm)
+            calls.setdefault(("norm", site.module), []).append(on_layernorm)
+        for (_, module), fns in calls.items():
+            self._add(module, self._in_turn(fns))
         for site in adapter.pre_rotary_qk(base, geometry):
 
             def on_qkv(module, args, output, layer=site.layer, split=site.split, rope=site.rope):
                 recorder.record_pre_rotary(layer, *split(output), rope=rope)
 
             self._add(site.module, on_qkv)
+
+    @staticmethod
+    def _in_turn(fns):
+        """One hook for a module: its only site, or (a module applied several times per forward, listed once
+        per application) the site of this application, counted modulo their number."""
+        if len(fns) == 1:
+            return lambda module, args, output: fns[0](args, output)
+        count = [0]
+
+        def hook(module, args, output):
+            fn = fns[count[0] % len(fns)]
+            count[0] += 1
+            fn(args, output)
+
+        return hook
 
     def _add(self, module: nn.Module, fn) -> None:
         self.handles.append(module.register_forward_hook(fn))

@@ -78,7 +78,8 @@ def run(
                 rows = slice(start, start + settings.batch_size)
                 ids, valid = to_device(input_ids[rows], device), to_device(mask[rows], device)
                 recorder.begin_batch(valid, start, host_valid=mask[rows])
-                loaded.base(input_ids=ids, attention_mask=valid.long(), use_cache=False)  # no KV cache to fill
+                inputs = loaded.adapter.forward_inputs(loaded.base, ids, valid.long())
+                loaded.base(**inputs, use_cache=False)  # no KV cache to fill
             recorder.finish()
     finally:
         workers.close()
@@ -144,7 +145,13 @@ def extract_checkpoint(
     batch = preflight.evaluation_batch(manifest["path"], manifest.get("tokenizer_path"), settings, texts, where)
     weights = WeightFiles.read(manifest["path"])  # the hash is of the bytes loaded next, not of fetch's
     head_needed = bool(getattr(more_tables, "needs_lm_head", False))
-    loaded = load_model(manifest["path"], settings.dtype, target, head_needed=head_needed)
+    loaded = load_model(
+        manifest["path"],
+        settings.dtype,
+        target,
+        head_needed=head_needed,
+        trust_remote_code=bool(manifest.get("trust_remote_code")),  # a `hub` entry's, recorded in extract.json
+    )
     weights.check_unchanged(where)
     stream = StreamMeasures(stream_measures, loaded.geometry, where) if stream_measures else None
     recorder, seconds = timed_run(loaded, batch, settings, progress=progress, stream=stream)

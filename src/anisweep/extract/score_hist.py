@@ -32,7 +32,7 @@ class ScoreHistogram:
         self.edges = edges.double()  # the float32 edges the scores are compared with
         self.counts = {layer: torch.zeros(n + 2, dtype=torch.int64, device=device) for layer in range(n_layers)}
 
-    def update(self, layer: int, query, key, scaling: float, valid: torch.Tensor, causal: bool) -> None:
+    def update(self, layer: int, query, key, scaling: float, valid: torch.Tensor, causal: bool, bias=None) -> None:
         """query, key: (B, H, T, d_head) as attention scores them; valid: (B, T) bool. Chunks of whole sequences
         (or of a few heads of one) hold at most MAX_SCORES scores; hidden pairs go to a discarded extra bin."""
         b, h, t, _ = query.shape
@@ -50,6 +50,8 @@ class ScoreHistogram:
                 cols = slice(first_head, first_head + heads)
                 q, k = query[rows, cols].float(), key[rows, cols].float()
                 scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scaling)
+                if bias is not None:  # T5's relative position bias, (1 or B, H, T, T): part of the scores
+                    scores += bias[rows if bias.shape[0] > 1 else slice(None), cols].float()
                 index = torch.bucketize(scores, self._edges, right=True)
                 index = index.masked_fill_(~visible[rows], discard)
                 counts += bin_counts(index.flatten(), discard + 1)[:discard]

@@ -101,7 +101,7 @@ class StreamMeasures:
             d_head=g.d_head,
             n_layers=g.n_layers,
             kv_heads=g.kv_heads,
-            causal=g.causal,
+            causal=g.is_causal(layer),
             scaling=self.scaling.get(layer) if at_attention else None,
             rotary_dims=g.rotary_dims,
             sites=sites,
@@ -140,11 +140,13 @@ class StreamMeasures:
 
 
 def attention_maps(
-    query: torch.Tensor, key: torch.Tensor, scaling: float, valid: torch.Tensor, causal: bool
+    query: torch.Tensor, key: torch.Tensor, scaling: float, valid: torch.Tensor, causal: bool, bias=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(scores, probabilities), (B, H, T, T) in float32: scaling q k^T with -inf where the key is padding or, causal,
     later than the query, and their softmax over the keys, 0 at hidden keys and in the rows of padding queries."""
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling
+    if bias is not None:  # T5's relative position bias: part of the pre-softmax scores
+        scores = scores + bias.float()
     t = scores.shape[-1]
     visible = valid[:, None, None, :].bool()
     if causal:

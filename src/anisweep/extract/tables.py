@@ -23,14 +23,16 @@ def _f32_lists(array: np.ndarray) -> pl.Series:
     return pl.Series(array.astype(np.float32).tolist(), dtype=pl.List(pl.Float32))
 
 
-def qk_table(recorder: Recorder) -> pl.DataFrame:
+def qk_table(recorder: Recorder, cross: bool = False) -> pl.DataFrame:
     """One row per query head: its mean q, and the mean k of the key head it attends with (`kv_head`; the
     same index unless the model has grouped-query attention, where k_mean and k_norm_mean repeat over the
-    query heads that share a key head)."""
-    group = recorder.geometry.group
+    query heads that share a key head). `cross`: the cross-attention's q (decoder) and k (encoder)."""
+    group = 1 if cross else recorder.geometry.group
     rows = []
-    for (layer, rope), q_stats in sorted(recorder.q.items()):
-        k_stats = recorder.k[(layer, rope)]
+    q_sites = {(layer, "pre"): s for layer, s in recorder.cross_q.items()} if cross else recorder.q
+    k_sites = {(layer, "pre"): s for layer, s in recorder.cross_k.items()} if cross else recorder.k
+    for (layer, rope), q_stats in sorted(q_sites.items()):
+        k_stats = k_sites[(layer, rope)]
         n = max(q_stats.n, 1)
         q_mean = (q_stats.sum_x / n).cpu().numpy()
         k_mean = (k_stats.sum_x / n).cpu().numpy()
@@ -59,9 +61,10 @@ def qk_table(recorder: Recorder) -> pl.DataFrame:
     ).select(*EXTRACT_SCHEMAS["qk"])
 
 
-def attention_table(recorder: Recorder) -> pl.DataFrame:
+def attention_table(recorder: Recorder, cross: bool = False) -> pl.DataFrame:
+    """One row per layer and head; `cross`: the cross-attention's."""
     rows = []
-    for layer, stats in sorted(recorder.attention.items()):
+    for layer, stats in sorted((recorder.cross_attention if cross else recorder.attention).items()):
         means = {name: value.cpu().numpy() for name, value in stats.means().items()}
         for head in range(recorder.geometry.n_heads):
             rows.append(
@@ -221,4 +224,8 @@ def tables(recorder: Recorder, loaded: LoadedModel, ident: dict) -> dict[str, pl
         "qk_sample": lambda: qk_sample_table(recorder),
         "score_hist": lambda: score_hist_table(recorder),
     }
-    return {name: with_identity(build[name](), ident) for name in EXTRACT_TABLES}
+    out = {name: with_identity(build[name](), ident) for name in EXTRACT_TABLES}
+    if recorder.geometry.cross_layers:  # an encoder-decoder: its cross-attention in tables of their own
+        out["cross_qk"] = with_identity(qk_table(recorder, cross=True), ident)
+        out["cross_attention"] = with_identity(attention_table(recorder, cross=True), ident)
+    return out
