@@ -25,6 +25,12 @@ class Checkpoint:
     revision: str | None = None  # Hub families
     path: str | None = None  # local/toy: the checkpoint folder
     tokenizer: str | None = None  # local: a tokenizer folder or Hub id the config names (else the run's own)
+    # The `hub` family (any repository; anisweep.checkpoints.hub_repo) only; left out of to_dict() at their defaults,
+    # so that the other families' identities (extract's recorded params) are what they were.
+    subfolder: str | None = None  # the folder inside the repo that holds the checkpoint (Trainer's checkpoint-{N}/)
+    commit: str | None = None  # the commit the revision resolved to when the config was read (fetch is pinned to it)
+    files_id: str | None = None  # a subfolder checkpoint's content: a digest of its files' blob ids
+    trust_remote_code: bool = False  # the entry allows the repo's own modelling code (config.json's auto_map)
 
     @property
     def key(self) -> str:
@@ -36,11 +42,19 @@ class Checkpoint:
         return self.repo_id is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        for key in HUB_ONLY:
+            if out[key] == self.__dataclass_fields__[key].default:
+                del out[key]
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Checkpoint:
-        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})
+        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__ if k not in HUB_ONLY or d.get(k) is not None})
+
+
+#: the fields only the `hub` family sets, absent from to_dict() at their defaults
+HUB_ONLY = ("subfolder", "commit", "files_id", "trust_remote_code")
 
 
 def nearest_names(value: str, choices: Iterable[str], n: int = 3) -> list[str]:

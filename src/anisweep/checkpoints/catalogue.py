@@ -8,6 +8,8 @@ One small catalogue class per family (the shape of the PyPI ``lm-checkpoints`` p
 * :class:`OLMo2` -- ``allenai/OLMo-2-0425-1B``, branch ``stage1-step{N}-tokens{T}B`` (looked up by N at fetch).
 * :class:`MistralGPT2` -- ``stanford-crfm/{run}-gpt2-{small,medium}-x{seed}``, branch ``checkpoint-{N}``.
 * :class:`TinyLlama` -- seven ``TinyLlama-1.1B-intermediate-step-*`` repositories, revision ``main``.
+* :class:`HubRepo` -- any other Hub repository (``family: hub``): its default revision, or its checkpoints kept as
+  branches or folders named by a pattern with ``{step}`` (anisweep.checkpoints.hub_repo).
 * :class:`LocalRun` -- a user's own training run: ``step{N}/`` or Trainer-style ``checkpoint-{N}/`` subfolders.
 * :class:`Toy` -- the toy models the pipeline trains itself, under ``toy_root/{name}/step{N}/``.
 
@@ -43,6 +45,7 @@ from typing import Any
 
 from anisweep.checkpoints.base import Checkpoint, listing, nearest_names
 from anisweep.checkpoints.hub import MistralGPT2, MultiBERTs, OLMo, OLMo2, Pythia, TinyLlama
+from anisweep.checkpoints.hub_repo import HubRepo
 from anisweep.checkpoints.local import LocalRun
 from anisweep.checkpoints.preflight import ModelShape, folder_shape
 from anisweep.checkpoints.toy import Toy
@@ -51,7 +54,7 @@ from anisweep.errors import ConfigError
 # The registry: every family class carries its own facts (entry keys, resolution, the trusted final step,
 # its size for resource requests). A new checkpoint suite is one class here and one line in FAMILIES.
 FAMILIES: dict[str, type] = {
-    cls.family: cls for cls in (Pythia, MultiBERTs, OLMo, OLMo2, MistralGPT2, TinyLlama, LocalRun, Toy)
+    cls.family: cls for cls in (Pythia, MultiBERTs, OLMo, OLMo2, MistralGPT2, TinyLlama, HubRepo, LocalRun, Toy)
 }
 
 
@@ -164,6 +167,8 @@ def _two_entries(first: _Entry, second: _Entry) -> None:
 
 def _source(ckpt: Checkpoint) -> str:
     where = ckpt.repo_id or ckpt.path
+    if ckpt.family == "hub":
+        where = f"{where}@{ckpt.revision}" + (f"/{ckpt.subfolder}" if ckpt.subfolder else "")
     return where if ckpt.tokenizer is None else f"{where} (tokenizer {ckpt.tokenizer})"
 
 
@@ -181,6 +186,8 @@ def params_millions(ckpt: Checkpoint) -> float:
 def model_shape(ckpt: Checkpoint) -> ModelShape | None:
     """A checkpoint's width, blocks and heads as far as they are known before it is fetched: a Hub family's from its
     catalogue, a local run's from its config.json; None otherwise (a toy's are its spec's, anisweep.config)."""
+    if ckpt.family == HubRepo.family:
+        return HubRepo.shape_of_checkpoint(ckpt)  # from config.json when the cache holds it
     shape = getattr(family_of(ckpt.family), "shape", None)
     if shape is not None:
         return shape(ckpt.model)

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx2
-from huggingface_hub import HfApi, snapshot_download, try_to_load_from_cache
+from huggingface_hub import HfApi, ResolvedRevision, snapshot_download, try_to_load_from_cache
 from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import (
     CachedRepoTreeNotFoundError,
@@ -355,19 +355,24 @@ def _fetch_hub(
         revision = match_branch(repo_id, revision, names, offline=offline)
         retry["revision"] = revision
 
-    resolved = _with_retries(
-        lambda: api.resolve_revision(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=offline),
-        what="resolving the revision",
-        **retry,
-    )
+    if ckpt.commit:  # the `hub` family resolved it when the config was read: the commit its params record
+        resolved = ResolvedRevision(ckpt.commit, initial=revision, repo_id=repo_id)
+    else:
+        resolved = _with_retries(
+            lambda: api.resolve_revision(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=offline),
+            what="resolving the revision",
+            **retry,
+        )
     commit = resolved.resolved
     files = _with_retries(
         lambda: _repo_files(api, repo_id, commit, cache_dir, offline=offline), what="listing the repo files", **retry
     )
+    sub = ckpt.subfolder
     try:
-        wanted, weights = select_files(files)
+        wanted, weights, tokenizer_dir = _select_in(files, sub)
     except ValueError as exc:
-        raise FetchError(f"{repo_id} at revision {revision!r}: {exc}", repo_id=repo_id, revision=revision) from None
+        where = f"{repo_id} at revision {revision!r}" + (f", folder {sub}/" if sub else "")
+        raise FetchError(f"{where}: {exc}", repo_id=repo_id, revision=revision) from None
 
     use_cache = keep_weights or offline or _all_cached(repo_id, commit, wanted, cache_dir)
     local_dir = None if use_cache else dest / WEIGHTS_DIR
@@ -396,9 +401,15 @@ def _fetch_hub(
             )
         )
 
-    if before_weights is not None:  # config.json and the tokenizer (kilobytes) are checked first
-        small = download([f for f in wanted if f not in weights])
-        before_weights(small, small if _has_tokenizer(small) else None)
+    weight_paths = [f"{sub}/{f}" if sub else f for f in weights]
+    if before_weights is not None or ckpt.family == "hub":  # config.json and the tokenizer (kilobytes) come first
+        small = download([f for f in wanted if f not in weight_paths])
+        model_dir = small / sub if sub else small
+        if ckpt.family == "hub":
+            _check_hub_config(model_dir, ckpt)
+        if before_weights is not None:
+            tokenizer = small / tokenizer_dir if tokenizer_dir is not None else None
+            before_weights(model_dir, tokenizer if tokenizer is not None and _has_tokenizer(tokenizer) else None)
     started = time.monotonic()
     folder = download(wanted)
     missing = [f for f in wanted if not (folder / f).is_file()]
@@ -412,20 +423,73 @@ def _fetch_hub(
         "%s@%s: %s of weights in %s after %.0f s",
         repo_id,
         revision,
-        _size(sum((folder / f).stat().st_size for f in weights)),
+        _size(sum((folder / f).stat().st_size for f in weight_paths)),
         folder,
         time.monotonic() - started,
     )
+    tokenizer_at = folder / tokenizer_dir if tokenizer_dir is not None else None
+    model_at = folder / sub if sub else folder
     if use_cache and not keep_weights:
-        _link_files(folder, dest / WEIGHTS_DIR, wanted)
-        folder = dest / WEIGHTS_DIR
+        # dest/weights: the checkpoint's files, and the repo's tokenizer beside them when its folder has none
+        _link_files(
+            model_at,
+            dest / WEIGHTS_DIR,
+            [f.removeprefix(f"{sub}/") if sub else f for f in wanted if not sub or f.startswith(f"{sub}/")],
+        )
+        if sub and tokenizer_dir == "":
+            for f in wanted:
+                if "/" not in f:
+                    _link_one(folder / f, dest / WEIGHTS_DIR / f)
+        model_at = tokenizer_at = dest / WEIGHTS_DIR
     return dict(
         commit=commit,
         revision=revision,
-        path=folder,
+        path=model_at,
         weight_files=weights,
-        tokenizer_path=folder if _has_tokenizer(folder) else None,
+        tokenizer_path=tokenizer_at if tokenizer_at is not None and _has_tokenizer(tokenizer_at) else None,
     )
+
+
+def _select_in(files: Iterable[str], sub: str | None) -> tuple[list[str], list[str], str | None]:
+    """What to download of a repo's `files` for the checkpoint in folder `sub` (None: the top level): the repo
+    paths wanted, the weight files (names inside the checkpoint's folder) and the folder holding the tokenizer
+    ("" the top level, None no tokenizer): the checkpoint's own, else (a Trainer's checkpoint-{N}/ pushed without
+    one) the repo's top level."""
+    files = list(files)
+    if not sub:
+        wanted, weights = select_files(files)
+        return wanted, weights, "" if any(f in TOKENIZER_FILES for f in wanted) else None
+    inside = [f[len(sub) + 1 :] for f in files if f.startswith(f"{sub}/")]
+    if not inside:
+        raise ValueError("no such folder in the repo")
+    names, weights = select_files(inside)
+    wanted = [f"{sub}/{f}" for f in names]
+    if any(f in TOKENIZER_FILES for f in names):
+        return wanted, weights, sub
+    top = [f for f in files if "/" not in f and f in TOKENIZER_FILES]
+    return sorted(wanted + top), weights, "" if top else None
+
+
+def _link_one(src: Path, dst: Path) -> None:
+    target = Path(os.path.realpath(src))
+    try:
+        dst.symlink_to(target)
+    except OSError:
+        shutil.copyfile(target, dst)
+
+
+def _check_hub_config(model_dir: Path, ckpt: Checkpoint) -> None:
+    """The `hub` family's config.json, before any weight: remote code it needs and the entry does not allow, or an
+    architecture no adapter knows (anisweep.checkpoints.hub_repo.check_hub_config)."""
+    import json
+
+    from anisweep.checkpoints.hub_repo import check_hub_config
+
+    try:
+        hf_config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError) as error:
+        raise FetchError(f"{ckpt.key}: cannot read its config.json: {error}", repo_id=ckpt.repo_id) from None
+    check_hub_config(hf_config, ckpt.trust_remote_code, ckpt.key)
 
 
 def _branches(api: Any, repo_id: str, cache_dir: Path | None, *, offline: bool) -> list[str]:
@@ -526,5 +590,7 @@ def fetch(
         "weight_files": weights,
         "weights_bytes": sum((folder / f).stat().st_size for f in weights),
     }
+    if ckpt.family == "hub":  # what was loaded and with which permission, named in extract.json
+        manifest |= {"subfolder": ckpt.subfolder, "trust_remote_code": ckpt.trust_remote_code}
     write_json(manifest, dest / MANIFEST)
     return manifest

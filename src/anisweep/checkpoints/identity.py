@@ -37,8 +37,11 @@ def folder_content(folder: str | Path, names: Iterable[str] | None = None) -> di
 def source_identity(checkpoint: Checkpoint, folder: str | Path | None = None) -> dict[str, Any]:
     """The checkpoint's identity without its path (moving a run does not change what it holds), and the content
     of `folder` (by default the checkpoint's own folder, for local runs). Toys are built by the workflow, whose
-    training rule reruns what depends on them."""
+    training rule reruns what depends on them. A `hub` checkpoint is named by the commit its revision resolved to
+    (a branch pushed again is analysed again), or, in a subfolder, by its files' blob ids."""
     identity = {key: value for key, value in checkpoint.to_dict().items() if key != "path"}
+    if checkpoint.files_id is not None:  # a `hub` subfolder: named by its files, not by the commit of the whole repo
+        identity.pop("commit", None)
     folder = folder if folder is not None else (checkpoint.path if checkpoint.family == "local" else None)
     if folder is not None:
         identity["content"] = folder_content(folder)

@@ -65,19 +65,24 @@ class LoadedModel:
 
 
 def load_model(
-    path: str | Path, dtype: str = "float32", device: torch.device | str = "cpu", head_needed: bool = False
+    path: str | Path,
+    dtype: str = "float32",
+    device: torch.device | str = "cpu",
+    head_needed: bool = False,
+    trust_remote_code: bool = False,
 ) -> LoadedModel:
     """Load a checkpoint with the recording attention.
 
     The LM class is loaded when the checkpoint has one, so that the output embedding is available for
     I(W); only the base model ever runs. A tensor the weight files lack, hold in another shape or hold beyond
     the model's is a WeightsError before anything runs; the LM head alone may be missing (initialised, named in
-    `initialised`) unless `head_needed` (the gradient analysis's loss runs through it).
+    `initialised`) unless `head_needed` (the gradient analysis's loss runs through it). `trust_remote_code`: the
+    repository's own modelling code may run (a `hub` entry's `trust_remote_code: true`; never otherwise).
     """
     import transformers
 
     register_attention()
-    config = transformers.AutoConfig.from_pretrained(path)
+    config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     adapter = adapter_for(config)
     arch = (config.architectures or [None])[0]
     cls = getattr(transformers, arch) if arch in adapter.architectures else transformers.AutoModel
@@ -88,6 +93,7 @@ def load_model(
         head_needed_by=GRADIENT_HEAD,
         dtype=DTYPES[dtype],
         attn_implementation=ATTENTION_NAME,
+        **({"trust_remote_code": True} if trust_remote_code else {}),
     )
     model = loaded.model
     model.to(device).eval()
