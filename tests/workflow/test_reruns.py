@@ -173,6 +173,7 @@ def test_growing_the_sweep_schedules_only_the_new_checkpoints(run):
         ("measures/metrics.py", {"metrics": 3, "sweep": 1, "plot_model": 1, "plot_family": 1}, ()),
         ("measures/sweep.py", {"sweep": 1, "plot_model": 1, "plot_family": 1}, ("metrics",)),
         ("plots/sweep.py", {"plot_model": 1, "plot_family": 1}, ("metrics", "sweep")),
+        ("plots/survey.py", {"plot_survey": 1}, ("metrics", "sweep", "plot_model")),
     ],
 )
 def test_analysis_code_reruns_metrics_and_figures_never_extract(run, module, reruns, never):
