@@ -164,6 +164,12 @@ def test_declarations_are_checked_when_loaded(tmp_path, monkeypatch):
             def update(self, x, valid): ...
             def finalize(self): return []
 
+        @stream_measure(sites=["attention_prob"])
+        class SiteTypo:
+            def update(self, x, valid): ...
+            def merge(self, other): ...
+            def finalize(self): ...
+
         @table_measure(tables=["hidden"], name="attention")
         def clash(tables):
             return []
@@ -181,6 +187,10 @@ def test_declarations_are_checked_when_loaded(tmp_path, monkeypatch):
         load(f"{module}:typo")
     with pytest.raises(MeasureError, match=r"needs update, merge and finalize; lacks \['merge'\]"):
         load(f"{module}:NoMerge")
+    with pytest.raises(
+        MeasureError, match=r"sites \['attention_prob'\] match no site; the sites are \[.*'attention_probs'"
+    ):
+        load(f"{module}:SiteTypo")
     with pytest.raises(MeasureError, match="and a built-in measure are both named 'attention'"):
         user_measures([f"{module}:clash"])
     with pytest.raises(MeasureError, match="'.*:second' and '.*:first' are both named 'same'"):
