@@ -4,7 +4,9 @@
   folder, a model in training); docs/measures.md's package files (`# mymeasures/...`) are run by the tests that
   build tests/docs_measures.py's package from them;
 - yaml: validated as a config (anisweep.config.complete), a snippet merged into a minimal config, and its Hub
-  and toy models resolved (names, steps, sizes; a local run's folder is not there to resolve);
+  and toy models resolved (names, steps, sizes; a local run's folder is not there to resolve, nor a `hub` entry's
+  repository, whose steps are read from the Hub: tests/checkpoints/test_hub_repo.py resolves such entries from a
+  cache);
 - toml: parsed;
 - bash: each `snakemake` command dry-run (`-n`; `--unlock` runs as it is) in a clone-like directory, `my.yaml`
   being the tiny test config (slow: about 2 s each);
@@ -220,7 +222,7 @@ YAML = [b for b in blocks() if b.language == "yaml"]
 @pytest.mark.parametrize("b", YAML, ids=[str(b) for b in YAML])
 def test_yaml_block_is_a_valid_config(b):
     config = complete({**MINIMAL, **yaml.safe_load(b.code)})
-    resolvable = [entry for entry in config["models"] if entry["family"] != "local"]
+    resolvable = [entry for entry in config["models"] if entry["family"] not in ("local", "hub")]
     if resolvable:
         assert checkpoints({**config, "models": resolvable})
 

@@ -1,0 +1,174 @@
+"""A user's tiny model pushed to a local Hub cache, swept with `family: hub` by the whole workflow, offline.
+
+The cache (tests/hubcache.py) holds a tiny GPT-NeoX pushed as branches ``step0``, ``step100``, ``step200`` of
+``me/tiny-run`` (``main`` the last push), a tiny BERT at ``main`` of ``me/tiny-bert`` (``steps: final``), and a
+Trainer's pushes as folders ``checkpoint-10/``, ``checkpoint-20/`` of ``me/trainer-pushes`` with the tokenizer once
+at the top. Snakemake runs the sweep tables with ``HF_HUB_OFFLINE=1``; dry runs then show what a change reruns
+(docs/reruns.md): a branch pushed again, a folder pushed beside the others, an entry's keys.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+from conftest import snakemake_command
+from hubcache import build_hub_cache, save_tiny_bert, save_tiny_pythia
+
+pytestmark = pytest.mark.slow  # Snakemake runs on the offline hub
+
+EXTRACT = {"n_sequences": 8, "seq_len": 32, "batch_size": 4, "sample_tokens": 64, "device": "cpu", "seed": 0}
+SENTENCES = [  # the tiny tokenizers were built from these (tests/hubcache.py): real tokens, no [UNK]
+    "the cat sat on the mat and the dog sat on the log",
+    "a model of the world is a map of the territory",
+    "attention is all you need said the paper in 2017",
+    "isotropy anisotropy drift query key value head layer norm",
+]
+RUN = {"family": "hub", "name": "me/tiny-run", "revision": "step{step}", "steps": "all"}
+BERT = {"family": "hub", "name": "tiny-bert", "repo": "me/tiny-bert", "steps": "final"}
+PUSHES = {"family": "hub", "name": "me/trainer-pushes", "subfolder": "checkpoint-{step}", "steps": "all"}
+MODELS = [RUN, BERT, PUSHES]
+SWEEPS = ["results/hub/me--tiny-run/sweep.parquet", "results/hub/tiny-bert/sweep.parquet"]
+SWEEPS += ["results/hub/me--trainer-pushes/sweep.parquet"]
+
+
+def trainer_files(models: dict[int, Path], tokenizer: Path) -> dict[str, bytes]:
+    files = {
+        f"checkpoint-{step}/{p.name}": p.read_bytes()
+        for step, folder in models.items()
+        for p in folder.iterdir()
+        if "tokenizer" not in p.name
+    }
+    files |= {f"checkpoint-{step}/optimizer.pt": b"not a model" for step in models}
+    return files | {p.name: p.read_bytes() for p in tokenizer.iterdir() if "tokenizer" in p.name}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hubfamily")
+    m = root / "models"
+    a, b, c = (save_tiny_pythia(m / name, seed=seed) for name, seed in (("a", 0), ("b", 1), ("c", 2)))
+    bert = save_tiny_bert(m / "bert", seed=0)
+    hf_home = root / "hf"
+    commits = build_hub_cache(hf_home, "me/tiny-run", {"step0": a, "step100": b, "step200": c, "main": c})
+    build_hub_cache(hf_home, "me/tiny-bert", {"main": bert})
+    build_hub_cache(hf_home, "me/trainer-pushes", {"main": trainer_files({10: a, 20: b}, a)})
+    rng = random.Random(0)
+    corpus = root / "eval.txt"
+    corpus.write_text("\n\n".join(" ".join(rng.choices(SENTENCES, k=3)) for _ in range(200)) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
+    return {"root": root, "hf_home": hf_home, "commits": commits, "corpus": corpus, "env": env, "models": m}
+
+
+def write_config(world, path: Path, models: list[dict]) -> Path:
+    config = {
+        "models": models,
+        "corpus": {"source": "text", "paths": [str(world["corpus"])]},
+        "extract": EXTRACT,
+        "fetch": {"keep_weights": False, "retries": 1},
+        "resources": {"extract_threads": 1},
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def snakemake(env, workdir: Path, configfile: Path, *args: str) -> subprocess.CompletedProcess:
+    command = snakemake_command(workdir, "--configfile", str(configfile), "--cores", "2", *args, *SWEEPS)
+    return subprocess.run(command, capture_output=True, text=True, timeout=1200, env=env)
+
+
+def planned(env, workdir: Path, configfile: Path) -> dict[str, int]:
+    """The jobs a dry run schedules (Snakemake's `Job stats`), without `all` and `total`."""
+    done = snakemake(env, workdir, configfile, "-n")
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = done.stdout + done.stderr
+    if "Job stats:" not in text:
+        assert "Nothing to be done" in text, text[-3000:]
+        return {}
+    counts = {}
+    for line in text.split("Job stats:", 1)[1].splitlines()[3:]:
+        name, count = line.split()
+        if name == "total":
+            break
+        counts[name] = int(count)
+    return counts
+
+
+@pytest.fixture(scope="module")
+def swept(world):
+    workdir = world["root"] / "work"
+    workdir.mkdir()
+    configfile = write_config(world, world["root"] / "config.yaml", MODELS)
+    done = snakemake(world["env"], workdir, configfile)
+    assert done.returncode == 0, done.stderr[-6000:]
+    return {"workdir": workdir, "config": configfile}
+
+
+def info(swept, model: str, step: int) -> dict:
+    return json.loads((swept["workdir"] / f"results/hub/{model}/step{step}/extract.json").read_text())["checkpoint"]
+
+
+def test_branches_pushed_by_a_user_are_swept(swept, world):
+    sweep = pl.read_parquet(swept["workdir"] / "results/hub/me--tiny-run/sweep.parquet")
+    assert sorted(sweep["step"].unique()) == [0, 100, 200] and sweep["tokens_seen"].is_null().all()
+    for step in (0, 100, 200):
+        checkpoint = info(swept, "me--tiny-run", step)
+        assert (checkpoint["repo_id"], checkpoint["revision"]) == ("me/tiny-run", f"step{step}")
+        assert checkpoint["commit"] == world["commits"][f"step{step}"]
+        assert checkpoint["trust_remote_code"] is False and checkpoint["subfolder"] is None
+        qk = pl.read_parquet(swept["workdir"] / f"results/hub/me--tiny-run/step{step}/qk.parquet")
+        assert set(qk["rope"]) == {"pre", "post"} and qk["qk_cos"].is_finite().all()
+    assert not list((swept["workdir"] / "weights").rglob("*.safetensors"))  # temporary, deleted once extracted
+
+
+def test_the_default_revision_and_a_trainers_folders(swept):
+    bert = info(swept, "tiny-bert", 0)
+    assert (bert["repo_id"], bert["revision"], bert["tokens_seen"]) == ("me/tiny-bert", "main", None)
+    for step in (10, 20):
+        checkpoint = info(swept, "me--trainer-pushes", step)
+        assert (checkpoint["revision"], checkpoint["subfolder"]) == ("main", f"checkpoint-{step}")
+        assert checkpoint["weight_files"] == ["model.safetensors"]
+    sweep = pl.read_parquet(swept["workdir"] / "results/hub/me--trainer-pushes/sweep.parquet")
+    assert sorted(sweep["step"].unique()) == [10, 20] and (sweep["status"] == "ok").all()
+
+
+# ---------------------------------------------------------------------------------------------- reruns
+
+
+def test_nothing_changed_reruns_nothing(swept, world):
+    assert planned(world["env"], swept["workdir"], swept["config"]) == {}
+
+
+def test_a_branch_pushed_again_reruns_that_checkpoint(swept, world, tmp_path):
+    hf_home = tmp_path / "hf"
+    shutil.copytree(world["hf_home"], hf_home, symlinks=True)
+    build_hub_cache(hf_home, "me/tiny-run", {"step100": world["models"] / "a"})  # new weights, a new commit
+    jobs = planned({**world["env"], "HF_HOME": str(hf_home)}, swept["workdir"], swept["config"])
+    assert (jobs.get("fetch"), jobs.get("extract"), jobs.get("metrics")) == (1, 1, 1), jobs
+
+
+def test_a_folder_pushed_beside_the_others_runs_that_one_only(swept, world, tmp_path):
+    hf_home = tmp_path / "hf"
+    shutil.copytree(world["hf_home"], hf_home, symlinks=True)
+    m = world["models"]
+    build_hub_cache(
+        hf_home, "me/trainer-pushes", {"main": trainer_files({10: m / "a", 20: m / "b", 30: m / "c"}, m / "a")}
+    )
+    jobs = planned({**world["env"], "HF_HOME": str(hf_home)}, swept["workdir"], swept["config"])
+    assert (jobs.get("fetch"), jobs.get("extract"), jobs.get("metrics")) == (1, 1, 1), jobs
+
+
+@pytest.mark.parametrize("change", [{"tokens_per_step": 2048}, {"trust_remote_code": True}, {"seed": 3}])
+def test_an_entry_key_reruns_its_checkpoints(swept, world, tmp_path, change):
+    configfile = write_config(world, tmp_path / "config.yaml", [{**RUN, **change}, BERT, PUSHES])
+    jobs = planned(world["env"], swept["workdir"], configfile)
+    assert (jobs.get("fetch"), jobs.get("extract"), jobs.get("metrics")) == (3, 3, 3), jobs
