@@ -30,6 +30,7 @@ from transformers import (
     Olmo2Config,
     OlmoConfig,
     RobertaConfig,
+    T5Config,
 )
 
 from anisweep.extract import tables as extract_tables
@@ -64,6 +65,27 @@ def roberta_config(**kw):
 def albert_config(**kw):
     """One shared block applied 3 times, over an embedding of 16 projected to the hidden size 32."""
     return AlbertConfig(**{**TINY_DIMS, "num_hidden_layers": 3}, embedding_size=16, **kw)
+
+
+def t5_config(**kw):
+    """2 encoder and 3 decoder blocks, d_kv (6) unlike d_model / heads (8), relative position buckets that the 12
+    tokens of padded_batch span (8 buckets, max distance 16)."""
+    return T5Config(
+        **{
+            "vocab_size": 60,
+            "d_model": 32,
+            "d_kv": 6,
+            "d_ff": 64,
+            "num_layers": 2,
+            "num_decoder_layers": 3,
+            "num_heads": 4,
+            "relative_attention_num_buckets": 8,
+            "relative_attention_max_distance": 16,
+            "decoder_start_token_id": 0,
+            "pad_token_id": 0,
+            **kw,
+        }
+    )
 
 
 def neox_config(**kw):

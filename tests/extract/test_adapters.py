@@ -21,6 +21,7 @@ from conftest import (
     olmo2_config,
     olmo_config,
     roberta_config,
+    t5_config,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,6 +67,7 @@ def test_the_adapters_readme_shows_the_hook_table():
         (transformers.Olmo2Model, olmo2_config),
         (transformers.RobertaModel, roberta_config),
         (transformers.AlbertModel, albert_config),
+        (transformers.T5Model, t5_config),
     ],
 )
 def test_every_site_the_adapters_record_has_a_hook_name(cls, config):

@@ -12,6 +12,7 @@ from anisweep.adapters import UnsupportedArchitecture
 from anisweep.extract import attention_torch
 from anisweep.extract import tables as extract_tables
 from anisweep.extract.model import DTYPES, ExtractSettings, load_model
+from anisweep.extract.recorder import SAMPLED_SITES
 from anisweep.extract.run import run
 from anisweep.tables import ATTENTION_STATISTICS, EXTRACT_SCHEMAS, IDENTITY, IDENTITY_SCHEMA
 
@@ -144,13 +145,16 @@ def reference(path, batch, kind):
     )
 
 
-def check_all(tables, ref, batch, causal):
+def check_all(tables, ref, batch, causal, qk_name="qk", attention_name="attention"):
+    """Every table against the reference `ref`. `causal`: a bool, or the causal layers (T5's decoder); `ref` may
+    hold `attentions` as a dict by layer, `bias` (layer: the score bias the softmax adds, T5's relative
+    positions) and `extra` ((layer, site, x): hidden_stats sites beyond resid and final_ln)."""
     valid = batch["attention_mask"].bool()
     b, t = valid.shape
-    allowed = valid[:, None, :].expand(b, t, t)
-    if causal:
-        allowed = allowed & torch.ones(t, t, dtype=torch.bool).tril()
-    qk = tables["qk"]
+    padding = valid[:, None, :].expand(b, t, t)
+    causal_mask = padding & torch.ones(t, t, dtype=torch.bool).tril()
+    is_causal = (lambda layer: layer in causal) if not isinstance(causal, bool) else (lambda layer: causal)
+    qk = tables[qk_name]
     for (layer, rope), q in ref["q"].items():
         k = ref["k"][(layer, rope)]
         group = q.shape[1] // k.shape[1]  # grouped-query attention: query head h attends with key head h // group
@@ -168,14 +172,18 @@ def check_all(tables, ref, batch, causal):
             assert row["qk_mean_score"] == pytest.approx((qv.mean(0) @ kv.mean(0)).item() / ref["d"] ** 0.5, abs=TOL)
             assert row["n_tokens"] == int(valid.sum())
     assert set(qk["rope"].unique()) == {rope for _, rope in ref["q"]}
-    assert qk.height == len(ref["q"]) * ref["q"][(0, "pre")].shape[1]
+    assert qk.height == len(ref["q"]) * next(iter(ref["q"].values())).shape[1]
 
     scores_rope = "post" if (0, "post") in ref["q"] else "pre"
-    attention = tables["attention"]
-    for layer, probs in enumerate(ref["attentions"]):
+    attention = tables[attention_name]
+    attentions = ref["attentions"]
+    for layer, probs in attentions.items() if isinstance(attentions, dict) else enumerate(attentions):
+        allowed = causal_mask if is_causal(layer) else padding
         q, k = ref["q"][(layer, scores_rope)], ref["k"][(layer, scores_rope)]
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         scores = (q @ k.transpose(-1, -2)) * ref["scaling"][layer]
+        if layer in ref.get("bias", {}):
+            scores = scores + ref["bias"][layer]
         for head in range(probs.shape[1]):
             rows = {n: [] for n in ("entropy", "entropy_norm", "p_max", "p_median", "p_min")}
             pair_scores = []
@@ -200,10 +208,13 @@ def check_all(tables, ref, batch, causal):
             assert row["score_mean"] == pytest.approx(np.mean(pair_scores), abs=TOL)
             assert row["score_std"] == pytest.approx(np.std(pair_scores), abs=TOL)
 
+    if "ln_in" not in ref:  # attention only (T5's cross-attention)
+        return
     stats, hidden = tables["hidden_stats"], tables["hidden"]
     sites = [(layer, "resid", x) for layer, x in enumerate(ref["resid"])]
     n_blocks = len(ref["resid"]) - 1
     sites += [(n_blocks, "final_ln_in", ref["ln_in"]), (n_blocks, "final_ln_out", ref["ln_out"])]
+    sites += ref.get("extra", [])
     for layer, site, x in sites:
         xv = x[valid].double()
         row = stats.filter((pl.col("layer") == layer) & (pl.col("site") == site)).row(0, named=True)
@@ -215,6 +226,8 @@ def check_all(tables, ref, batch, causal):
         brute_avg_cos = ((unit @ unit.T).sum() - xv.shape[0]) / (xv.shape[0] * (xv.shape[0] - 1))
         s = np.asarray(row["sum_unit"])
         assert (s @ s - row["n"]) / (row["n"] * (row["n"] - 1)) == pytest.approx(brute_avg_cos.item(), abs=TOL)
+        if site not in SAMPLED_SITES:
+            continue
         sample = hidden.filter((pl.col("layer") == layer) & (pl.col("site") == site)).sort("seq", "position")
         assert sample.height == xv.shape[0]  # sample_tokens exceeds the batch: every valid token is kept
         kept = np.stack(sample["vector"].to_list())

@@ -11,6 +11,7 @@ from anisweep.adapters.llama import LlamaAdapter
 from anisweep.adapters.olmo import OlmoAdapter
 from anisweep.adapters.olmo2 import Olmo2Adapter
 from anisweep.adapters.roberta import RobertaAdapter
+from anisweep.adapters.t5 import T5Adapter
 
 ADAPTERS: tuple[Adapter, ...] = (
     BertAdapter(),
@@ -21,6 +22,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     Olmo2Adapter(),
     RobertaAdapter(),
     AlbertAdapter(),
+    T5Adapter(),
 )
 
 

@@ -59,6 +59,14 @@ TRANSFORMERLENS_HOOKS: dict[tuple[str, str], tuple[str, str]] = {
         "blocks.{l-1}.hook_mlp_out / blocks.{l-1}.ln2.hook_normalized",
         "(no such norm)",
     ),
+    ("hidden_stats", "ln_cross_in / ln_cross_out (T5's decoder)"): (
+        "(no such norm: TransformerLens's HookedEncoderDecoder is not mapped here)",
+        "(no such norm)",
+    ),
+    ("hidden_stats", "encoder_final_ln_in / encoder_final_ln_out (T5's encoder)"): (
+        "(no such norm: TransformerLens's HookedEncoderDecoder is not mapped here)",
+        "(no such norm)",
+    ),
     ("qk", "rope = pre_norm (OLMo 2)"): (
         "blocks.{l}.attn.hook_q / hook_k (TransformerLens applies q_norm / k_norm after them)",
         "(no q/k norm)",
@@ -212,9 +220,10 @@ class Adapter:
         """Empty where every attention module has its own `layer_idx` and is applied once per forward."""
         return []
 
-    def forward_inputs(self, base: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
-        """The base model's keyword arguments for one mini-batch (an encoder-decoder adds its decoder's inputs)."""
-        return {"input_ids": input_ids, "attention_mask": attention_mask}
+    def forward(self, base: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+        """Run the base model on one mini-batch, without a KV cache (an encoder-decoder runs its encoder, then its
+        decoder on the same text teacher-forced, and no LM head)."""
+        base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
 
     def rotary_embedding(self, base: nn.Module) -> nn.Module:
         """The base model's rotary module: called on (x, position_ids), it gives the (cos, sin) its blocks take

@@ -41,7 +41,10 @@ def shape_of(hf_config: dict[str, Any]) -> ModelShape | None:
     if d_model is None:
         return None
     layers = _first(hf_config, ("num_hidden_layers", "n_layer", "n_layers"))
-    return ModelShape(d_model, layers, _first(hf_config, ("num_attention_heads", "n_head", "n_heads")))
+    encoder = _first(hf_config, ("num_layers",))  # T5: encoder blocks; the tables count on through the decoder
+    if layers is None and encoder is not None:
+        layers = encoder + (_first(hf_config, ("num_decoder_layers",)) or encoder)
+    return ModelShape(d_model, layers, _first(hf_config, ("num_attention_heads", "n_head", "n_heads", "num_heads")))
 
 
 def folder_shape(folder: str | Path) -> ModelShape | None:

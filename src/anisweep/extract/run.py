@@ -78,8 +78,7 @@ def run(
                 rows = slice(start, start + settings.batch_size)
                 ids, valid = to_device(input_ids[rows], device), to_device(mask[rows], device)
                 recorder.begin_batch(valid, start, host_valid=mask[rows])
-                inputs = loaded.adapter.forward_inputs(loaded.base, ids, valid.long())
-                loaded.base(**inputs, use_cache=False)  # no KV cache to fill
+                loaded.adapter.forward(loaded.base, ids, valid.long())  # the base model, no KV cache to fill
             recorder.finish()
     finally:
         workers.close()
