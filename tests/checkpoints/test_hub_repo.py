@@ -293,3 +293,83 @@ def test_cache_layout_offline_without_tree_listings(hub, tiny):
     shutil.rmtree(hub / "hub" / "models--me--old" / "trees", ignore_errors=True)
     (ck,) = resolve({"family": "hub", "name": "me/old", "subfolder": "checkpoint-{step}", "steps": "all"})
     assert ck.step == 5 and ck.files_id
+
+
+# ---------------------------------------------------------------------------------------------- online
+
+
+@pytest.fixture
+def online(monkeypatch, tmp_path):
+    """The Hub's answers, without a network: HfApi's listings replaced by fixed ones."""
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.hf_api import GitRefInfo, GitRefs, RepoFile
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.chdir(tmp_path)  # a Snakemake working directory: the listings read online are recorded in it
+    (tmp_path / ".snakemake").mkdir()
+    calls = []
+
+    def list_repo_refs(self, repo_id, **_):
+        calls.append(("refs", repo_id))
+        if repo_id == "me/none":
+            from types import SimpleNamespace
+
+            from huggingface_hub.errors import RepositoryNotFoundError
+
+            raise RepositoryNotFoundError("404 Client Error", response=SimpleNamespace(headers={}, request=None))
+        if repo_id != "LLM360/Amber":
+            raise ConnectionError("no route to host")
+        branch = lambda name, commit: GitRefInfo(name=name, ref=f"refs/heads/{name}", target_commit=commit)  # noqa: E731
+        return GitRefs(
+            branches=[branch("main", "c" * 40), branch("ckpt_000", "a" * 40), branch("ckpt_100", "b" * 40)],
+            converts=[],
+            tags=[],
+        )
+
+    def list_repo_tree(self, repo_id, revision=None, recursive=False, **_):
+        calls.append(("tree", repo_id, revision))
+        lfs = {"size": 1, "oid": "f" * 64, "pointerSize": 100}
+        yield RepoFile(path="checkpoint-7/config.json", size=2, oid="1" * 40)
+        yield RepoFile(path="checkpoint-7/model.safetensors", size=1, oid="2" * 40, lfs=lfs)
+
+    monkeypatch.setattr(HfApi, "list_repo_refs", list_repo_refs)
+    monkeypatch.setattr(HfApi, "list_repo_tree", list_repo_tree)
+    forget_listings()
+    yield calls
+    forget_listings()
+
+
+def test_online_the_hubs_branches_and_tree_are_read(online):
+    found = resolve(
+        {"family": "hub", "name": "amber", "repo": "LLM360/Amber", "revision": "ckpt_{step}", "steps": "all"}
+    )
+    assert [(c.step, c.revision, c.commit) for c in found] == [(0, "ckpt_000", "a" * 40), (100, "ckpt_100", "b" * 40)]
+    (ck,) = resolve({"family": "hub", "name": "LLM360/Amber", "subfolder": "checkpoint-{step}", "steps": "all"})
+    assert (ck.step, ck.subfolder, ck.commit) == (7, "checkpoint-7", "c" * 40)
+    assert online == [("refs", "LLM360/Amber"), ("tree", "LLM360/Amber", "c" * 40)]  # one listing per repo
+
+
+def test_online_an_unreachable_hub_or_a_missing_repo_names_the_fix(online):
+    with pytest.raises(ConfigError, match=r"me/run: cannot list it on the Hub \(ConnectionError.*set HF_HUB_OFFLINE=1"):
+        resolve({"family": "hub", "name": "me/run", "steps": "final"})
+    with pytest.raises(ConfigError, match=r"me/none: no such repository on the Hub \(or it is private: log in"):
+        resolve({"family": "hub", "name": "me/none", "steps": "final"})
+
+
+def test_a_node_without_network_reads_the_listing_recorded_online(online, monkeypatch):
+    """A cluster job re-reads the config on a node that may have no network: the listing the submit host read is
+    in the working directory's .snakemake/."""
+    from huggingface_hub import HfApi
+
+    entry = {"family": "hub", "name": "LLM360/Amber", "revision": "ckpt_{step}", "steps": "all"}
+    before = resolve(entry)
+    forget_listings()
+
+    def unreachable(self, *args, **kwargs):
+        raise ConnectionError("no route to host")
+
+    monkeypatch.setattr(HfApi, "list_repo_refs", unreachable)
+    with pytest.warns(UserWarning, match="cannot be reached .*recorded when the config was last read online"):
+        assert resolve(entry) == before

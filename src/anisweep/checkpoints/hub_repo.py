@@ -10,12 +10,14 @@
 ``{step}`` (an integer optimizer step) stands in ``revision`` (a branch or tag per checkpoint) or in ``subfolder``
 (a folder per checkpoint inside one revision), never in both. Without it the entry is one checkpoint: the revision
 (default: the repo's default branch, ``main``), filed as step 0 with ``tokens_seen`` null unless ``steps`` names
-its step (``steps: 143000``). With it, ``steps: all`` is every step that exists and ``final`` the largest.
+its step (``steps: [143000]``). With it, ``steps: all`` is every step that exists and ``final`` the largest.
 
 Which steps exist, and the commit each revision points to, is read when the config is read: online one request per
 entry (``HfApi.list_repo_refs``; a subfolder sweep also ``list_repo_tree``), offline (``HF_HUB_OFFLINE=1``) what the
 local cache holds (its ``refs/`` and cached tree listings, or its snapshot folders): offline, ``all`` means every
-step in the cache. The commit is part of the checkpoint (fetch is pinned to it, extract.json records it, extract's
+step in the cache. Where the Hub cannot be reached, the listing last read online in the Snakemake working directory
+(.snakemake/anisweep/hub/) is used, with a warning: a cluster job reads the config again on a node that may have no
+network. The commit is part of the checkpoint (fetch is pinned to it, extract.json records it, extract's
 recorded params hold it): a branch pushed again with a new commit reruns that checkpoint, an unchanged one nothing.
 A subfolder checkpoint is named by its files' blob ids instead, so that a commit adding another checkpoint folder
 reruns none of the others.
@@ -32,6 +34,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -125,14 +128,68 @@ def _hub_error(repo: str, error: Exception) -> ConfigError:
     )
 
 
+def _unreachable(error: Exception) -> bool:
+    """The Hub did not answer (no network, a timeout, a server error), as opposed to answering no."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if isinstance(error, HfHubHTTPError):
+        status = getattr(getattr(error, "response", None), "status_code", None)
+        return status is None or status >= 500
+    return isinstance(error, (OSError, TimeoutError)) or type(error).__module__.startswith(("httpx", "requests"))
+
+
+#: Where the workflow keeps the last listing it read online, in its working directory: a cluster job re-reads the
+#: config on a node that may have no network, and then reads the listing the submit host recorded here.
+RECORDED = Path(".snakemake") / "anisweep" / "hub"
+
+
+def _recorded(kind: str, repo: str, listing: dict[str, str] | None = None, commit: str = "") -> dict[str, str] | None:
+    """Record `listing` (when Snakemake reads the config, or in its working directory: in .snakemake/), or read the
+    recorded one."""
+    path = RECORDED / f"{kind}-{repo.replace('/', '--')}{'-' + commit if commit else ''}.json"
+    if listing is not None:
+        if RECORDED.parent.parent.is_dir() or "snakemake" in sys.modules:
+            try:
+                RECORDED.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(listing, sort_keys=True))
+                tmp.replace(path)
+            except OSError:
+                pass  # best effort: the listing is only a fallback
+        return listing
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _listed_online(kind: str, repo: str, call, commit: str = "") -> dict[str, str]:
+    """`call()`'s listing, recorded; where the Hub cannot be reached, the one recorded last (with a warning)."""
+    try:
+        return _recorded(kind, repo, call(), commit)
+    except Exception as error:  # every failure becomes a ConfigError naming the repo and the fix
+        recorded = _recorded(kind, repo, commit=commit) if _unreachable(error) else None
+        if recorded is None:
+            raise _hub_error(repo, error) from None
+        import warnings
+
+        warnings.warn(
+            f"hub model {repo}: the Hub cannot be reached ({type(error).__name__}); using the listing recorded when "
+            f"the config was last read online ({RECORDED})",
+            stacklevel=2,
+        )
+        return recorded
+
+
 def _hub_refs(repo: str) -> dict[str, str]:
     from huggingface_hub import HfApi
 
-    try:
+    def call() -> dict[str, str]:
         refs = HfApi().list_repo_refs(repo)
-    except Exception as error:  # every failure becomes a ConfigError naming the repo and the fix
-        raise _hub_error(repo, error) from None
-    return {ref.name: ref.target_commit for ref in [*refs.branches, *refs.tags]}
+        return {ref.name: ref.target_commit for ref in [*refs.branches, *refs.tags]}
+
+    return _listed_online("refs", repo, call)
 
 
 def repo_tree(repo: str, commit: str) -> dict[str, str]:
@@ -177,11 +234,11 @@ def _hub_tree(repo: str, commit: str) -> dict[str, str]:
     from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile
 
-    try:
+    def call() -> dict[str, str]:
         entries = HfApi().list_repo_tree(repo, revision=commit, recursive=True)
         return {e.path: _blob(e) for e in entries if isinstance(e, RepoFile)}
-    except Exception as error:
-        raise _hub_error(repo, error) from None
+
+    return _listed_online("tree", repo, call, commit)
 
 
 # ---------------------------------------------------------------------------------------------- the family
@@ -318,7 +375,7 @@ class HubRepo:
         raise ConfigError(
             f"hub model {repo}: without {STEP} in revision or subfolder the entry is one checkpoint, the revision "
             f"{revision!r}: steps is `final` (filed as step 0, tokens_seen unknown) or its one optimizer step (e.g. "
-            f'steps: 143000), not {steps!r}; to sweep checkpoints, give revision: "step{STEP}" (a branch each) or '
+            f'steps: [143000]), not {steps!r}; to sweep checkpoints, give revision: "step{STEP}" (a branch each) or '
             f'subfolder: "checkpoint-{STEP}" (a folder each)'
         )
 
