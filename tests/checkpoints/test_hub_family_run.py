@@ -3,8 +3,9 @@
 The cache (tests/hubcache.py) holds a tiny GPT-NeoX pushed as branches ``step0``, ``step100``, ``step200`` of
 ``me/tiny-run`` (``main`` the last push), a tiny BERT at ``main`` of ``me/tiny-bert`` (``steps: final``), and a
 Trainer's pushes as folders ``checkpoint-10/``, ``checkpoint-20/`` of ``me/trainer-pushes`` with the tokenizer once
-at the top. Snakemake runs the sweep tables with ``HF_HUB_OFFLINE=1``; dry runs then show what a change reruns
-(docs/reruns.md): a branch pushed again, a folder pushed beside the others, an entry's keys.
+at the top (named ``trainer`` in the results, ``repo:`` holding the id). Snakemake runs the sweep tables with
+``HF_HUB_OFFLINE=1``; dry runs then show what a change reruns (docs/reruns.md): a branch pushed again, a folder
+pushed beside the others, an entry's keys.
 """
 
 from __future__ import annotations
@@ -33,11 +34,17 @@ SENTENCES = [  # the tiny tokenizers were built from these (tests/hubcache.py): 
     "isotropy anisotropy drift query key value head layer norm",
 ]
 RUN = {"family": "hub", "name": "me/tiny-run", "revision": "step{step}", "steps": "all"}
-BERT = {"family": "hub", "name": "tiny-bert", "repo": "me/tiny-bert", "steps": "final"}
-PUSHES = {"family": "hub", "name": "me/trainer-pushes", "subfolder": "checkpoint-{step}", "steps": "all"}
+BERT = {"family": "hub", "name": "me/tiny-bert", "steps": "final"}
+PUSHES = {
+    "family": "hub",
+    "name": "trainer",
+    "repo": "me/trainer-pushes",
+    "subfolder": "checkpoint-{step}",
+    "steps": "all",
+}
 MODELS = [RUN, BERT, PUSHES]
-SWEEPS = ["results/hub/me--tiny-run/sweep.parquet", "results/hub/tiny-bert/sweep.parquet"]
-SWEEPS += ["results/hub/me--trainer-pushes/sweep.parquet"]
+SWEEPS = ["results/hub/me--tiny-run/sweep.parquet", "results/hub/me--tiny-bert/sweep.parquet"]
+SWEEPS += ["results/hub/trainer/sweep.parquet"]
 
 
 def trainer_files(models: dict[int, Path], tokenizer: Path) -> dict[str, bytes]:
@@ -131,13 +138,13 @@ def test_branches_pushed_by_a_user_are_swept(swept, world):
 
 
 def test_the_default_revision_and_a_trainers_folders(swept):
-    bert = info(swept, "tiny-bert", 0)
+    bert = info(swept, "me--tiny-bert", 0)
     assert (bert["repo_id"], bert["revision"], bert["tokens_seen"]) == ("me/tiny-bert", "main", None)
     for step in (10, 20):
-        checkpoint = info(swept, "me--trainer-pushes", step)
+        checkpoint = info(swept, "trainer", step)
         assert (checkpoint["revision"], checkpoint["subfolder"]) == ("main", f"checkpoint-{step}")
         assert checkpoint["weight_files"] == ["model.safetensors"]
-    sweep = pl.read_parquet(swept["workdir"] / "results/hub/me--trainer-pushes/sweep.parquet")
+    sweep = pl.read_parquet(swept["workdir"] / "results/hub/trainer/sweep.parquet")
     assert sorted(sweep["step"].unique()) == [10, 20] and (sweep["status"] == "ok").all()
 
 
