@@ -24,6 +24,7 @@ import torch
 from transformers import (
     AlbertConfig,
     BertConfig,
+    CanineConfig,
     GPT2Config,
     GPTNeoXConfig,
     LlamaConfig,
@@ -83,6 +84,25 @@ def t5_config(**kw):
             "relative_attention_max_distance": 16,
             "decoder_start_token_id": 0,
             "pad_token_id": 0,
+            **kw,
+        }
+    )
+
+
+def canine_config(**kw):
+    """Molecules of 4 characters, local attention over chunks of 8 characters in the first shallow layer."""
+    return CanineConfig(
+        **{
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+            "max_position_embeddings": 64,
+            "downsampling_rate": 4,
+            "upsampling_kernel_size": 4,
+            "num_hash_functions": 4,
+            "num_hash_buckets": 64,
+            "local_transformer_stride": 8,
             **kw,
         }
     )

@@ -15,6 +15,7 @@ from anisweep.toy.tokenizers import ARCHS
 from conftest import (
     albert_config,
     bert_config,
+    canine_config,
     gpt2_config,
     llama_config,
     neox_config,
@@ -68,6 +69,7 @@ def test_the_adapters_readme_shows_the_hook_table():
         (transformers.RobertaModel, roberta_config),
         (transformers.AlbertModel, albert_config),
         (transformers.T5Model, t5_config),
+        (transformers.CanineModel, canine_config),
     ],
 )
 def test_every_site_the_adapters_record_has_a_hook_name(cls, config):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from anisweep.adapters.albert import AlbertAdapter
 from anisweep.adapters.base import Adapter, AttentionSite, Geometry, LayerNormSite, PreRotaryQK, ResidSite
 from anisweep.adapters.bert import BertAdapter
+from anisweep.adapters.canine import CanineAdapter
 from anisweep.adapters.gpt2 import GPT2Adapter
 from anisweep.adapters.gpt_neox import GPTNeoXAdapter
 from anisweep.adapters.llama import LlamaAdapter
@@ -23,6 +24,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     RobertaAdapter(),
     AlbertAdapter(),
     T5Adapter(),
+    CanineAdapter(),
 )
 
 

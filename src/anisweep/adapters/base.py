@@ -168,6 +168,19 @@ class AttentionSite:
 
 
 @dataclass(frozen=True)
+class OwnAttention:
+    """An attention module that computes its attention itself, never calling the registered attention function
+    (CANINE): a forward hook hands the recorder the q, k, v that `qkv(args)` makes from the module's inputs (each
+    (B, heads, T, d_head)) and the module's `scaling`; the recorder's statistics come from them, and the model's
+    output stays the module's own."""
+
+    layer: int
+    module: nn.Module
+    qkv: Callable[[tuple], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    scaling: float
+
+
+@dataclass(frozen=True)
 class PreRotaryQK:
     """A module whose output holds pre-rotary q and/or k; `split` maps it to (q, k) as (B, heads, T, d_head),
     None for the one it does not hold (separate q and k projections are two sites). `rope` names the
@@ -199,6 +212,9 @@ class Adapter:
 
     model_types: tuple[str, ...] = ()
     architectures: tuple[str, ...] = ()
+    #: the attention implementation the model loads with: None for the recording function (`anisweep`); "eager" for
+    #: a model whose attention never calls it (then `own_attention` names the modules the recorder hooks)
+    attn_implementation: str | None = None
 
     def geometry(self, config) -> Geometry:
         raise NotImplementedError
@@ -219,6 +235,17 @@ class Adapter:
     def attention_sites(self, base: nn.Module) -> list[AttentionSite]:
         """Empty where every attention module has its own `layer_idx` and is applied once per forward."""
         return []
+
+    def own_attention(self, base: nn.Module, geometry: Geometry) -> list[OwnAttention]:
+        """Attention modules that compute attention themselves (see OwnAttention); empty for the others."""
+        return []
+
+    def recorded_positions(
+        self, config, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token ids, valid mask) of the sequence every site and attention the adapter names runs over: the input
+        itself, unless the recorded stack runs on another sequence (CANINE's deep stack, on molecules)."""
+        return input_ids, attention_mask
 
     def forward(self, base: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
         """Run the base model on one mini-batch, without a KV cache (an encoder-decoder runs its encoder, then its

@@ -92,7 +92,7 @@ def load_model(
         head_may_be_initialised=not head_needed,
         head_needed_by=GRADIENT_HEAD,
         dtype=DTYPES[dtype],
-        attn_implementation=ATTENTION_NAME,
+        attn_implementation=adapter.attn_implementation or ATTENTION_NAME,
         **({"trust_remote_code": True} if trust_remote_code else {}),
     )
     model = loaded.model

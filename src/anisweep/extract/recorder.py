@@ -345,6 +345,12 @@ class Hooks:
             calls.setdefault(("norm", site.module), []).append(on_layernorm)
         for (_, module), fns in calls.items():
             self._add(module, self._in_turn(fns))
+        for site in adapter.own_attention(base, geometry):
+
+            def on_attention(module, args, output, layer=site.layer, qkv=site.qkv, scaling=site.scaling):
+                recorder.attend(layer, *qkv(args), scaling)  # statistics only: the module's output stands
+
+            self._add(site.module, on_attention)
         for site in adapter.pre_rotary_qk(base, geometry):
 
             def on_qkv(module, args, output, layer=site.layer, split=site.split, rope=site.rope):

@@ -46,7 +46,9 @@ def run(
     the user's stream measures, listen in."""
     device = next(loaded.model.parameters()).device
     input_ids, mask = batch["input_ids"], batch["attention_mask"].bool()
-    sample = Sample.draw(input_ids, mask, settings.sample_tokens, settings.seed)
+    # the positions the tables cover: the tokens, or the sequence the adapter records instead (CANINE's molecules)
+    covered_ids, covered = loaded.adapter.recorded_positions(loaded.model.config, input_ids, mask)
+    sample = Sample.draw(covered_ids, covered, settings.sample_tokens, settings.seed)
     workers = Workers(torch.get_num_threads() if device.type == "cpu" else 1)
     g = loaded.geometry
     ropes = ("pre", "post") if g.rotary_dims else ("pre",)
@@ -77,7 +79,8 @@ def run(
             for start in tqdm(starts, desc="extract", unit="batch", disable=not progress, leave=False):
                 rows = slice(start, start + settings.batch_size)
                 ids, valid = to_device(input_ids[rows], device), to_device(mask[rows], device)
-                recorder.begin_batch(valid, start, host_valid=mask[rows])
+                covered_valid = valid if covered is mask else to_device(covered[rows], device)
+                recorder.begin_batch(covered_valid, start, host_valid=covered[rows])
                 loaded.adapter.forward(loaded.base, ids, valid.long())  # the base model, no KV cache to fill
             recorder.finish()
     finally:

@@ -209,7 +209,7 @@ def embeddings_table(adapter: Adapter, model: nn.Module, initialised: tuple[str,
                 }
                 for metric, value in geometry.partition_isotropies(w, centre=centre).items()
             ]
-    return pl.DataFrame(rows)
+    return pl.DataFrame(rows, schema=EXTRACT_SCHEMAS["embeddings"])  # no rows without matrices (CANINE's hashing)
 
 
 def tables(recorder: Recorder, loaded: LoadedModel, ident: dict) -> dict[str, pl.DataFrame]:
