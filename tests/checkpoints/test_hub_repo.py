@@ -373,3 +373,13 @@ def test_a_node_without_network_reads_the_listing_recorded_online(online, monkey
     monkeypatch.setattr(HfApi, "list_repo_refs", unreachable)
     with pytest.warns(UserWarning, match="cannot be reached .*recorded when the config was last read online"):
         assert resolve(entry) == before
+
+
+def test_a_star_stands_for_the_rest_of_a_branch_name(hub):
+    revisions = {name: config_only() for name in ("step1000-tokens4B", "step20000-tokens84B", "main")}
+    commits = build_hub_cache(hub, "allenai/OLMo-1B-hf", revisions)
+    found = resolve({"family": "hub", "name": "allenai/OLMo-1B-hf", "revision": "step{step}-tokens*B", "steps": "all"})
+    assert [(c.step, c.revision, c.commit) for c in found] == [
+        (1000, "step1000-tokens4B", commits["step1000-tokens4B"]),
+        (20000, "step20000-tokens84B", commits["step20000-tokens84B"]),
+    ]

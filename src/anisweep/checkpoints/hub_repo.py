@@ -8,7 +8,8 @@
     {family: hub, name: me/trainer-run, subfolder: "checkpoint-{step}", steps: all}   # folders in one revision
 
 ``{step}`` (an integer optimizer step) stands in ``revision`` (a branch or tag per checkpoint) or in ``subfolder``
-(a folder per checkpoint inside one revision), never in both. Without it the entry is one checkpoint: the revision
+(a folder per checkpoint inside one revision), never in both; ``*`` there stands for any other characters of the
+name (OLMo's ``step{step}-tokens*B``). Without it the entry is one checkpoint: the revision
 (default: the repo's default branch, ``main``), filed as step 0 with ``tokens_seen`` null unless ``steps`` names
 its step (``steps: [143000]``). With it, ``steps: all`` is every step that exists and ``final`` the largest.
 
@@ -245,7 +246,8 @@ def _hub_tree(repo: str, commit: str) -> dict[str, str]:
 
 
 def pattern_regex(pattern: str) -> re.Pattern:
-    return re.compile(re.escape(pattern).replace(re.escape(STEP), r"(\d+)"))
+    """`{step}` the integer step, `*` any other characters of one name (no `/`): OLMo's `step{step}-tokens*B`."""
+    return re.compile(re.escape(pattern).replace(re.escape(STEP), r"(\d+)").replace(r"\*", r"[^/]*?"))
 
 
 class HubRepo:
