@@ -96,12 +96,16 @@ def t5_reference(path, batch):
     return self_ref, cross_ref
 
 
-@pytest.mark.parametrize("head", ["lm", "base"])
-def test_t5_matches_eager_reference(tmp_path, head):
+#: ByT5 is T5 v1.1 on bytes: a gated-GELU feed-forward and an untied LM head (its tokenizer gives byte ids + 3)
+BYT5 = {"feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize(("head", "variant"), [("lm", {}), ("base", {}), ("lm", BYT5)])
+def test_t5_matches_eager_reference(tmp_path, head, variant):
     """Encoder, decoder and cross-attention statistics, residual stream and norms, with padding and mini-batches of
-    2, against eager T5 (unscaled scores plus the relative position bias)."""
+    2, against eager T5 and a ByT5-shaped model (unscaled scores plus the relative position bias)."""
     cls = transformers.T5ForConditionalGeneration if head == "lm" else transformers.T5Model
-    path = saved(tmp_path, cls, t5_config(), "t5")
+    path = saved(tmp_path, cls, t5_config(**variant), "t5")
     batch = padded_batch()
     tables, loaded = run_extract(path, batch)
     self_ref, cross_ref = t5_reference(path, batch)
