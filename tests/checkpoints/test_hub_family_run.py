@@ -179,3 +179,42 @@ def test_an_entry_key_reruns_its_checkpoints(swept, world, tmp_path, change):
     configfile = write_config(world, tmp_path / "config.yaml", [{**RUN, **change}, BERT, PUSHES])
     jobs = planned(world["env"], swept["workdir"], configfile)
     assert (jobs.get("fetch"), jobs.get("extract"), jobs.get("metrics")) == (3, 3, 3), jobs
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "repo, config, message",
+    [
+        (
+            "facebook/wav2vec2-base",
+            {"model_type": "wav2vec2", "architectures": ["Wav2Vec2ForPreTraining"]},
+            r"config: hub/facebook--wav2vec2-base/step0: no adapter knows the architecture 'Wav2Vec2ForPreTraining'.*"
+            r"supported: ",
+        ),
+        (
+            "helboukkouri/character-bert",
+            {"model_type": "character_bert", "auto_map": {"AutoModel": "modeling_character_bert.CharacterBertModel"}},
+            r"needs the repository's own code .*set trust_remote_code: true",
+        ),
+    ],
+)
+def test_a_cached_config_json_stops_the_workflow_before_any_job(world, tmp_path, repo, config, message):
+    """Offline the cache holds config.json: an architecture without an adapter, or remote code the entry does not
+    allow, stops the workflow when the config is read (online, at the checkpoint's fetch, before its weights)."""
+    import re
+
+    hf_home = tmp_path / "hf"
+    shutil.copytree(world["hf_home"], hf_home, symlinks=True)
+    build_hub_cache(
+        hf_home, repo, {"main": {"config.json": json.dumps(config).encode()}}, remote_only={"model.safetensors": b"w"}
+    )
+    configfile = write_config(world, tmp_path / "config.yaml", [{"family": "hub", "name": repo, "steps": "final"}])
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    command = snakemake_command(workdir, "--configfile", str(configfile), "--cores", "1", "-n")
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env={**world["env"], "HF_HOME": str(hf_home)}
+    )
+    assert done.returncode != 0 and re.search(message, done.stdout + done.stderr), (done.stdout + done.stderr)[-3000:]

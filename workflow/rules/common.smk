@@ -11,6 +11,8 @@ from anisweep.checkpoints.catalogue import final_step, params_millions
 from anisweep.code_inputs import code_inputs
 from anisweep.checkpoints.identity import source_identity
 from anisweep.adapters import UnsupportedArchitecture, adapter_for
+from anisweep.checkpoints.hub_repo import HubRepo, check_hub_config
+from anisweep.checkpoints.preflight import PreflightError
 from anisweep.measures.partial import Sweep, remove_fetched_weights, write_partial_sweeps
 from anisweep.plots.sweep import MODEL_FIGURES
 from anisweep.tables import UNTRAINED_TABLES
@@ -109,8 +111,18 @@ onstart:
 
 def check_architectures(checkpoints):
     """A local run whose config.json no adapter knows stops the workflow before any job, naming the supported
-    architectures (the Hub families are known ones; toys are built by the workflow)."""
+    architectures (the Hub families are known ones; toys are built by the workflow); so does a `hub` checkpoint
+    whose config.json the Hugging Face cache holds, or that needs remote code its entry does not allow (else its
+    fetch checks the config.json before any weight)."""
     for c in checkpoints:
+        if c.family == HubRepo.family:
+            hf = HubRepo.cached_config(c)
+            try:
+                if hf is not None:
+                    check_hub_config(hf, c.trust_remote_code, c.key)
+            except PreflightError as error:
+                raise WorkflowError(f"config: {error}") from None
+            continue
         path = Path(c.path or "") / "config.json"
         if c.family != "local" or not path.is_file():
             continue  # a missing config.json is fetch's error, for that checkpoint alone

@@ -459,7 +459,7 @@ class HubRepo:
         return max(steps)
 
     @classmethod
-    def _cached_config(cls, ckpt: Checkpoint) -> dict | None:
+    def cached_config(cls, ckpt: Checkpoint) -> dict | None:
         """The checkpoint's config.json when the cache holds it (no download when the config is read)."""
         from huggingface_hub import try_to_load_from_cache
 
@@ -474,7 +474,7 @@ class HubRepo:
     @classmethod
     def params_millions(cls, ckpt: Checkpoint) -> float:
         """From the cached config.json (embeddings + 12 d^2 per layer); 1B when it is not cached yet."""
-        hf = cls._cached_config(ckpt) or {}
+        hf = cls.cached_config(ckpt) or {}
         shape = shape_of(hf)
         vocab = hf.get("vocab_size") if isinstance(hf.get("vocab_size"), int) else 0
         if shape is None or shape.n_layers is None:
@@ -483,7 +483,7 @@ class HubRepo:
 
     @classmethod
     def shape_of_checkpoint(cls, ckpt: Checkpoint) -> ModelShape | None:
-        hf = cls._cached_config(ckpt)
+        hf = cls.cached_config(ckpt)
         return shape_of(hf) if hf else None
 
 
