@@ -162,7 +162,7 @@ class Recorder:
         kinds = {g.causal} | ({True} if g.causal_layers else set()) | ({False} if g.cross_layers else set())
         self._masks = {causal: self._mask(host_valid, causal) for causal in sorted(kinds)}
         self._host_blocks, self.n_visible, self.row_counts = self._masks[g.causal]
-        self._blocks = None
+        self._blocks, self._other_blocks = None, {}
         in_batch = ((self.sample.seq >= first_seq) & (self.sample.seq < first_seq + valid.shape[0])).nonzero()
         sample_rows = slice(int(in_batch[0]), int(in_batch[-1]) + 1) if len(in_batch) else slice(0, 0)
         flat_index = (self.sample.seq[sample_rows] - first_seq) * valid.shape[1] + self.sample.position[sample_rows]
@@ -206,9 +206,11 @@ class Recorder:
         once per batch and only when the torch ops run (the Triton kernel masks by itself); `causal`, where
         it is not the model's (T5's decoder)."""
         if causal is not None and causal != self.geometry.causal:
-            device = self.valid.device
-            host_blocks = self._masks[causal][0]
-            return [(rows, [k.to(device) for k in keys]) for rows, keys in host_blocks]
+            if causal not in self._other_blocks:
+                device = self.valid.device
+                host_blocks = self._masks[causal][0]
+                self._other_blocks[causal] = [(rows, [k.to(device) for k in keys]) for rows, keys in host_blocks]
+            return self._other_blocks[causal]
         if self._blocks is None:
             device = self.valid.device
             self._blocks = [(rows, [k.to(device) for k in keys]) for rows, keys in self._host_blocks]
