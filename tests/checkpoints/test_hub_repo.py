@@ -383,3 +383,11 @@ def test_a_star_stands_for_the_rest_of_a_branch_name(hub):
         (1000, "step1000-tokens4B", commits["step1000-tokens4B"]),
         (20000, "step20000-tokens84B", commits["step20000-tokens84B"]),
     ]
+
+
+def test_a_commit_hash_as_the_revision(hub):
+    commits = build_hub_cache(hub, "google/canine-c", {"main": config_only()})
+    (ck,) = resolve({"family": "hub", "name": "google/canine-c", "revision": commits["main"], "steps": "final"})
+    assert (ck.revision, ck.commit) == (commits["main"], commits["main"])
+    with pytest.raises(ConfigError, match=r"commit 0{40} is not in the local cache"):
+        resolve({"family": "hub", "name": "google/canine-c", "revision": "0" * 40, "steps": "final"})

@@ -384,6 +384,11 @@ class HubRepo:
     @classmethod
     def commit_of(cls, repo: str, revision: str) -> str:
         if _COMMIT.fullmatch(revision):
+            if _offline() and not (repo_folder(repo) / "snapshots" / revision).is_dir():
+                raise ConfigError(
+                    f"hub model {repo}: commit {revision} is not in the local cache (HF_HUB_OFFLINE is set); "
+                    + _FIX_OFFLINE.format(repo=repo)
+                )
             return revision
         refs = repo_refs(repo)
         if revision not in refs:
