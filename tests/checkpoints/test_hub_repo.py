@@ -391,3 +391,31 @@ def test_a_commit_hash_as_the_revision(hub):
     assert (ck.revision, ck.commit) == (commits["main"], commits["main"])
     with pytest.raises(ConfigError, match=r"commit 0{40} is not in the local cache"):
         resolve({"family": "hub", "name": "google/canine-c", "revision": "0" * 40, "steps": "final"})
+
+
+def test_trust_remote_code_reaches_the_model_load_and_extract_json(hub, tiny, tmp_path, monkeypatch):
+    """The entry's trust_remote_code travels with the fetch manifest to extract's load (AutoConfig and
+    from_pretrained) and into extract.json; without it, it is never passed as true."""
+    import transformers
+
+    from anisweep.extract.model import ExtractSettings
+    from anisweep.extract.run import extract_checkpoint
+
+    pushes(hub, tiny)
+    seen = []
+    original = transformers.AutoConfig.from_pretrained
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("trust_remote_code"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", recording)
+    texts = ["the cat sat on the mat and the dog sat on the log"] * 40
+    settings = ExtractSettings(n_sequences=2, seq_len=16, batch_size=2, sample_tokens=32, device="cpu")
+    for trust in (False, True):
+        entry = {"family": "hub", "name": REPO, "revision": "step{step}", "steps": [0], "trust_remote_code": trust}
+        (ck,) = resolve(entry)
+        manifest = fetch(ck, tmp_path / f"w{trust}")
+        info = extract_checkpoint(manifest, texts, settings, tmp_path / f"out{trust}", progress=False)
+        assert seen[-1] is trust and info["checkpoint"]["trust_remote_code"] is trust
+        assert json.loads((tmp_path / f"out{trust}" / "extract.json").read_text())["checkpoint"]["commit"] == ck.commit
