@@ -291,9 +291,7 @@ class HubRepo:
         for key, value in (("revision", revision), ("subfolder", subfolder)):
             if value is not None and (not isinstance(value, str) or not value.strip("/")):
                 raise ConfigError(f"hub model {repo}: {key} must be a non-empty string, got {value!r}")
-            if isinstance(value, str) and re.sub(re.escape(STEP), "", value).count("{") + value.count("}") > (
-                value.count(STEP)
-            ):
+            if isinstance(value, str) and any(brace in value.replace(STEP, "") for brace in "{}"):
                 raise ConfigError(
                     f"hub model {repo}: {key} {value!r} has a placeholder other than {STEP}; {STEP} (the integer "
                     f'optimizer step) is the only one, e.g. revision: "step{STEP}" or subfolder: "checkpoint-{STEP}"'
