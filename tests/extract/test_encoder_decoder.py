@@ -12,8 +12,12 @@ import transformers
 from test_extract import check_all
 
 from anisweep.extract import attention_torch
+from anisweep.extract.model import ExtractSettings, load_model
+from anisweep.extract.run import run
+from anisweep.extract.stream_measures import StreamMeasures
+from anisweep.measures.registry import measure_of, stream_measure
 
-from conftest import padded_batch, run_extract, saved, t5_config
+from conftest import albert_config, padded_batch, run_extract, saved, t5_config
 
 N_ENC, N_DEC = 2, 3  # t5_config's blocks
 
@@ -151,3 +155,54 @@ def test_t5_refuses_left_padding(tmp_path):
     batch = {key: value.flip(1) for key, value in batch.items()}
     with pytest.raises(ValueError, match="right padding"):
         run_extract(path, batch)
+
+
+SEEN = []
+
+
+@stream_measure(sites=["attention_probs", "ln_embed_in"])
+class Probe:
+    """Keeps what it is fed, with its Site (a test's probe)."""
+
+    def __init__(self, site):
+        self.site = site
+
+    def update(self, x, valid):
+        SEEN.append((self.site, x.clone(), valid.clone()))
+
+    def merge(self, other):
+        pass
+
+    def finalize(self):
+        return [{"metric": "seen", "value": 1.0}]
+
+
+def streamed(path, batch):
+    SEEN.clear()
+    loaded = load_model(path, device="cpu")
+    stream = StreamMeasures([measure_of(Probe, "test_encoder_decoder:Probe")], loaded.geometry, "test/m/step3")
+    run(loaded, batch, ExtractSettings(batch_size=5, sample_tokens=10_000, device="cpu"), progress=False, stream=stream)
+    return list(SEEN)
+
+
+def test_stream_measures_see_t5_self_attention_as_eager_does(tmp_path):
+    """A stream measure's attention_probs in T5 are eager's (bias added, decoder causal), and it sees no
+    cross-attention; its Site says which layers are causal."""
+    path = saved(tmp_path, transformers.T5Model, t5_config(), "t5")
+    batch = padded_batch()
+    seen = streamed(path, batch)
+    self_ref, _ = t5_reference(path, batch)
+    probs = [(site, x) for site, x, _ in seen if site.name == "attention_probs"]
+    assert [site.layer for site, _ in probs] == list(range(N_ENC + N_DEC))
+    valid = batch["attention_mask"].bool()
+    for site, x in probs:
+        assert site.causal == (site.layer >= N_ENC) and site.scaling == 1.0
+        eager = self_ref["attentions"][site.layer]
+        torch.testing.assert_close(x.transpose(1, 2)[valid], eager.transpose(1, 2)[valid], atol=1e-5, rtol=1e-5)
+
+
+def test_stream_measures_see_albert_embedding_at_its_own_width(tmp_path):
+    path = saved(tmp_path, transformers.AlbertModel, albert_config(), "albert")
+    seen = streamed(path, padded_batch())
+    embed = [(site, x) for site, x, _ in seen if site.name == "ln_embed_in"]
+    assert embed and all(site.d_model == 16 == x.shape[-1] for site, x in embed)

@@ -281,10 +281,10 @@ class Recorder:
         batch writes into them, and nothing that outlives a pass is allocated amid the model's temporaries.
         `width`: the site's vector size where it is not d_model (ALBERT's embedding size)."""
         key = (layer, site)
-        width = width or self.geometry.d_model
-        self.vectors[key] = VectorStats(width, self.device)
+        self.vectors[key] = VectorStats(width or self.geometry.d_model, self.device)
         if self.stream is not None:
-            self.stream.expect(layer, site)
+            self.stream.expect(layer, site, width)
+        width = width or self.geometry.d_model
         if site in SAMPLED_SITES:
             pinned = self.device.type == "cuda"  # so that copies into it need not wait: see finish()
             self.samples[key] = torch.empty(len(self.sample.seq), width, pin_memory=pinned)

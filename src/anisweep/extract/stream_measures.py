@@ -31,9 +31,13 @@ class StreamMeasures:
         self.pending: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
         self.scaling: dict[int, float] = {}
         self._listening: dict[str, list[Measure]] = {}
+        self.widths: dict[tuple[int, str], int] = {}  # hidden sites not d_model wide (ALBERT's embedding)
 
-    def expect(self, layer: int, site: str) -> None:
-        """The forward pass will feed `site` at `layer` in every mini-batch."""
+    def expect(self, layer: int, site: str, width: int | None = None) -> None:
+        """The forward pass will feed `site` at `layer` in every mini-batch; `width`, where its vectors are not
+        d_model wide."""
+        if width is not None:
+            self.widths[(layer, site)] = width
         sites = self.expected.setdefault(layer, [])
         if site not in sites:
             sites.append(site)
@@ -96,7 +100,7 @@ class StreamMeasures:
         return Site(
             name=name,
             layer=layer,
-            d_model=g.d_model,
+            d_model=max((self.widths.get((layer, s), g.d_model) for s in sites), default=g.d_model),
             n_heads=g.n_heads,
             d_head=g.d_head,
             n_layers=g.n_layers,
