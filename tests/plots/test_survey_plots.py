@@ -10,7 +10,7 @@ from anisweep.measures import geometry
 from anisweep.plots import survey
 
 
-def model_rows(family, model, steps, n_layers, d, stack=None, bad_step=None) -> list[dict]:
+def model_rows(family, model, steps, n_layers, d, bad_step=None) -> list[dict]:
     rng = np.random.default_rng(len(model))
     rows = []
     for step in steps:
@@ -20,10 +20,7 @@ def model_rows(family, model, steps, n_layers, d, stack=None, bad_step=None) -> 
             cos = float(rng.uniform(0.1, 0.9))
             values = {"avg_cos": cos, "avg_cos_pairs": cos + 0.01, "avg_cos_pairs_se": 0.02, "dim": d}
             for metric, value in values.items():
-                rows.append(
-                    base
-                    | {"layer": layer, "head": None, "site": "resid", "metric": metric, "value": value, "stack": stack}
-                )
+                rows.append(base | {"layer": layer, "head": None, "site": "resid", "metric": metric, "value": value})
         for test in ("spearman", "pearson"):
             for suffix, p in (("_p", 0.03), ("_p_ttest", 0.2)):
                 rows.append(
@@ -34,7 +31,6 @@ def model_rows(family, model, steps, n_layers, d, stack=None, bad_step=None) -> 
                         "site": "resid",
                         "metric": f"drift_avg_cos_{test}{suffix}",
                         "value": p,
-                        "stack": None,
                     }
                 )
     return rows
@@ -42,9 +38,7 @@ def model_rows(family, model, steps, n_layers, d, stack=None, bad_step=None) -> 
 
 def sweeps() -> pl.DataFrame:
     rows = model_rows("hub", "bert-base-uncased", [0, 100, 200], 4, 32, bad_step=200)
-    rows += model_rows("hub", "t5-base", [7], 3, 16, stack="encoder") + model_rows(
-        "hub", "t5-base", [7], 3, 16, stack="decoder"
-    )
+    rows += model_rows("hub", "t5-base", [7], 7, 16)  # encoder and decoder layers numbered straight through
     return pl.DataFrame(rows, infer_schema_length=None)
 
 
@@ -54,15 +48,6 @@ def test_each_model_at_its_last_analysed_step():
         "bert-base-uncased": [100],
         "t5-base": [7],
     }
-
-
-def test_a_decoders_layers_follow_its_encoders():
-    rows = survey.last_steps(sweeps()).filter(pl.col("model") == "t5-base")
-    depth = survey.depth_rows(rows, "avg_cos")
-    assert depth["depth"].to_list() == list(range(8))
-    encoder = rows.filter((pl.col("stack") == "encoder") & (pl.col("metric") == "avg_cos")).sort("layer")
-    decoder = rows.filter((pl.col("stack") == "decoder") & (pl.col("metric") == "avg_cos")).sort("layer")
-    assert depth["value"].to_list() == encoder["value"].to_list() + decoder["value"].to_list()
 
 
 def test_every_survey_figure_is_written(tmp_path):

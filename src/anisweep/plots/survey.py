@@ -2,7 +2,7 @@
 
 - `survey_layers.png` (their Fig. 1 and 2): the residual stream's avg_cos layer by layer, a line per model; the
   paper's estimate from uniformly drawn pairs as points with two standard errors. An encoder-decoder model's
-  decoder layers follow its encoder's, as the paper concatenates T5's.
+  decoder layers follow its encoder's (its layers are numbered so), as the paper concatenates T5's.
 - `survey_drift_p.png` (Fig. 5 and 16): per model, the p-value of the Spearman and of the Pearson correlation of
   drift_norm and avg_cos across layers: the exact permutation p (bars) and the t-test p the paper reports (dots),
   against p = 0.05.
@@ -36,23 +36,11 @@ def model_label(family: str, model: str, step: int) -> str:
 
 
 def depth_rows(rows: pl.DataFrame, metric: str) -> pl.DataFrame:
-    """(depth, value) of one model's per-layer `metric` at the residual stream, in order of depth: the decoder's
-    layers (column `stack` = "decoder", where the model has one) after the encoder's."""
+    """(depth, value) of one model's per-layer `metric` at the residual stream, in order of depth. An
+    encoder-decoder model numbers its layers straight through the decoder (docs/adapters.md), as the paper draws
+    T5's."""
     picked = rows.filter((pl.col("site") == SITE) & (pl.col("metric") == metric) & pl.col("head").is_null())
-    if "stack" not in picked.columns or picked["stack"].is_null().all():
-        return picked.select(pl.col("layer").alias("depth"), "value").sort("depth")
-    encoder = picked.filter(pl.col("stack") != "decoder")
-    offset = (encoder["layer"].max() + 1) if encoder.height else 0
-    return (
-        picked.with_columns(
-            pl.when(pl.col("stack") == "decoder")
-            .then(pl.col("layer") + offset)
-            .otherwise(pl.col("layer"))
-            .alias("depth")
-        )
-        .select("depth", "value")
-        .sort("depth")
-    )
+    return picked.select(pl.col("layer").alias("depth"), "value").sort("depth")
 
 
 def models_of(rows: pl.DataFrame) -> list[tuple[str, str, int]]:
