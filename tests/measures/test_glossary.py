@@ -13,11 +13,26 @@ from test_metrics import measure_checkpoint
 
 from anisweep.measures import glossary
 from anisweep.measures.gradient_metrics import GRADIENT_METRICS
+from anisweep.measures.metrics import checkpoint_metrics
 from anisweep.measures.sites import ATTENTION_STREAM_SITES
 from anisweep.measures.sweep import SWEEP_SCHEMA
-from anisweep.tables import ATTENTION_STATISTICS, METRIC_SCHEMA
+from anisweep.tables import ATTENTION_STATISTICS, METRIC_SCHEMA, write_atomic
 
-from conftest import bert_config, gpt2_config, llama_config, neox_config, olmo2_config, olmo_config
+from conftest import (
+    albert_config,
+    bert_config,
+    canine_config,
+    gpt2_config,
+    llama_config,
+    neox_config,
+    olmo2_config,
+    olmo_config,
+    padded_batch,
+    roberta_config,
+    run_extract,
+    saved,
+    t5_config,
+)
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
@@ -29,6 +44,13 @@ ARCHITECTURES = {
     "olmo": (transformers.OlmoForCausalLM, olmo_config),
     "olmo2": (transformers.Olmo2ForCausalLM, olmo2_config),
 }
+#: Architectures the gradient analysis does not cover: their extract tables' metrics alone.
+WITHOUT_GRADIENTS = {
+    "roberta": (transformers.RobertaForMaskedLM, roberta_config),
+    "albert": (transformers.AlbertForMaskedLM, albert_config),
+    "t5": (transformers.T5ForConditionalGeneration, t5_config),
+    "canine": (transformers.CanineModel, canine_config),
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +59,12 @@ def written(tmp_path_factory) -> dict[str, pl.DataFrame]:
     out = {}
     for name, (cls, config) in ARCHITECTURES.items():
         _, out[name] = measure_checkpoint(tmp_path_factory.mktemp(name), cls, config())
+    for name, (cls, config) in WITHOUT_GRADIENTS.items():
+        folder = tmp_path_factory.mktemp(name)
+        tables, _ = run_extract(saved(folder, cls, config(), "m"), padded_batch(n=5, t=12))
+        for table, df in tables.items():
+            write_atomic(df, folder / f"{table}.parquet")
+        out[name] = checkpoint_metrics(folder)
     return out
 
 

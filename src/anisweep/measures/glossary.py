@@ -56,7 +56,16 @@ class Term:
 
 # --------------------------------------------------------------------------- sites
 #: Sites of the norms' own parameters (layernorm.parquet).
-NORM_SITES = ("ln_embed", "ln_attn", "ln_mlp", "ln_attn_post", "ln_mlp_post", "final_ln")
+NORM_SITES = (
+    "ln_embed",
+    "ln_attn",
+    "ln_mlp",
+    "ln_attn_post",
+    "ln_mlp_post",
+    "ln_cross",
+    "encoder_final_ln",
+    "final_ln",
+)
 #: `qk_{rope}`: where the queries and keys are read (qk.parquet's rope).
 QK_SITES = ("qk_pre", "qk_post", "qk_pre_norm")
 #: The queries and keys kept whole for a token sample (qk_sample.parquet): not those before a q/k norm.
@@ -88,11 +97,29 @@ SITES: tuple[Term, ...] = (
     Term("ln_attn_post_out", f"OLMo 2's norm of the attention output: {_LN_IO}", MOLINA),
     Term("ln_mlp_post_in", f"OLMo 2's norm of the MLP output: {_LN_IO}", MOLINA),
     Term("ln_mlp_post_out", f"OLMo 2's norm of the MLP output: {_LN_IO}", MOLINA),
+    Term("ln_cross_in", f"T5's decoder: the norm before cross-attention: {_LN_IO}", MOLINA),
+    Term("ln_cross_out", f"T5's decoder: the norm before cross-attention: {_LN_IO}", MOLINA),
+    Term(
+        "encoder_final_ln_in",
+        "T5: the encoder's output just before its final norm, at `layer` = number of encoder blocks",
+        MACHINA,
+    ),
+    Term(
+        "encoder_final_ln_out", "T5: the encoder's final norm's output (with its gain), the decoder reads it", MACHINA
+    ),
+    Term(
+        "decoder_embed",
+        "T5: the decoder's embedding of the text shifted right (teacher forcing), at `layer` = number of encoder"
+        " blocks, the input of the first decoder block",
+        GODEY,
+    ),
     Term("ln_embed", "the parameters of BERT's embedding LayerNorm (`layer` 0)", MACHINA),
     Term("ln_attn", "the parameters of block `layer`'s attention-sublayer norm (blocks counted from 1)", MACHINA),
     Term("ln_mlp", "the parameters of block `layer`'s MLP-sublayer norm (blocks counted from 1)", MACHINA),
     Term("ln_attn_post", "the parameters of OLMo 2's attention-output norm in block `layer` (from 1)", MACHINA),
     Term("ln_mlp_post", "the parameters of OLMo 2's MLP-output norm in block `layer` (from 1)", MACHINA),
+    Term("ln_cross", "the parameters of T5's decoder norm before cross-attention in block `layer` (from 1)", MACHINA),
+    Term("encoder_final_ln", "the parameters of T5's encoder final norm (`layer` = number of encoder blocks)", MACHINA),
     Term("final_ln", "the parameters of the final LayerNorm (`layer` = number of blocks)", MACHINA),
     Term(
         "qk_pre",
