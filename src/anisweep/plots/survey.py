@@ -32,7 +32,9 @@ def last_steps(sweeps: pl.DataFrame) -> pl.DataFrame:
 
 
 def model_label(family: str, model: str, step: int) -> str:
-    return f"{model} (step {step})" if family in ("hub", "local", "toy") else f"{family}/{model} (step {step})"
+    """The model's name, and its step where it has one (a hub model's single checkpoint is filed as step 0)."""
+    name = model if family in ("hub", "local", "toy") else f"{family}/{model}"
+    return f"{name} (step {step})" if step else name
 
 
 def depth_rows(rows: pl.DataFrame, metric: str) -> pl.DataFrame:
@@ -78,12 +80,18 @@ def plot_drift_p(rows: pl.DataFrame, path: Path) -> None:
     for ax, test in zip(axes, ("spearman", "pearson")):
         exact = [_value(rows, family, model, f"drift_avg_cos_{test}_p") for family, model, _ in models]
         ttest = [_value(rows, family, model, f"drift_avg_cos_{test}_p_ttest") for family, model, _ in models]
+        positive = [p for p in (*exact, *ttest) if p > 0]
+        floor = min([*positive, 0.05]) / 4 if positive else 1e-3
         ax.bar(x, exact, color="tab:blue", alpha=0.6, label="permutation p (exact up to 8 layers)")
-        ax.plot(x, ttest, "o", color="black", ms=4, label="t-test p (as the paper reports)")
+        ttest = np.asarray(ttest, dtype=float)
+        zero = ttest == 0  # perfectly monotone layers: a t-test p of 0, drawn on the axis
+        ax.plot(x[~zero], ttest[~zero], "o", color="black", ms=4, label="t-test p (as the paper reports)")
+        ax.plot(
+            x[zero], np.full(zero.sum(), floor), "v", color="black", ms=5, label="t-test p = 0 (drawn at the bottom)"
+        )
         ax.axhline(0.05, color="red", ls=":", label="p = 0.05")
         ax.set_yscale("log")
-        low = np.nanmin([*exact, *ttest, 0.05])
-        ax.set_ylim(min(low / 2, 1e-3) if np.isfinite(low) else 1e-3, 1.5)
+        ax.set_ylim(floor / 2, 1.5)
         ax.set_xticks(x, [model for _, model, _ in models], rotation=45, ha="right", fontsize=8)
         ax.set_ylabel("p-value")
         ax.set_title(f"{test.capitalize()}: drift_norm vs avg_cos across layers", fontsize=9)
