@@ -67,8 +67,10 @@ def matching(page: str, marker: str) -> list[Block]:
 NOT_RUN = {
     ("README.md", "python3.11 -m venv"): "a new virtual environment installed from PyPI, then the whole default sweep "
     "(minutes) and the whole test suite: the README's two commands, run from a fresh clone by hand",
-    ("README.md", 'pip install -e ".[hub]"'): "installs from PyPI; my.yaml there is the config above it, whose models "
+    ("README.md", "--directory /scratch/run1"): "installs from PyPI; my.yaml there is the config above it, whose models "
     "download from the Hub and whose local run is /data/run",
+    ("README.md", "godey2024_survey.yaml"): "installs from PyPI and downloads seven models and WikiText-103 from the "
+    "Hub (tests/workflow/test_survey.py runs this config offline, tiny models under the same repository ids)",
     ("README.md", 'pip install -e ".[slurm]"'): "installs from PyPI and submits to a SLURM cluster "
     "(tests/workflow/test_slurm.py runs the profile on a one-node SLURM it starts)",
     ("docs/slurm.md", 'pip install -e ".[slurm]"'): "installs from PyPI",
