@@ -67,7 +67,10 @@ def matching(page: str, marker: str) -> list[Block]:
 NOT_RUN = {
     ("README.md", "python3.11 -m venv"): "a new virtual environment installed from PyPI, then the whole default sweep "
     "(minutes) and the whole test suite: the README's two commands, run from a fresh clone by hand",
-    ("README.md", "--directory /scratch/run1"): "installs from PyPI; my.yaml there is the config above it, whose models "
+    (
+        "README.md",
+        "--directory /scratch/run1",
+    ): "installs from PyPI; my.yaml there is the config above it, whose models "
     "download from the Hub and whose local run is /data/run",
     ("README.md", "godey2024_survey.yaml"): "installs from PyPI and downloads seven models and WikiText-103 from the "
     "Hub (tests/workflow/test_survey.py runs this config offline, tiny models under the same repository ids)",
@@ -158,12 +161,32 @@ def own_figure(tmp_path: Path):
     return {"table_measure": table_measure}, check
 
 
+def module_names(tmp_path: Path):
+    """docs/adapters.md, Find the module names: a tiny ALBERT's modules, among them the ones the adapter hooks."""
+
+    def check(namespace):
+        names = [name for name, _ in namespace["model"].named_modules()]
+        assert {"encoder.embedding_hidden_mapping_in", "encoder.albert_layer_groups.0.albert_layers.0"} <= set(names)
+
+    return {}, check
+
+
 #: (page, a string only that block holds): its setup
 PYTHON = {
     ("README.md", "from anisweep.results import"): results_folder,
     ("README.md", "AnisweepCallback("): trainer_run,
     ("docs/measures.md", "figure=draw"): own_figure,
+    ("docs/adapters.md", "named_modules()"): module_names,
 }
+
+#: docs/adapters.md's worked example shows the ALBERT adapter's own methods: (a string only that block holds)
+ALBERT = Path(__file__).resolve().parents[1] / "src" / "anisweep" / "adapters" / "albert.py"
+ADAPTER_EXCERPTS = ("def geometry(self, config)", "def applications(base)", "def resid_sites(self, base)")
+
+
+def adapter_excerpt(b: Block) -> bool:
+    return b.page == "docs/adapters.md" and any(marker in b.code for marker in ADAPTER_EXCERPTS)
+
 
 #: the config a snippet is merged into (its top-level keys replace these)
 MINIMAL = {
@@ -193,7 +216,8 @@ def test_every_block_is_run_or_listed():
     assert not [key for key in [*NOT_RUN, *PYTHON] if len(matching(*key)) != 1], "each entry names one block"
     unknown = [str(b) for b in blocks() if b.language not in LANGUAGES]
     assert not unknown, f"a fence without one of the languages {sorted(LANGUAGES)}: {unknown}"
-    neither = [str(b) for b in blocks() if b not in not_run() and not measures_package_file(b) and not runs_here(b)]
+    listed = [b for b in blocks() if b in not_run() or measures_package_file(b) or adapter_excerpt(b)]
+    neither = [str(b) for b in blocks() if b not in listed and not runs_here(b)]
     assert not neither, f"blocks neither run nor listed in NOT_RUN: {neither}"
 
 
@@ -205,6 +229,18 @@ def test_measures_package_blocks_are_the_package_tests_build(tmp_path):
     assert files
     for path, code in files.items():
         assert (root / path).read_text() == code.split("\n", 1)[1], path  # the file, under its name's line
+
+
+def test_the_adapter_walkthrough_shows_the_adapters_own_code():
+    """Each excerpt of docs/adapters.md's ALBERT example, its lines as they stand in adapters/albert.py (indented
+    one level there, in the class)."""
+    source = [line.strip() for line in ALBERT.read_text().splitlines()]
+    excerpts = [b for b in blocks() if adapter_excerpt(b)]
+    assert len(excerpts) == len(ADAPTER_EXCERPTS)
+    for b in excerpts:
+        lines = [line.strip() for line in b.code.splitlines()]
+        starts = [i for i, line in enumerate(source) if line == lines[0]]
+        assert any(source[i : i + len(lines)] == lines for i in starts), str(b)
 
 
 # the README's callback is asked for steps 100 and 1000, past the test's one training step: warned about
