@@ -303,7 +303,8 @@ def cmd_plot_survey(args) -> None:
 
     from anisweep.plots.survey import plot_survey
 
-    plot_survey(pl.concat([pl.read_parquet(p) for p in args.sweeps], how="diagonal_relaxed"), Path(args.out_dir))
+    sweeps = pl.concat([pl.read_parquet(p) for p in args.sweeps], how="diagonal_relaxed")
+    plot_survey(sweeps, Path(args.out_dir), groups=args.groups)
 
 
 def cmd_untrained(args) -> None:
@@ -536,6 +537,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plot-survey", help="Godey et al. 2024 Section 3's figures across every model, at its last step")
     p.add_argument("--out-dir", required=True)
+    p.add_argument("--groups", type=_json, default={}, help='JSON {"family/model": group}: a panel per group')
     p.add_argument("sweeps", nargs="+")
     p.set_defaults(run=cmd_plot_survey)
 

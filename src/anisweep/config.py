@@ -220,6 +220,19 @@ def models(config: dict) -> list[tuple[str, str]]:
     return list(dict.fromkeys((c.family, c.model) for c in checkpoints(config)))
 
 
+def groups(config: dict) -> dict[str, str]:
+    """{"family/model": group} of the models entries that name a `group` (the survey figures' panels), the model
+    named as its results folder is."""
+    from anisweep.checkpoints.hub_repo import HubRepo
+
+    found = {}
+    for entry in config.get("models", []):
+        if entry.get("group"):
+            model = HubRepo.repo_and_model(entry)[1] if entry["family"] == "hub" else str(entry["name"])
+            found[f"{entry['family']}/{model}"] = entry["group"]
+    return found
+
+
 def describe(config: dict) -> list[dict[str, Any]]:
     return [c.to_dict() for c in checkpoints(complete(config))]
 

@@ -150,6 +150,17 @@ def test_one_checkpoint_alone_then_the_sweep_tables(run):
     assert at_once == {"fetch": 1, "extract": 1, "metrics": 1, **per_model}
 
 
+def test_a_models_group_redraws_the_survey_figures_alone(run):
+    """`group` labels a model for the survey figures' panels: it changes no table."""
+    root, workdir = run["root"], run["workdir"]
+    base = planned(workdir, run["config"])
+    grouped = planned(workdir, write_config(root / "grouped.yaml", [{**neox(), "group": "token-level"}]))
+    assert grouped.get("plot_survey", 0) == 1 + base.get("plot_survey", 0)
+    assert {rule: n for rule, n in grouped.items() if rule != "plot_survey"} == {
+        rule: n for rule, n in base.items() if rule != "plot_survey"
+    }
+
+
 def test_growing_the_sweep_schedules_only_the_new_checkpoints(run):
     root, workdir = run["root"], run["workdir"]
     base = planned(workdir, run["config"])

@@ -14,6 +14,7 @@ import pytest
 import transformers
 import yaml
 
+from anisweep import config as anisweep_config
 from anisweep.plots.survey import FIGURES
 
 from conftest import canine_config, snakemake_command, t5_config
@@ -141,3 +142,6 @@ def test_every_model_of_the_survey_is_measured_layer_by_layer(survey):
 def test_the_survey_figures_are_drawn(survey):
     for name in FIGURES:
         assert (survey / "results" / "figures" / name).stat().st_size > 20_000, name
+    groups = {f"hub/{entry['name']}": entry["group"] for entry in SURVEY["models"]}
+    assert set(groups.values()) == {"token-level", "character-level"}
+    assert anisweep_config.groups(SURVEY) == groups

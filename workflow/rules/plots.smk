@@ -106,8 +106,11 @@ rule plot_survey:
         "logs/plots/survey.log",
     conda:
         CONDA_ENV
+    params:
+        groups=json_arg(anisweep_config.groups(config)),
     shell:
-        "{ANISWEEP} plot-survey --out-dir results/figures {input.sweeps} 2> {log:q} " + failing("plot_survey")
+        "{ANISWEEP} plot-survey --out-dir results/figures --groups {params.groups} {input.sweeps} 2> {log:q} "
+        + failing("plot_survey")
 
 
 rule plot_score_hist:

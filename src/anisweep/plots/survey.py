@@ -49,11 +49,16 @@ def models_of(rows: pl.DataFrame) -> list[tuple[str, str, int]]:
     return sorted(set(rows.select("family", "model", "step").iter_rows()))
 
 
-def plot_layers(rows: pl.DataFrame, path: Path) -> None:
-    """Fig. 1 / 2: avg_cos per layer, a line per model, the pair estimate with two standard errors."""
-    fig, axes = panel_grid(1, 1, size=(6.0, 4.0))
-    ax = axes[0]
-    for i, (family, model, step) in enumerate(models_of(rows)):
+def plot_layers(rows: pl.DataFrame, path: Path, groups: dict[str, str] | None = None) -> None:
+    """Fig. 1 / 2: avg_cos per layer, a line per model, the pair estimate with two standard errors; a panel per
+    group (`groups`: "family/model" -> its group; the others together), as the paper parts token-level models
+    (Fig. 1) from character-level ones (Fig. 2)."""
+    groups = groups or {}
+    models = models_of(rows)
+    panels = list(dict.fromkeys(groups.get(f"{family}/{model}", "") for family, model, _ in models))
+    fig, axes = panel_grid(len(panels), min(2, len(panels)), size=(6.0, 4.0))
+    for i, (family, model, step) in enumerate(models):
+        ax = axes[panels.index(groups.get(f"{family}/{model}", ""))]
         own = rows.filter((pl.col("family") == family) & (pl.col("model") == model))
         exact, pairs, se = (depth_rows(own, m) for m in ("avg_cos", "avg_cos_pairs", "avg_cos_pairs_se"))
         colour = f"C{i % 10}"
@@ -62,13 +67,17 @@ def plot_layers(rows: pl.DataFrame, path: Path) -> None:
             ax.errorbar(
                 pairs["depth"], pairs["value"], yerr=2 * se["value"], fmt="o", ms=3, color=colour, capsize=2, alpha=0.7
             )
-    ax.set_xlabel("layer (0 = embeddings; a decoder's layers follow its encoder's)")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_ylabel("mean pairwise cosine of the residual stream")
-    ax.set_title("lines: exact over every token; points: uniform pairs, ±2 SE", fontsize=9)
-    ax.axhline(0, color="grey", lw=0.6)
-    legend_beside(fig, axes, source=ax, fontsize=8)
-    fig.suptitle("Anisotropy layer by layer (Godey et al. 2024, Fig. 1-2)")
+    for ax, panel in zip(axes, panels):
+        ax.set_xlabel("layer (0 = embeddings; a decoder's layers follow its encoder's)")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_ylabel("mean pairwise cosine of the residual stream")
+        ax.set_title(panel or "lines: exact over every token; points: uniform pairs, ±2 SE", fontsize=9)
+        ax.axhline(0, color="grey", lw=0.6)
+        ax.legend(fontsize=7) if len(panels) > 1 else legend_beside(fig, axes, source=ax, fontsize=8)
+    title = "Anisotropy layer by layer (Godey et al. 2024, Fig. 1-2)"
+    if len(panels) > 1:
+        title += "\nlines: exact over every token; points: uniform pairs, ±2 SE"
+    fig.suptitle(title)
     save_figure(fig, path)
 
 
@@ -137,11 +146,12 @@ def plot_isotropic(rows: pl.DataFrame, path: Path) -> None:
     save_figure(fig, path)
 
 
-def plot_survey(sweeps: pl.DataFrame, out_dir: Path) -> None:
-    """Every figure of FIGURES into `out_dir` from the models' sweeps (their concatenated sweep.parquet)."""
+def plot_survey(sweeps: pl.DataFrame, out_dir: Path, groups: dict[str, str] | None = None) -> None:
+    """Every figure of FIGURES into `out_dir` from the models' sweeps (their concatenated sweep.parquet); `groups`
+    ("family/model" -> group) parts survey_layers.png into a panel per group."""
     rows = last_steps(sweeps)
     out_dir = Path(out_dir)
     pyplot()  # the backend, before any figure
-    plot_layers(rows, out_dir / "survey_layers.png")
+    plot_layers(rows, out_dir / "survey_layers.png", groups)
     plot_drift_p(rows, out_dir / "survey_drift_p.png")
     plot_isotropic(rows, out_dir / "survey_isotropic.png")
