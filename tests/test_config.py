@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from anisweep import config
-from anisweep.checkpoints.catalogue import FAMILIES, final_step, params_millions
+from anisweep.checkpoints.catalogue import COMMON_ENTRY_KEYS, FAMILIES, final_step, params_millions
 from anisweep.checkpoints.hub import MultiBERTs, Pythia
 from anisweep.errors import ConfigError
 from anisweep.extract.model import ExtractSettings
@@ -41,7 +41,7 @@ def test_toy_entries_are_the_toy_spec_fields():
 def test_families_of_the_schema_are_the_catalogue_registry():
     models = config.schema()["properties"]["models"]["items"]["properties"]
     assert models["family"]["enum"] == list(FAMILIES)
-    entry_keys = set().union(*(cls.entry_keys for cls in FAMILIES.values()))
+    entry_keys = set().union(*(cls.entry_keys for cls in FAMILIES.values()), COMMON_ENTRY_KEYS)
     assert set(models) == entry_keys
 
 

@@ -58,6 +58,8 @@ FAMILIES: dict[str, type] = {
 }
 
 
+#: Keys every family's entry may hold, besides its own `entry_keys`: what later stages read (the survey figures' group).
+COMMON_ENTRY_KEYS = ("group",)
 _ALL_KEYS = sorted({k for cls in FAMILIES.values() for k in cls.entry_keys})
 
 
@@ -77,7 +79,7 @@ def tokens_per_step(family: str) -> int | None:
 
 
 def _check_keys(entry: Mapping[str, Any], cls: type, name: str) -> None:
-    valid = cls.entry_keys
+    valid = (*cls.entry_keys, *COMMON_ENTRY_KEYS)
     for key in entry:
         if key in valid:
             continue
