@@ -174,8 +174,10 @@ def settings_of(section, keys):
 
 
 # Every rule's command line starts with {params.cli}: untracked, so that another interpreter or checkout path
-# reruns nothing.
+# reruns nothing. The rules whose figures are in the report write it into their command instead (their parameters
+# panel shows the figure's settings only): another interpreter or checkout redraws those figures.
 CLI = untracked(ANISWEEP)
+ANISWEEP_IN_SHELL = ANISWEEP.replace("{", "{{").replace("}", "}}")
 
 # The extract settings that change extract's tables: device, attention and batch_size choose how the same
 # numbers are computed (to rounding), and max_unknown_token_share only whether a run may start, so changing them
@@ -184,7 +186,7 @@ EXTRACT_OUTPUT_KEYS = sorted(set(config["extract"]) - {"device", "attention", "b
 
 
 def on_failure(rule):
-    """params of every rule without a figure in the report, untracked (editing it reruns nothing): the shell suffix
+    """The params of the rules without figures in the report, untracked (editing it reruns nothing). The suffix
     after `2> {log}` (anisweep.job_failure) that repeats the cause on the console when the command fails: the last
     line of its log, or, where it could not write one (a full disk), that it wrote none and the free space there;
     a kill by a signal named; the command's status kept. The per-checkpoint commands start their line with
@@ -202,11 +204,14 @@ def on_failure(rule):
     return suffix
 
 
-def failing(rule, *wildcards):
-    """The same suffix written into the `shell:` of a rule whose figures are in the report, so that its parameters
-    panel shows the figure's settings only; `wildcards`, the rule's, in its output's order."""
-    fields = "/".join(f"{{wildcards.{name}:q}}" for name in wildcards)
-    return failure_suffix_template(f"{rule}' '{fields}" if wildcards else rule, name_in_line=True)
+def figure_command(command, rule, *wildcards):
+    """The `shell:` text of each figure job in the report: the CLI `command` (Snakemake's fields in it), its stderr
+    to its log and the failure suffix written into the text, not passed as params, so that the figure's parameters
+    panel in the report shows its settings only; `wildcards`, the rule's, in its output's order, name the job in
+    the cause line."""
+    fields = [f"{{wildcards.{name}:q}}" for name in wildcards]
+    key = f"{rule}' '{'/'.join(fields)}" if wildcards else rule
+    return f"{ANISWEEP_IN_SHELL} {command} 2> {{log:q}} {failure_suffix_template(key, name_in_line=True)}"
 
 
 def sweep_of(family, model, job=None):

@@ -57,5 +57,10 @@ rule qk_svd:
         seed=config["qk_svd"]["seed"],
         heads=json_arg(config["qk_svd"]["heads"]),
     shell:
-        "{ANISWEEP} qk-svd --out {output.table} --figures-dir {params.figures} --fraction {params.fraction} "
-        "--seed {params.seed} --heads {params.heads} {params.dirs} 2> {log:q} " + failing("qk_svd", "family", "model")
+        figure_command(
+            "qk-svd --out {output.table} --figures-dir {params.figures} --fraction {params.fraction} "
+            "--seed {params.seed} --heads {params.heads} {params.dirs}",
+            "qk_svd",
+            "family",
+            "model",
+        )

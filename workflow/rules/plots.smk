@@ -28,8 +28,12 @@ rule plot_model:
     params:
         out_dir="results/{family}/{model}/figures",
     shell:
-        "{ANISWEEP} plot --sweep {input.sweep} --out-dir {params.out_dir} 2> {log:q} "
-        + failing("plot_model", "family", "model")
+        figure_command(
+            "plot --sweep {input.sweep} --out-dir {params.out_dir}",
+            "plot_model",
+            "family",
+            "model",
+        )
 
 
 # A user's measure's figure (its own, or the default: value over training per layer), from the model's sweep.
@@ -54,8 +58,13 @@ rule plot_measure:
         entry=lambda wc: shlex.quote(MEASURES[wc.measure].entry),
         code=lambda wc: MEASURES[wc.measure].code_identity,
     shell:
-        "{ANISWEEP} plot-measure --entry {params.entry} --sweep {input.sweep} --out {output} "
-        "2> {log:q} " + failing("plot_measure", "family", "model", "measure")
+        figure_command(
+            "plot-measure --entry {params.entry} --sweep {input.sweep} --out {output}",
+            "plot_measure",
+            "family",
+            "model",
+            "measure",
+        )
 
 
 rule plot_family:
@@ -74,7 +83,11 @@ rule plot_family:
     conda:
         CONDA_ENV
     shell:
-        "{ANISWEEP} plot-family --out {output} {input.sweeps} 2> {log:q} " + failing("plot_family", "family")
+        figure_command(
+            "plot-family --out {output} {input.sweeps}",
+            "plot_family",
+            "family",
+        )
 
 
 rule plot_families:
@@ -92,7 +105,10 @@ rule plot_families:
     conda:
         CONDA_ENV
     shell:
-        "{ANISWEEP} plot-families --out {output} {input.sweeps} 2> {log:q} " + failing("plot_families")
+        figure_command(
+            "plot-families --out {output} {input.sweeps}",
+            "plot_families",
+        )
 
 
 # Godey et al. 2024 Section 3 across every model of the config, each at its last analysed step (plots/survey.py).
@@ -109,8 +125,10 @@ rule plot_survey:
     params:
         groups=json_arg(anisweep_config.groups(config)),
     shell:
-        "{ANISWEEP} plot-survey --out-dir results/figures --groups {params.groups} {input.sweeps} 2> {log:q} "
-        + failing("plot_survey")
+        figure_command(
+            "plot-survey --out-dir results/figures --groups {params.groups} {input.sweeps}",
+            "plot_survey",
+        )
 
 
 rule plot_score_hist:
@@ -129,8 +147,12 @@ rule plot_score_hist:
     conda:
         CONDA_ENV
     shell:
-        "{ANISWEEP} plot-score-hist --out {output} {input.hists} 2> {log:q} "
-        + failing("plot_score_hist", "family", "model")
+        figure_command(
+            "plot-score-hist --out {output} {input.hists}",
+            "plot_score_hist",
+            "family",
+            "model",
+        )
 
 
 # Per model: the normalised singular-value spectra of the sampled hidden states and q/k over training.
@@ -145,8 +167,12 @@ rule plot_spectra:
     conda:
         CONDA_ENV
     shell:
-        "{ANISWEEP} plot-spectra --out {output} {input.spectra} 2> {log:q} "
-        + failing("plot_spectra", "family", "model")
+        figure_command(
+            "plot-spectra --out {output} {input.spectra}",
+            "plot_spectra",
+            "family",
+            "model",
+        )
 
 
 rule plot_gradients:
@@ -163,8 +189,12 @@ rule plot_gradients:
         out_dir="results/{family}/{model}/figures",
         figures=" ".join(gradient_figures(GRADIENTS)),
     shell:
-        "{ANISWEEP} plot-gradients --sweep {input.sweep} --out-dir {params.out_dir} --figures {params.figures} "
-        "2> {log:q} " + failing("plot_gradients", "family", "model")
+        figure_command(
+            "plot-gradients --sweep {input.sweep} --out-dir {params.out_dir} --figures {params.figures}",
+            "plot_gradients",
+            "family",
+            "model",
+        )
 
 
 rule plot_untrained:
@@ -179,5 +209,7 @@ rule plot_untrained:
     conda:
         CONDA_ENV
     shell:
-        "{ANISWEEP} plot-untrained --tables-dir results/untrained --out-dir results/untrained/figures "
-        "2> {log:q} " + failing("plot_untrained")
+        figure_command(
+            "plot-untrained --tables-dir results/untrained --out-dir results/untrained/figures",
+            "plot_untrained",
+        )

@@ -26,9 +26,12 @@ scaling 1/sqrt(d_head): the statistics are those of the attention the module com
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from anisweep.adapters.base import Adapter, Geometry, LayerNormSite, OwnAttention, ResidSite, heads
+
+if TYPE_CHECKING:  # the workflow imports the adapters without torch when it is parsed
+    import torch
 
 
 class CanineAdapter(Adapter):
@@ -49,6 +52,8 @@ class CanineAdapter(Adapter):
     def recorded_positions(self, config, input_ids, attention_mask):
         """(ids, mask) of the molecules: mask as HF's max-pool over windows of `downsampling_rate` characters, id
         the first character of the window the molecule holds (molecule 0: [CLS], the first character)."""
+        import torch
+
         rate = config.downsampling_rate
         b, t = input_ids.shape
         n = t // rate
