@@ -118,6 +118,7 @@ def test_editing_a_measure_reruns_exactly_its_jobs(swept, installed):
             "plot_model": 1,
             "plot_family": 1,
             "plot_spectra": 1,
+            "plot_survey": 1,
             "glossary": 1,
         }
         rank.write_text(original[0])
