@@ -65,13 +65,17 @@ def check_model_config(hf_config: dict[str, Any], settings: Any, where: str) -> 
             f"{where}: extract.seq_len = {settings.seq_len} is longer than the {positions} positions the model has "
             f"({key}); set extract.seq_len to at most {positions}"
         )
-    d_model = hf_config.get("hidden_size") or hf_config.get("n_embd")
-    sampled = min(settings.sample_tokens, settings.n_sequences * settings.seq_len)
+    shape = shape_of(hf_config)
+    d_model = shape.d_model if shape else None
+    rate = hf_config.get("downsampling_rate") or 1  # CANINE: the layers see one position per `rate` characters
+    recorded = settings.n_sequences * (settings.seq_len // rate)
+    sampled = min(settings.sample_tokens, recorded)
     if d_model and sampled < d_model:
+        per = f" / downsampling_rate {rate}" if rate > 1 else ""
         cause = (
             f"extract.sample_tokens = {settings.sample_tokens}"
             if settings.sample_tokens < d_model
-            else f"the evaluation batch (n_sequences x seq_len = {settings.n_sequences * settings.seq_len} tokens)"
+            else f"the evaluation batch (n_sequences x seq_len{per} = {recorded} positions)"
         )
         raise PreflightError(
             f"{where}: {cause} keeps fewer hidden-state samples than d_model = {d_model}: IsoScore and the spectra "
