@@ -41,10 +41,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     recorder = _ACTIVE.get()
     layer, cross = recorder.layer_of(module)
-    bias = kwargs.get("position_bias")
-    if bias is None and not cross:  # the plain call, as Recorder subclasses (mechanism.untrained) override it
-        return recorder.attend(layer, query, key, value, scaling), None
-    return recorder.attend(layer, query, key, value, scaling, bias=bias, cross=cross), None
+    return recorder.attend(layer, query, key, value, scaling, bias=kwargs.get("position_bias"), cross=cross), None
 
 
 def attention_kernel(choice: str, device: torch.device):
@@ -257,9 +254,8 @@ class Recorder:
             query, key, value, scaling, self.blocks(causal), self.all_valid, self.workers, self.scratch, bias=bias
         )
 
-    def feed_attention(self, layer, query, key, output, scaling, causal=None, bias=None) -> None:
+    def feed_attention(self, layer, query, key, output, scaling, causal, bias) -> None:
         """The stream measures' attention sites of one layer; the (B, H, T, T) maps only where one listens."""
-        causal = self.geometry.is_causal(layer) if causal is None else causal
         sites = {"q": query, "k": key, "attention_output": output}
         if self.stream.wants("attention_scores") or self.stream.wants("attention_probs"):
             sites["attention_scores"], sites["attention_probs"] = attention_maps(

@@ -284,9 +284,9 @@ class BlockRecorder(Recorder):
         self.attention = {layer: ExtremeAttentionStats(g.n_heads, self.device) for layer in range(g.n_layers)}
         self.extras = {layer: QKExtras(g.n_heads, g.d_head, self.edges) for layer in range(g.n_layers)}
 
-    def attend(self, layer, query, key, value, scaling) -> torch.Tensor:
+    def attend(self, layer, query, key, value, scaling, bias=None, cross=False) -> torch.Tensor:
         self.extras[layer].update(query, key, scaling, self.valid, self.geometry.causal)
-        return super().attend(layer, query, key, value, scaling)
+        return super().attend(layer, query, key, value, scaling, bias=bias, cross=cross)
 
 
 # --------------------------------------------------------------------------- one run
