@@ -1,0 +1,483 @@
+"""An audit of a model's published grid before any weights move: is each checkpoint what its name says?
+
+From file metadata only (anisweep.checkpoints.grid_listing: the repository's branches and, on each, the sha256
+and size of every weight file; the shard index for a shared shard's tensors), every published checkpoint of the
+model (the catalogue's whole grid, inside the sweep or not, and every other branch of its repositories: ``main``)
+gets one row of ``grid.parquet``, with its ``status``:
+
+- ``ok``: weights of its own;
+- ``duplicate``: its weight files are byte for byte another branch's (``repeats``, ``repeats_step``). Among
+  identical branches the trusted one is kept: the final step of the catalogue and ``main`` (the defective branches
+  serve the final model under early names, EleutherAI/pythia#205); a group without either is flagged whole, each
+  member against the latest other one, since which of them holds what it claims is unknowable;
+- ``partial``: some of its shards are another branch's (``shared_files``, ``shared_with``), naming the tensors they
+  hold (from the shard index) and their layers (pythia-12b, EleutherAI/pythia#206);
+- ``missing``: no branch of that name; ``no_weights``: a branch without weight files; both with the ``nearest``
+  steps that have weights of their own;
+- ``unchecked``: nothing known of it (offline, and the cache does not hold it).
+
+What a flagged step gets in a sweep is the config's choice (``audit.flagged``): ``skip`` (default: a
+``duplicate``, ``missing`` or ``no_weights`` step is not downloaded nor analysed, and listed in ``sweep.parquet``
+with its status and the branch it repeats) or ``keep`` (downloaded, analysed and flagged). A ``partial`` step is
+always analysed, and flagged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from anisweep.checkpoints.base import Checkpoint, nearest_steps
+from anisweep.checkpoints.grid_listing import (
+    HubUnreachable,
+    Listing,
+    cached_refs,
+    hub_refs,
+    is_offline,
+    list_branches,
+    read_index,
+)
+
+log = logging.getLogger(__name__)
+
+GRID_FILE = "grid.parquet"
+#: statuses a sweep does not download under `audit.flagged: skip`
+SKIPPED = ("duplicate", "missing", "no_weights")
+FLAGGED = (*SKIPPED, "partial")
+GRID_SCHEMA = {
+    "family": pl.String,
+    "model": pl.String,
+    "repo_id": pl.String,
+    "revision": pl.String,  # the branch (for a missing step, the name the catalogue gives it)
+    "subfolder": pl.String,
+    "step": pl.Int64,  # null for a branch that is no step of the grid (main)
+    "name": pl.String,  # how the findings name it: the branch (repo@branch where the model spans repositories)
+    "commit": pl.String,
+    "source": pl.String,  # hub, cache, none
+    "weight_files": pl.List(pl.String),
+    "files_sha256": pl.List(pl.String),
+    "files_bytes": pl.List(pl.Int64),
+    "weights_bytes": pl.Int64,
+    "weights_id": pl.String,  # sha256 over the sorted file hashes: equal means byte-identical weights
+    "status": pl.String,
+    "repeats": pl.String,
+    "repeats_step": pl.Int64,
+    "shared_files": pl.List(pl.String),
+    "shared_with": pl.List(pl.String),
+    "shared_tensors": pl.List(pl.String),
+    "shared_layers": pl.List(pl.Int64),
+    "nearest": pl.List(pl.Int64),
+    "note": pl.String,
+}
+_LAYER = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)\.")
+
+
+class AuditError(RuntimeError):
+    """The grid could not be audited where the config requires it (no network and nothing cached)."""
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One published checkpoint name: a catalogue step, or another branch of the model's repositories."""
+
+    repo_id: str
+    revision: str
+    step: int | None
+    subfolder: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------- the grid
+
+
+def published_grid(checkpoints: Sequence[Checkpoint]) -> list[Checkpoint]:
+    """Every checkpoint the catalogue publishes for the model of ``checkpoints`` (its whole grid), with the
+    config's own in place of the catalogue's where they meet (a `hub` family: the config's only)."""
+    from anisweep.checkpoints.catalogue import family_of
+
+    first = checkpoints[0]
+    cls = family_of(first.family)
+    steps: Iterable[int] = ()
+    if hasattr(cls, "grid"):
+        steps = cls.grid(first.model)
+    elif hasattr(cls, "steps") and hasattr(cls, "checkpoint") and first.family != "hub":
+        steps = cls.steps
+    found = {}
+    for step in steps:
+        try:
+            found[step] = cls.checkpoint(first.model, step)
+        except Exception:
+            continue
+    found |= {c.step: c for c in checkpoints}
+    return [found[s] for s in sorted(found) if found[s].repo_id is not None]
+
+
+def _match(revision: str, branches: Iterable[str]) -> str | None:
+    """The branch a catalogue revision names (OLMo's `*` stands for the rounded token count)."""
+    branches = list(branches)
+    if "*" not in revision:
+        return revision if revision in branches else None
+    pattern = re.compile(re.escape(revision).replace(r"\*", r"\d+"))
+    found = sorted(b for b in branches if pattern.fullmatch(b))
+    return found[0] if found else None
+
+
+def _weights(names: Iterable[str]) -> tuple[list[str], str]:
+    """The weight files from_pretrained loads among a branch's files (anisweep.checkpoints.fetch.select_files), and
+    the name of their shard index; ValueError when there are none."""
+    from anisweep.checkpoints.fetch import select_files
+
+    names = list(names)
+    weights = select_files([*names, "config.json"])[1]
+    index = "model.safetensors.index.json" if weights[0].endswith(".safetensors") else "pytorch_model.bin.index.json"
+    return weights, index
+
+
+def _weights_id(shas: Iterable[str]) -> str:
+    return hashlib.sha256("\n".join(sorted(shas)).encode()).hexdigest()
+
+
+def _layers(tensors: Iterable[str]) -> list[int]:
+    return sorted({int(m[1]) for t in tensors if (m := _LAYER.search(t))})
+
+
+# ---------------------------------------------------------------------------------------------- audit
+
+
+def audit_model(
+    checkpoints: Sequence[Checkpoint],
+    *,
+    trusted_step: int | None = None,
+    previous: pl.DataFrame | None = None,
+    cache_dir: Path | str | None = None,
+    api: Any = None,
+) -> tuple[pl.DataFrame, list[str]]:
+    """The grid table of the model of ``checkpoints`` (one Hub model) and notes on how it was audited (offline,
+    from the cache only). A previous audit's table (``previous``) spares listing the branches whose commit is
+    unchanged; when the Hub cannot be reached it stands for the Hub."""
+    from huggingface_hub import HfApi
+
+    grid = published_grid(checkpoints)
+    family, model = checkpoints[0].family, checkpoints[0].model
+    if trusted_step is None:
+        from anisweep.checkpoints.catalogue import final_step
+
+        trusted_step = final_step(list(checkpoints))
+    api = api or HfApi()
+    repos = sorted({c.repo_id for c in grid if c.repo_id})
+    online = not is_offline()
+    notes: list[str] = []
+    old = _listings_of(previous)
+    refs: dict[str, dict[str, str]] = {}
+    from_cache: set[str] = set()
+    for repo_id in repos:
+        if online:
+            try:
+                refs[repo_id] = hub_refs(api, repo_id)
+                continue
+            except HubUnreachable as error:
+                online = False
+                notes.append(f"the Hub could not be reached ({error}): audited from what was cached")
+        known = {key[1]: key[3] for key in old if key[0] == repo_id}
+        refs[repo_id] = known or cached_refs(repo_id, cache_dir)
+        from_cache.add(repo_id)
+    if is_offline():
+        notes.insert(0, "HF_HUB_OFFLINE is set: audited from the Hugging Face cache and the previous audit only")
+
+    units: list[Unit] = []
+    for c in grid:
+        branch = _match(c.revision or "main", refs.get(c.repo_id, {})) if c.repo_id in refs else None
+        units.append(Unit(c.repo_id, branch or c.revision or "main", c.step, c.subfolder))
+    used = {(u.repo_id, u.revision) for u in units}
+    for repo_id in repos:
+        units += [Unit(repo_id, b, None) for b in sorted(refs.get(repo_id, {})) if (repo_id, b) not in used]
+    listings = list_branches(
+        {(u.repo_id, u.revision, u.subfolder) for u in units},
+        refs,
+        online=online,
+        previous=old,
+        cache_dir=cache_dir,
+        api=api,
+    )
+    by_unit = {(x.repo_id, x.branch, x.subfolder): x for x in listings}
+    was_missing = set()
+    if previous is not None and not previous.is_empty():
+        gone = previous.filter(pl.col("status") == "missing")
+        was_missing = set(zip(gone["repo_id"].to_list(), gone["revision"].to_list(), strict=True))
+    guessed = {repo_id: was_missing for repo_id in from_cache}
+    rows = _rows(units, by_unit, refs, family, model, many_repos=len(repos) > 1, guessed=guessed)
+    _find(rows, trusted_step, by_unit, cache_dir)
+    unchecked = sum(r["status"] == "unchecked" for r in rows)
+    if from_cache and unchecked:
+        notes.append(f"{unchecked} of {len(rows)} checkpoints could not be checked: not in the cache")
+    return pl.DataFrame(rows, schema=GRID_SCHEMA).sort("step", "name", nulls_last=True), notes
+
+
+def _listings_of(table: pl.DataFrame | None) -> dict[tuple[str, str, str | None, str], Listing]:
+    """A previous audit's listings, keyed by (repo, branch, subfolder, commit)."""
+    out = {}
+    if table is None or table.is_empty():
+        return out
+    for r in table.iter_rows(named=True):
+        if r["commit"] is None or r["source"] == "none":
+            continue
+        files = dict(zip(r["weight_files"] or [], zip(r["files_sha256"] or [], r["files_bytes"] or [])))
+        listing = Listing(r["repo_id"], r["revision"], r["commit"], r["subfolder"], files, r["source"], True)
+        out[(r["repo_id"], r["revision"], r["subfolder"], r["commit"])] = listing
+    return out
+
+
+def _rows(units, by_unit, refs, family, model, *, many_repos, guessed) -> list[dict[str, Any]]:
+    """One row per unit. `guessed`: {repo: branches a previous audit found missing} for the repositories whose
+    branches come from the cache or a previous audit, where a branch not there may well exist on the Hub."""
+    rows = []
+    for u in units:
+        name = u.revision + (f"/{u.subfolder}" if u.subfolder else "")
+        name = f"{u.repo_id}@{name}" if many_repos else name
+        row: dict[str, Any] = {k: None for k in GRID_SCHEMA} | {
+            "family": family,
+            "model": model,
+            "repo_id": u.repo_id,
+            "revision": u.revision,
+            "subfolder": u.subfolder,
+            "step": u.step,
+            "name": name,
+            "source": "none",
+        }
+        repo_refs = refs.get(u.repo_id) or {}
+        listing = by_unit.get((u.repo_id, u.revision, u.subfolder))
+        if not repo_refs:
+            row |= {"status": "unchecked", "note": f"{name}: nothing known of {u.repo_id} (not in the cache)"}
+        elif u.revision not in repo_refs and u.repo_id in guessed and (u.repo_id, u.revision) not in guessed[u.repo_id]:
+            row |= {"status": "unchecked", "note": f"{name}: not in the cache"}
+        elif u.revision not in repo_refs:
+            row |= {"status": "missing", "note": f"{name}: no such branch in {u.repo_id}"}
+        elif listing is None or listing.source == "none":
+            row |= {"commit": repo_refs[u.revision], "status": "unchecked", "note": f"{name}: not in the cache"}
+        else:
+            row |= {"commit": listing.commit, "source": listing.source}
+            try:
+                weights, _ = _weights(listing.files)
+            except ValueError as error:
+                if listing.complete:
+                    row |= {"status": "no_weights", "note": f"{name}: {error}"}
+                else:
+                    row |= {"status": "unchecked", "note": f"{name}: its weight files are not in the cache"}
+                rows.append(row)
+                continue
+            shas = [listing.files[w][0] for w in weights]
+            sizes = [listing.files[w][1] for w in weights]
+            row |= {"weight_files": weights, "files_sha256": shas, "files_bytes": sizes}
+            row["weights_bytes"] = sum(s or 0 for s in sizes)
+            if any(s is None for s in shas):
+                row |= {"status": "unchecked", "note": f"{name}: weight files without an LFS sha256"}
+            else:
+                row |= {"weights_id": _weights_id(shas), "status": "ok"}
+        rows.append(row)
+    return rows
+
+
+def _find(rows: list[dict[str, Any]], trusted_step: int | None, by_unit, cache_dir) -> None:
+    """Fill in the duplicates, the shared shards and the nearest steps of the missing, in place."""
+    hashed = [r for r in rows if r["weights_id"] is not None]
+    trusted = [r for r in hashed if r["step"] == trusted_step or (r["step"] is None and r["revision"] == "main")]
+    trusted_ids = {id(r) for r in trusted}
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in hashed:
+        groups[r["weights_id"]].append(r)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        anchors = [r for r in members if id(r) in trusted_ids]
+        anchors.sort(key=lambda r: (r["step"] is None, -(r["step"] or 0)))  # the final step, then main
+        for r in members:
+            if id(r) in trusted_ids:
+                continue
+            if anchors:
+                other = anchors[0]
+            else:
+                others = [o for o in members if o is not r]
+                other = max(others, key=lambda o: (o["step"] is not None, o["step"] or 0, o["name"]))
+            r |= {
+                "status": "duplicate",
+                "repeats": other["name"],
+                "repeats_step": other["step"],
+                "note": f"{r['name']}: its weights are byte for byte {other['name']}'s",
+            }
+    owners: dict[str, set[str]] = defaultdict(set)  # file sha256 -> the names whose weights hold it
+    for r in hashed:
+        for sha in r["files_sha256"]:
+            owners[sha].add(r["name"])
+    for r in hashed:
+        if r["status"] != "ok" or id(r) in trusted_ids or len(r["files_sha256"]) < 2:
+            continue
+        shared = [
+            (f, owners[sha] - {r["name"]})
+            for f, sha in zip(r["weight_files"], r["files_sha256"], strict=True)
+            if owners[sha] - {r["name"]}
+        ]
+        if not shared:
+            continue
+        files = [f for f, _ in shared]
+        others = sorted(set().union(*(o for _, o in shared)))
+        listing = by_unit.get((r["repo_id"], r["revision"], r["subfolder"]))
+        _, index_name = _weights(r["weight_files"])
+        weight_map = read_index(listing, index_name, cache_dir) if listing is not None else {}
+        tensors = sorted(t for t, f in weight_map.items() if f in files)
+        layers = _layers(tensors)
+        what = (
+            f"{len(tensors)} tensors" + (f", layers {_span(layers)}" if layers else "")
+            if tensors
+            else "tensors unknown"
+        )
+        r |= {
+            "status": "partial",
+            "shared_files": files,
+            "shared_with": others,
+            "shared_tensors": tensors,
+            "shared_layers": layers,
+            "note": f"{r['name']}: {', '.join(files)} ({what}) also served by {', '.join(others)}",
+        }
+    real = sorted({r["step"] for r in hashed if r["step"] is not None and r["status"] in ("ok", "partial")})
+    for r in rows:
+        if r["status"] in ("missing", "no_weights") and r["step"] is not None:
+            near = nearest_steps(r["step"], real) if real else []
+            r["nearest"] = near
+            r["note"] += f"; nearest steps with weights: {', '.join(map(str, near)) or 'none'}"
+
+
+def _span(layers: Sequence[int]) -> str:
+    """``0-3, 7``: consecutive layers as ranges."""
+    out, start = [], None
+    for i, layer in enumerate(layers):
+        if start is None:
+            start = layer
+        if i + 1 == len(layers) or layers[i + 1] != layer + 1:
+            out.append(str(start) if start == layer else f"{start}-{layer}")
+            start = None
+    return ", ".join(out)
+
+
+# ---------------------------------------------------------------------------------------------- the table
+
+
+def grid_path(results: Path | str, family: str, model: str) -> Path:
+    return Path(results) / family / model / GRID_FILE
+
+
+def read_grid(path: Path | str) -> pl.DataFrame | None:
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        table = pl.read_parquet(path)
+    except Exception:
+        return None
+    return table if set(GRID_SCHEMA) <= set(table.columns) else None
+
+
+def write_grid(table: pl.DataFrame, path: Path | str) -> bool:
+    """Write the table unless the file already holds it (so that what reads it reruns only when it changed);
+    True when written."""
+    from anisweep.tables import write_atomic
+
+    old = read_grid(path)
+    if old is not None and old.select(list(GRID_SCHEMA)).equals(table.select(list(GRID_SCHEMA))):
+        return False
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(table, path)
+    return True
+
+
+def steps_with(table: pl.DataFrame, statuses: Iterable[str], steps: Iterable[int]) -> dict[int, dict[str, Any]]:
+    """{step: its grid row} of ``steps`` whose status is one of ``statuses``."""
+    chosen, statuses = set(steps), set(statuses)
+    return {
+        r["step"]: r
+        for r in table.filter(pl.col("step").is_not_null()).iter_rows(named=True)
+        if r["step"] in chosen and r["status"] in statuses
+    }
+
+
+def expected_hashes(table: pl.DataFrame | None, step: int) -> dict[str, str]:
+    """{weight file: sha256} the audit found for ``step`` ({} where it has none)."""
+    if table is None:
+        return {}
+    rows = table.filter(pl.col("step") == step).to_dicts()
+    if not rows or rows[0]["files_sha256"] is None or any(s is None for s in rows[0]["files_sha256"]):
+        return {}
+    return dict(zip(rows[0]["weight_files"], rows[0]["files_sha256"], strict=True))
+
+
+class HashMismatch(RuntimeError):
+    """A weight file's bytes (or the Hub's name for them) are not those the audit listed."""
+
+
+def check_hashes(found: Mapping[str, str | None], expected: Mapping[str, str], where: str, what: str) -> None:
+    """A HashMismatch naming every file whose sha256 in ``found`` differs from the audit's."""
+    wrong = [
+        f"{name} ({what} {found[name][:12]}, audit {sha[:12]})"
+        for name, sha in sorted(expected.items())
+        if found.get(name) not in (None, sha)
+    ]
+    if wrong:
+        raise HashMismatch(
+            f"{where}: {', '.join(wrong)}: not the bytes the audit of the grid listed (the branch was pushed again "
+            "since, or the download is corrupt): run `anisweep audit` for the model again, then the sweep"
+        )
+
+
+# ---------------------------------------------------------------------------------------------- reports
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} TB"  # pragma: no cover
+
+
+def health(table: pl.DataFrame, notes: Iterable[str] = (), steps: Iterable[int] | None = None) -> list[str]:
+    """A model's grid health in a few lines: counts by status, the bytes a sweep of the whole grid does not download,
+    each finding (grouped by the branch repeated), and how it was audited."""
+    family, model = table["family"][0], table["model"][0]
+    grid = table.filter(pl.col("step").is_not_null())
+    counts = grid.group_by("status").len().sort("status")
+    lines = [
+        f"{family}/{model}: {grid.height} published steps: "
+        + ", ".join(f"{n} {s}" for s, n in counts.iter_rows())
+        + f" (and {table.height - grid.height} other branches)"
+    ]
+    dup = grid.filter(pl.col("status") == "duplicate")
+    if dup.height:
+        saved = dup["weights_bytes"].fill_null(0).sum()
+        lines.append(f"not downloaded under audit.flagged: skip: {dup.height} duplicate steps, {_size(saved)}")
+        for (repeats,), group in dup.group_by(["repeats"], maintain_order=True):
+            shown = group["step"].sort().to_list()
+            listed = ", ".join(map(str, shown[:12])) + (f", ... ({len(shown)} steps)" if len(shown) > 12 else "")
+            lines.append(f"  repeat {repeats}: steps {listed}")
+    for r in grid.filter(pl.col("status") == "partial").iter_rows(named=True):
+        lines.append(f"  partial: {r['note']}")
+    for status in ("missing", "no_weights"):
+        gone = grid.filter(pl.col("status") == status)
+        if 0 < gone.height <= 5:
+            lines += [f"  {status}: {r['note']}" for r in gone.iter_rows(named=True)]
+        elif gone.height:
+            shown = ", ".join(map(str, gone["step"].sort().to_list()[:12]))
+            lines.append(f"  {status}: {gone.height} steps ({shown}, ...): see grid.parquet's nearest")
+    unchecked = grid.filter(pl.col("status") == "unchecked").height
+    if unchecked:
+        lines.append(f"  unchecked: {unchecked} steps (not in the cache)")
+    if steps is not None:
+        chosen = steps_with(table, FLAGGED, steps)
+        if chosen:
+            lines.append(f"swept and flagged: steps {', '.join(map(str, sorted(chosen)))}")
+    return lines + [f"note: {n}" for n in notes]

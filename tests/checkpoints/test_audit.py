@@ -1,0 +1,163 @@
+"""The audit of a published grid (anisweep.checkpoints.audit), against a local Hub (tests/fakehub.py) serving
+repositories under their real ids with a planted defect of each kind, and offline from the cache it leaves.
+
+The weight files here are a few bytes each: the audit reads metadata only, so no model is needed (the workflow
+test, tests/workflow/test_audit_sweep.py, sweeps tiny real models)."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+from fakehub import FakeHub, online_hub
+
+from anisweep.checkpoints.audit import (
+    AuditError,
+    HashMismatch,
+    audit_model,
+    check_hashes,
+    expected_hashes,
+    health,
+    read_grid,
+    write_grid,
+)
+from anisweep.checkpoints.hub import Pythia
+
+from hubcache import offline_hub
+
+REPO = "EleutherAI/pythia-70m"
+CONFIG = {"config.json": b'{"model_type": "gpt_neox"}', "tokenizer.json": b"{}"}
+
+
+def shards(tag: str, *, first: bytes | None = None) -> dict[str, bytes]:
+    """A sharded checkpoint: two safetensors shards and their index (layer 0 in the first, layer 1 in the second)."""
+    index = {
+        "metadata": {"total_size": 0},
+        "weight_map": {
+            "gpt_neox.embed_in.weight": "model-00001-of-00002.safetensors",
+            "gpt_neox.layers.0.attention.dense.weight": "model-00001-of-00002.safetensors",
+            "gpt_neox.layers.1.attention.dense.weight": "model-00002-of-00002.safetensors",
+            "embed_out.weight": "model-00002-of-00002.safetensors",
+        },
+    }
+    return CONFIG | {
+        "model-00001-of-00002.safetensors": first or f"{tag}-shard1".encode(),
+        "model-00002-of-00002.safetensors": f"{tag}-shard2".encode(),
+        "model.safetensors.index.json": json.dumps(index).encode(),
+    }
+
+
+def planted() -> dict[str, dict[str, bytes]]:
+    """pythia-70m's grid with one defect of each kind; steps not named here are missing branches."""
+    final = shards("final")
+    return {
+        "main": final,
+        "step143000": final,
+        "step0": final,  # the final model under the first step's name (EleutherAI/pythia#205)
+        "step1": shards("one"),
+        "step2": shards("two"),
+        "step4": shards("one"),  # step1's weights again: no final step in the group
+        "step1000": shards("k1", first=final["model-00001-of-00002.safetensors"]),  # the final first shard (#206)
+        "step2000": CONFIG,  # a branch without weights (EleutherAI/pythia#202)
+        "step3000": shards("k3"),
+    }
+
+
+def checkpoints(steps):
+    return [Pythia.checkpoint("pythia-70m", s) for s in steps]
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    hub = FakeHub({REPO: planted()})
+    with hub.serving():
+        online_hub(monkeypatch, tmp_path / "hf", hub.url)
+        yield hub
+
+
+def by_step(table: pl.DataFrame) -> dict:
+    return {r["step"]: r for r in table.filter(pl.col("step").is_not_null()).iter_rows(named=True)}
+
+
+def test_every_planted_defect_is_found_from_metadata_alone(hub):
+    table, notes = audit_model(checkpoints([0, 1000, 143000]))
+    rows = by_step(table)
+    assert notes == []
+    assert len(rows) == len(Pythia.steps)  # the whole published grid, not only the swept steps
+    assert (rows[0]["status"], rows[0]["repeats"], rows[0]["repeats_step"]) == ("duplicate", "step143000", 143000)
+    assert rows[143000]["status"] == "ok"  # the final model is trusted, and so is main
+    assert table.filter(pl.col("revision") == "main")["status"].to_list() == ["ok"]
+    # two branches with the same weights and no trusted one among them: both flagged, each against the latest other
+    assert (rows[1]["status"], rows[1]["repeats"]) == ("duplicate", "step4")
+    assert (rows[4]["status"], rows[4]["repeats"]) == ("duplicate", "step1")
+    partial = rows[1000]
+    assert partial["status"] == "partial"
+    assert partial["shared_files"] == ["model-00001-of-00002.safetensors"]
+    assert partial["shared_with"] == ["main", "step0", "step143000"]  # step0 serves the final model whole
+    assert partial["shared_tensors"] == ["gpt_neox.embed_in.weight", "gpt_neox.layers.0.attention.dense.weight"]
+    assert partial["shared_layers"] == [0]
+    assert rows[2000]["status"] == "no_weights" and rows[2000]["nearest"] == [1000, 3000]
+    assert rows[5000]["status"] == "missing" and rows[5000]["nearest"] == [3000, 143000]
+    assert rows[2]["status"] == rows[3000]["status"] == "ok"
+    # nothing but metadata (and the one shard index the partial finding names tensors from) was fetched
+    assert [d for d in hub.downloads()] == [f"{REPO}@{partial['commit']}/model.safetensors.index.json"]
+
+
+def test_health_names_each_defect_in_a_few_lines(hub):
+    table, notes = audit_model(checkpoints([0, 1000]))
+    lines = health(table, notes, steps=[0, 1000])
+    text = "\n".join(lines)
+    assert len(lines) <= 10, text
+    assert "repeat step143000: steps 0" in text
+    assert "partial: step1000: model-00001-of-00002.safetensors (2 tensors, layers 0) also served by main" in text
+    assert "no_weights: step2000" in text and "missing:" in text
+    assert "swept and flagged: steps 0, 1000" in text
+
+
+def test_a_branch_pushed_again_is_listed_again_and_only_it(hub, tmp_path):
+    table, _ = audit_model(checkpoints([1000, 3000]))
+    path = tmp_path / "grid.parquet"
+    assert write_grid(table, path) and not write_grid(table, path)  # the same table is not written twice
+    hub.push(REPO, "step3000", shards("k3-fixed"))
+    hub.requests.clear()
+    again, _ = audit_model(checkpoints([1000, 3000]), previous=read_grid(path))
+    trees = [p for m, p in hub.requests if "/tree/" in p]
+    assert trees == [f"/api/models/{REPO}/tree/{hub.commits[REPO]['step3000']}"]
+    old, new = by_step(table)[3000], by_step(again)[3000]
+    assert old["files_sha256"] != new["files_sha256"] and old["commit"] != new["commit"]
+    assert write_grid(again, path)
+
+
+def test_offline_it_checks_what_the_cache_holds_and_says_so(hub, monkeypatch, tmp_path):
+    from huggingface_hub import snapshot_download
+
+    for branch in ("step0", "step143000"):
+        snapshot_download(REPO, revision=branch)
+    offline_hub(monkeypatch, tmp_path / "hf")
+    table, notes = audit_model(checkpoints([0, 143000]))
+    rows = by_step(table)
+    assert rows[0]["status"] == "duplicate" and rows[0]["source"] == "cache"
+    assert rows[1000]["status"] == "unchecked"
+    assert any("HF_HUB_OFFLINE" in n for n in notes) and any("not in the cache" in n for n in notes)
+
+
+def test_with_nothing_known_every_step_is_unchecked(monkeypatch, tmp_path):
+    offline_hub(monkeypatch, tmp_path / "empty")
+    table, notes = audit_model(checkpoints([0]))
+    assert set(table["status"]) == {"unchecked"}
+    assert any("could not be checked" in n for n in notes)
+
+
+def test_hashes_that_differ_from_the_audit_name_the_file(hub):
+    table, _ = audit_model(checkpoints([3000]))
+    expected = expected_hashes(table, 3000)
+    assert sorted(expected) == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    check_hashes(dict(expected), expected, "pythia/pythia-70m/step3000", "sha256")
+    wrong = dict(expected) | {"model-00002-of-00002.safetensors": "0" * 64}
+    with pytest.raises(HashMismatch, match=r"step3000: model-00002-of-00002\.safetensors \(sha256 000000000000"):
+        check_hashes(wrong, expected, "pythia/pythia-70m/step3000", "sha256")
+
+
+def test_audit_error_is_a_runtime_error():
+    assert issubclass(AuditError, RuntimeError)
