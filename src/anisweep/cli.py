@@ -85,10 +85,10 @@ def cmd_fetch(args) -> None:
     before_weights = None
     if args.texts and family_of(checkpoint.family).checks_before_fetch:  # what extract would fail on
         from anisweep.checkpoints.preflight import evaluation_batch
-        from anisweep.corpus import read_texts
+        from anisweep.corpus import read_corpus
         from anisweep.extract.model import ExtractSettings
 
-        settings, texts = ExtractSettings(**args.settings), read_texts(args.texts)
+        settings, texts = ExtractSettings(**args.settings), read_corpus(args.texts)
 
         def before_weights(folder, tokenizer):
             evaluation_batch(folder, tokenizer, settings, texts, checkpoint.key)
@@ -100,7 +100,11 @@ def cmd_fetch(args) -> None:
 
 def cmd_corpus(args) -> None:
     from anisweep.corpus import load_texts, write_texts
+    from anisweep.media import load_media, modality_of, write_media
 
+    if modality_of(args.corpus) != "text":
+        write_media(load_media(args.corpus), args.out)
+        return
     texts = load_texts(args.corpus)
     if not texts:
         raise ValueError(
@@ -112,7 +116,7 @@ def cmd_corpus(args) -> None:
 
 def cmd_extract(args) -> None:
     from anisweep.atomic import remove_orphans
-    from anisweep.corpus import load_texts, read_texts
+    from anisweep.corpus import load_texts, read_corpus
     from anisweep.extract.model import ExtractSettings
     from anisweep.extract.run import extract_checkpoint
 
@@ -121,7 +125,7 @@ def cmd_extract(args) -> None:
         settings.threads = args.threads
     manifest = json.loads(Path(args.manifest).read_text())
     remove_orphans(args.out)  # half-written tables of a run killed mid-write
-    texts = read_texts(args.texts) if args.texts else load_texts(args.corpus)
+    texts = read_corpus(args.texts) if args.texts else load_texts(args.corpus)
     more_tables = None
     if args.gradients:
         from anisweep.tangent.checkpoint import pass_tables_for

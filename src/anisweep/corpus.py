@@ -35,6 +35,7 @@ __all__ = [
     "make_batch",
     "unknown_token_share",
     "read_texts",
+    "read_corpus",
     "write_texts",
     "special_affixes",
     "separator_id",
@@ -43,7 +44,7 @@ __all__ = [
     "corpus_stats",
 ]
 
-SOURCES = ("builtin", "text", "hf_dataset")
+SOURCES = ("builtin", "text", "hf_dataset", "images", "audio")
 
 # reStructuredText heading underlines ("******", "======", "------") carry no language.
 _UNDERLINE = re.compile(r"^\s*([*=\-~^#+\"'`.:])\1{2,}\s*$")
@@ -169,6 +170,15 @@ def read_texts(path: str | Path) -> list[str]:
     from anisweep.tables import read_parquet
 
     return read_parquet(path)["text"].to_list()
+
+
+def read_corpus(path: str | Path):
+    """The corpus step's file: the documents of a text corpus, or an image or audio corpus (anisweep.media)."""
+    from anisweep.media import read_media
+    from anisweep.tables import read_parquet
+
+    frame = read_parquet(path)
+    return frame["text"].to_list() if "text" in frame.columns else read_media(frame)
 
 
 # --------------------------------------------------------------------------- tokenization

@@ -13,6 +13,7 @@ from anisweep.adapters.olmo import OlmoAdapter
 from anisweep.adapters.olmo2 import Olmo2Adapter
 from anisweep.adapters.roberta import RobertaAdapter
 from anisweep.adapters.t5 import T5Adapter
+from anisweep.adapters.vit import ViTAdapter
 
 ADAPTERS: tuple[Adapter, ...] = (
     BertAdapter(),
@@ -25,6 +26,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     AlbertAdapter(),
     T5Adapter(),
     CanineAdapter(),
+    ViTAdapter(),
 )
 
 

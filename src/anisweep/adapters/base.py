@@ -212,6 +212,11 @@ class Adapter:
 
     model_types: tuple[str, ...] = ()
     architectures: tuple[str, ...] = ()
+    #: what the model reads: `text` (token ids), `image` (pixel values) or `audio` (waveforms or log-mel features)
+    modality: str = "text"
+    #: the `attention_mask` transformers passes the attention function is an additive score bias (BEiT's relative
+    #: positions), never a padding mask
+    mask_is_bias: bool = False
     #: the attention implementation the model loads with: None for the recording function (`anisweep`); "eager" for
     #: a model whose attention never calls it (then `own_attention` names the modules the recorder hooks)
     attn_implementation: str | None = None
@@ -246,6 +251,17 @@ class Adapter:
         """(token ids, valid mask) of the sequence every site and attention the adapter names runs over: the input
         itself, unless the recorded stack runs on another sequence (CANINE's deep stack, on molecules)."""
         return input_ids, attention_mask
+
+    def positions(self, base: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, valid mask), each (N, T), of the positions the tables cover for the whole evaluation `batch`: for
+        text the tokens (`recorded_positions`); for images and audio the patches, frames or cells the model's
+        layers see (ids -1: no token stands there)."""
+        return self.recorded_positions(base.config, batch["input_ids"], batch["attention_mask"].bool())
+
+    def forward_batch(self, base: nn.Module, inputs: dict[str, torch.Tensor]) -> None:
+        """Run the base model on one mini-batch of the evaluation batch's model inputs (`input_ids` and
+        `attention_mask` for text; the processor's tensors for images and audio)."""
+        self.forward(base, inputs["input_ids"], inputs["attention_mask"].long())
 
     def forward(self, base: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
         """Run the base model on one mini-batch, without a KV cache (an encoder-decoder runs its encoder, then its

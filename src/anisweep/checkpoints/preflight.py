@@ -114,6 +114,11 @@ def evaluation_batch(
         hf_config = json.loads(config_path.read_text())
     except (OSError, ValueError) as error:
         raise PreflightError(f"{where}: cannot read {config_path}: {error}") from None
+    corpus_modality, modality = getattr(texts, "modality", "text"), model_modality(hf_config)
+    if corpus_modality != modality:
+        raise PreflightError(modality_mismatch(where, hf_config, modality, corpus_modality))
+    if modality != "text":
+        return media_batch(model_dir, tokenizer_source, settings, texts, where)
     check_model_config(hf_config, settings, where)
     tokenizer = load_tokenizer(tokenizer_source, model_dir, where)
     try:
@@ -123,6 +128,36 @@ def evaluation_batch(
     check_unknown_tokens(tokenizer, batch, texts, settings.max_unknown_token_share, tokenizer_source, where)
     check_vocabulary(hf_config, len(tokenizer), int(batch["input_ids"].max()), tokenizer_source, where)
     return batch
+
+
+def model_modality(hf_config: dict[str, Any]) -> str:
+    """What the architecture of a config.json reads (its adapter's `modality`); `text` for one no adapter knows
+    (named by the adapter lookup later)."""
+    from anisweep.adapters import ADAPTERS
+
+    model_type = hf_config.get("model_type")
+    return next((a.modality for a in ADAPTERS if model_type in a.model_types), "text")
+
+
+def modality_mismatch(where: str, hf_config: dict[str, Any], modality: str, corpus_modality: str) -> str:
+    sources = {"text": "`builtin`, `text` or a text `hf_dataset`", "image": "`images`", "audio": "`audio`"}
+    return (
+        f"{where}: the corpus holds {corpus_modality} but the model ({hf_config.get('model_type')}) reads {modality}: "
+        f"set the config's corpus.source to {sources[modality]} (with corpus.modality for a Hugging Face dataset), "
+        f"or sweep a model that reads {corpus_modality}"
+    )
+
+
+def media_batch(model_dir: str | Path, processor_dir: str | Path | None, settings: Any, corpus, where: str) -> dict:
+    """An image or audio model's evaluation batch, made by its own processor (anisweep.media)."""
+    from anisweep.media import MediaError, load_processor, make_media_batch
+
+    try:
+        processor = load_processor(processor_dir or model_dir, corpus.modality, where)
+        return make_media_batch(processor, corpus, settings.n_sequences)
+    except MediaError as error:
+        message = str(error)
+        raise PreflightError(message if message.startswith(where) else f"{where}: {message}") from None
 
 
 def check_unknown_tokens(tokenizer, batch: dict, texts: Sequence[str], limit: float, source: Any, where: str) -> None:

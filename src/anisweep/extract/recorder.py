@@ -41,7 +41,10 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     recorder = _ACTIVE.get()
     layer, cross = recorder.layer_of(module)
-    return recorder.attend(layer, query, key, value, scaling, bias=kwargs.get("position_bias"), cross=cross), None
+    bias = kwargs.get("position_bias")
+    if bias is None and recorder.mask_is_bias:  # BEiT's relative position bias, passed as the mask
+        bias = attention_mask
+    return recorder.attend(layer, query, key, value, scaling, bias=bias, cross=cross), None
 
 
 def attention_kernel(choice: str, device: torch.device):
@@ -119,6 +122,7 @@ class Recorder:
     score_hist: ScoreHistogram | None = None
     stream: StreamMeasures | None = None  # the user's stream measures (anisweep.extract.stream_measures)
     attention_sites: list = field(default_factory=list)  # the adapter's AttentionSites (Hooks sets them)
+    mask_is_bias: bool = False  # the adapter's: the mask transformers passes is a score bias (BEiT); Hooks sets it
     valid: torch.Tensor = field(init=False)
     scratch: Scratch = field(init=False, default_factory=Scratch)
 
@@ -324,6 +328,7 @@ class Hooks:
     def __init__(self, adapter: Adapter, base: nn.Module, geometry: Geometry, recorder: Recorder):
         self.handles = []
         recorder.attention_sites = adapter.attention_sites(base)
+        recorder.mask_is_bias = adapter.mask_is_bias
         calls = {}  # per (kind, module): what each of its applications in one forward records, in order
         for site in adapter.resid_sites(base):
             recorder.reserve(site.layer, site.site, site.width)

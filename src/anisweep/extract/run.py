@@ -45,9 +45,10 @@ def run(
     """Stream the evaluation batch through the base model in mini-batches and return the accumulators; `stream`,
     the user's stream measures, listen in."""
     device = next(loaded.model.parameters()).device
-    input_ids, mask = batch["input_ids"], batch["attention_mask"].bool()
-    # the positions the tables cover: the tokens, or the sequence the adapter records instead (CANINE's molecules)
-    covered_ids, covered = loaded.adapter.recorded_positions(loaded.model.config, input_ids, mask)
+    inputs = model_inputs(batch)
+    # the positions the tables cover: the tokens, the sequence the adapter records instead (CANINE's molecules), or
+    # the patches, frames or cells of an image or audio model
+    covered_ids, covered = loaded.adapter.positions(loaded.base, batch)
     sample = Sample.draw(covered_ids, covered, settings.sample_tokens, settings.seed)
     workers = Workers(torch.get_num_threads() if device.type == "cpu" else 1)
     g = loaded.geometry
@@ -73,19 +74,24 @@ def run(
         score_hist=score_hist,
         stream=stream,
     )
+    recorder.n_positions = int(covered.sum())
     try:
         with recording(recorder), Hooks(loaded.adapter, loaded.base, loaded.geometry, recorder):
-            starts = range(0, input_ids.shape[0], settings.batch_size)
+            starts = range(0, covered.shape[0], settings.batch_size)
             for start in tqdm(starts, desc="extract", unit="batch", disable=not progress, leave=False):
                 rows = slice(start, start + settings.batch_size)
-                ids, valid = to_device(input_ids[rows], device), to_device(mask[rows], device)
-                covered_valid = valid if covered is mask else to_device(covered[rows], device)
-                recorder.begin_batch(covered_valid, start, host_valid=covered[rows])
-                loaded.adapter.forward(loaded.base, ids, valid.long())  # the base model, no KV cache to fill
+                chunk = {name: to_device(x[rows], device) for name, x in inputs.items()}
+                recorder.begin_batch(to_device(covered[rows], device), start, host_valid=covered[rows])
+                loaded.adapter.forward_batch(loaded.base, chunk)  # the base model, no KV cache to fill
             recorder.finish()
     finally:
         workers.close()
     return recorder
+
+
+def model_inputs(batch: dict) -> dict[str, torch.Tensor]:
+    """The evaluation batch's tensors the model takes (all but make_batch's `unknown_mask`)."""
+    return {name: x for name, x in batch.items() if name != "unknown_mask" and isinstance(x, torch.Tensor)}
 
 
 def timed_run(loaded: LoadedModel, batch: dict, settings: ExtractSettings, progress: bool = True, stream=None):
@@ -101,7 +107,8 @@ def extract_info(
     """extract.json's content: the checkpoint (a fetch manifest with the hashes of the weights loaded, or a live
     model's identity), the settings, and what the forward pass over `batch` on `device` took and met (the share of
     unknown tokens among its valid tokens: null for a batch without make_batch's `unknown_mask`)."""
-    n_valid = int(batch["attention_mask"].sum())
+    # text: the tokens read; images and audio: the positions recorded (patches, frames, cells)
+    n_valid = int(batch["attention_mask"].sum()) if "input_ids" in batch else recorder.n_positions
     return {
         "checkpoint": checkpoint,
         "settings": asdict(settings),
