@@ -74,6 +74,10 @@ EXTRACT_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
         "norm_max": pl.Float64,
         "sum_x": pl.List(pl.Float64),
         "sum_unit": pl.List(pl.Float64),
+        # per dimension: sum x_j^2, sum (x_j / ||x||)^2 and max |x_j| (rogue dimensions, massive activations)
+        "sum_x_sq": pl.List(pl.Float64),
+        "sum_unit_sq": pl.List(pl.Float64),
+        "abs_max": pl.List(pl.Float64),
     },
     "layernorm": {"layer": pl.Int64, "site": pl.String, "eps": pl.Float64, "gain": _F32_LIST, "bias": _F32_LIST},
     "embeddings": {
@@ -95,6 +99,41 @@ EXTRACT_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
         "k": _F32_LIST,
     },
     "score_hist": {"layer": pl.Int64, "bin": pl.Int64, "bin_lo": pl.Float64, "bin_hi": pl.Float64, "count": pl.Int64},
+    # the tokens and keys that stand out (anisweep.extract.outlier_tables): a hidden site's tokens with the largest
+    # |component|, the attention each key position receives per head, the keys that receive the most
+    "massive": {
+        "layer": pl.Int64,
+        "site": pl.String,
+        "rank": pl.Int64,
+        "seq": pl.Int64,
+        "position": pl.Int64,
+        "token_id": pl.Int64,
+        "token": pl.String,
+        "kind": pl.String,
+        "dim": pl.Int64,
+        "value": pl.Float64,
+    },
+    "sinks": {
+        "layer": pl.Int64,
+        "head": pl.Int64,
+        "n_rows": pl.Int64,
+        "n_seqs": pl.Int64,
+        "first_received": pl.Float64,
+        "received": pl.List(pl.Float64),
+        "key_count": pl.List(pl.Int64),
+    },
+    "sink_keys": {
+        "layer": pl.Int64,
+        "head": pl.Int64,
+        "rank": pl.Int64,
+        "seq": pl.Int64,
+        "position": pl.Int64,
+        "token_id": pl.Int64,
+        "token": pl.String,
+        "kind": pl.String,
+        "received": pl.Float64,
+        "share": pl.Float64,
+    },
 }
 EXTRACT_TABLES = tuple(EXTRACT_SCHEMAS)
 

@@ -42,7 +42,8 @@ def inputs(b=3, h=2, t=13, d=16, dtype=torch.float32, lengths=(13, 6, 1), seed=0
 
 
 def eager(q, k, v, scaling, valid, causal):
-    """Softmax attention and each row's ROW_FIELDS by their definitions, in float64, with a full sort."""
+    """Softmax attention, each row's ROW_FIELDS by their definitions, in float64, with a full sort, and each key's
+    column sum over the valid query rows."""
     q, k, v = q.double(), k.double(), v.double()
     t = q.shape[-2]
     s = scaling * q @ k.transpose(-1, -2)
@@ -67,12 +68,15 @@ def eager(q, k, v, scaling, valid, causal):
         "shifted_norm": (s - m).masked_fill(~visible, 0.0).square().sum(-1).sqrt(),
         "z": z.squeeze(-1),
     }
-    return p @ v, torch.stack([fields[name] for name in ROW_FIELDS], dim=-1)
+    colsum = torch.where(valid[:, None, :, None], p, 0.0).sum(-2)
+    return p @ v, torch.stack([fields[name] for name in ROW_FIELDS], dim=-1), colsum
 
 
 def assert_matches(got, expected, valid, dtype):
-    """Every ROW_FIELDS value and the output, on the rows of valid queries."""
-    (output, rows), (ref_output, ref_rows) = got, expected
+    """Every ROW_FIELDS value and the output, on the rows of valid queries, and every column sum."""
+    (output, rows, colsum), (ref_output, ref_rows, ref_colsum) = got, expected
+    assert colsum.dtype == torch.float32 and colsum.shape == ref_colsum.shape
+    np.testing.assert_allclose(colsum.numpy(), ref_colsum.numpy(), rtol=1e-5, atol=1e-5, err_msg="column sums")
     assert output.dtype == dtype and rows.dtype == torch.float32
     assert torch.isfinite(output).all() and torch.isfinite(rows).all()
     keep = valid[:, None, :].expand(rows.shape[:3])
@@ -144,7 +148,7 @@ def test_row_blocks_and_score_chunks(monkeypatch, path):
 def test_torch_path_agrees(causal):
     """The CPU path's masked_exp_ and row_statistics give the kernel's row statistics."""
     q, k, v, scaling, valid = inputs()
-    _, rows = attention_triton.attend(q, k, v, scaling, valid, causal)
+    _, rows, _ = attention_triton.attend(q, k, v, scaling, valid, causal)
     torch_rows = attention_rows(q, k, scaling, valid, causal)
     for seq in range(q.shape[0]):
         np.testing.assert_allclose(

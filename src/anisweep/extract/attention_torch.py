@@ -100,20 +100,27 @@ def row_blocks(seq_len: int, causal: bool) -> list[slice]:
     return [slice(r0, min(r0 + size, seq_len)) for r0 in range(0, seq_len, size)]
 
 
-def attend(query, key, value, scaling: float, blocks, all_valid: bool, workers: Workers, scratch: Scratch, bias=None):
-    """Attention output (B, H, T, d_v) and per-row statistics (B, H, T, len(ROW_FIELDS)) of one layer, in chunks
-    of (sequences, heads, query rows). `blocks` are the batch's (query rows, VisibleKeys of each sequence, or
-    of all when `all_valid`) from `row_blocks`. `bias`, (1 or B, H, T, T): added to the scaled scores before the
-    softmax (T5's relative position bias); the score statistics include it."""
+def attend(
+    query, key, value, scaling: float, blocks, all_valid: bool, workers: Workers, scratch: Scratch, bias=None, valid=None
+):
+    """Attention output (B, H, T, d_v), per-row statistics (B, H, T, len(ROW_FIELDS)) and column sums (B, H, L) of
+    one layer, in chunks of (sequences, heads, query rows). `blocks` are the batch's (query rows, VisibleKeys of
+    each sequence, or of all when `all_valid`) from `row_blocks`. `bias`, (1 or B, H, T, T): added to the scaled
+    scores before the softmax (T5's relative position bias); the score statistics include it. `valid`, (B, T)
+    bool: the query rows whose probabilities the column sums add up, sum_i p_ij over them (the attention key j
+    receives: streaming.SinkStats); without it the column sums are None."""
     b, h, t, _ = query.shape
     if bias is not None:
         bias = bias.float().expand(b, h, t, key.shape[2])
     output = value.new_empty(b, h, t, value.shape[-1])
     row_stats = query.new_empty(b, h, t, len(ROW_FIELDS), dtype=torch.float32)
+    # one partial sum per row block: the blocks of one sequence and head run on different threads
+    parts = None if valid is None else query.new_zeros(len(blocks), b, h, key.shape[2], dtype=torch.float32)
+    weights = None if valid is None else valid.float()[:, None, :].expand(b, h, t)
     query, key = query.float(), key.float()
     zero = query.new_zeros(())
 
-    def chunk(seqs, heads, rows, keys):
+    def chunk(seqs, heads, rows, keys, part):
         keys_slice = slice(0, keys.n_keys)
         # a view whenever the chunk is one sequence or whole heads, as chunks makes them: the out=
         # writes below land in row_stats and output
@@ -129,12 +136,18 @@ def attend(query, key, value, scaling: float, blocks, all_valid: bool, workers: 
         e = masked_exp_(scores, keys, chunk_rows, out=scratch.get("e", shape, q))
         torch.bmm(e.to(value.dtype), flat(value, keys_slice), out=chunk_output)
         chunk_output.div_(chunk_rows[..., ROW_FIELDS.index("z"), None])
+        if part is not None:  # sum_i p_ij = sum_i (valid_i / Z_i) e_ij: one pass over e, before the sort consumes it
+            z = chunk_rows[..., ROW_FIELDS.index("z")]
+            w = torch.where(flat(weights, rows) > 0, 1.0 / z, 0.0)
+            flat(part, keys_slice).copy_(torch.bmm(w[:, None, :], e).squeeze(1))
         row_statistics(scores, e, keys, chunk_rows)
 
     tasks = []
-    for rows, keys in blocks:
+    for i, (rows, keys) in enumerate(blocks):
         n_scores = (rows.stop - rows.start) * keys[0].n_keys
         for seqs, heads in chunks(b, h, n_scores, query.device, all_valid):
-            tasks.append(partial(chunk, seqs, heads, rows, keys[0 if all_valid else seqs.start]))
+            part = None if parts is None else parts[i]
+            tasks.append(partial(chunk, seqs, heads, rows, keys[0 if all_valid else seqs.start], part))
     workers.run(tasks)
-    return output, row_stats
+    colsum = None if parts is None else (parts[0] if len(blocks) == 1 else parts.sum(dim=0))
+    return output, row_stats, colsum

@@ -1,7 +1,9 @@
 """One layer's attention with every row statistic in Triton kernels: the GPU path of Recorder.attend.
 
 `attend` returns what the torch path (streaming.masked_exp_ and row_statistics) computes: the output
-softmax(scores) @ V over each row's visible keys, and per query row the ROW_FIELDS. A program holds a
+softmax(scores) @ V over each row's visible keys, per query row the ROW_FIELDS, and per key the attention it
+receives from the valid query rows, sum_i p_ij (column sums: each program adds its rows' share from the
+probabilities it holds, with one atomic add per key). A program holds a
 block of query rows against the whole row of keys (rows of up to MAX_KEYS keys), so the softmax, its
 sums and the order statistics need one read of the scores and no second kernel.
 
@@ -159,20 +161,21 @@ def plan(query, value) -> Plan:
 def attend(query, key, value, scaling: float, valid: torch.Tensor, causal: bool):
     """query, key (B, H, T, d_head), value (B, H, T, d_v); valid (B, T) bool: real tokens. A key is visible
     to a row iff it is valid and, if causal, not after the row. Returns the output (B, H, T, d_v) in
-    value's dtype (stored as (B, T, H, d_v), the layout the model wants next) and the ROW_FIELDS of every
-    row, (B, H, T, len(ROW_FIELDS)) float32."""
+    value's dtype (stored as (B, T, H, d_v), the layout the model wants next), the ROW_FIELDS of every
+    row, (B, H, T, len(ROW_FIELDS)) float32, and the column sums over the valid rows, (B, H, T) float32."""
     if query.device.type != "cuda" and not INTERPRETED:
         raise ValueError("Triton attention runs on CUDA tensors, or on the CPU under TRITON_INTERPRET=1")
     b, h, t, _ = query.shape
     output = value.new_empty(b, t, h, value.shape[-1]).transpose(1, 2)
     rows = torch.empty(b, h, t, len(ROW_FIELDS), dtype=torch.float32, device=query.device)
+    colsum = torch.zeros(b, h, t, dtype=torch.float32, device=query.device)  # the programs add into it
     valid = valid.to(torch.uint8)
     chosen = plan(query, value)
     if chosen.fused:
-        fused_launch(query, key, value, scaling, valid, causal, output, rows, chosen)()
+        fused_launch(query, key, value, scaling, valid, causal, output, rows, chosen, colsum)()
     else:
-        _from_scores(query, key, value, scaling, valid, causal, output, rows, chosen)
-    return output, rows
+        _from_scores(query, key, value, scaling, valid, causal, output, rows, chosen, colsum)
+    return output, rows, colsum
 
 
 def _blocks(t: int, min_rows: int) -> tuple[int, int]:
@@ -193,8 +196,11 @@ def _fits_fused(query, value) -> bool:
     return keys <= FUSED_MAX_KEYS and width <= FUSED_MAX_WIDTH and tile_bytes <= FUSED_TILE_BYTES
 
 
-def fused_launch(query, key, value, scaling, valid, causal, output, rows, chosen: Plan) -> Launch:
-    """The fused kernel's launch on (B, H, T, d) query, key and value; valid (B, T) uint8."""
+def fused_launch(query, key, value, scaling, valid, causal, output, rows, chosen: Plan, colsum=None) -> Launch:
+    """The fused kernel's launch on (B, H, T, d) query, key and value; valid (B, T) uint8; colsum (B, H, T) float32
+    zeros that the column sums are added into (a scratch tensor where None: benchmarks/compile_kernels.py)."""
+    if colsum is None:
+        colsum = rows.new_zeros(rows.shape[:3])
     b, h, t, d = query.shape
     args = (
         query,
@@ -203,6 +209,7 @@ def fused_launch(query, key, value, scaling, valid, causal, output, rows, chosen
         valid,
         output,
         rows,
+        colsum,
         scaling,
         t,
         d,
@@ -212,6 +219,7 @@ def fused_launch(query, key, value, scaling, valid, causal, output, rows, chosen
         *value.stride(),
         *output.stride(),
         *rows.stride(),
+        *colsum.stride(),
         valid.stride(0),
     )
     meta = dict(
@@ -226,22 +234,25 @@ def fused_launch(query, key, value, scaling, valid, causal, output, rows, chosen
     return Launch(_fused_kernel, (triton.cdiv(t, chosen.block_m), h, b), args, meta)
 
 
-def scores_launch(scores, valid, rows, causal, chosen: Plan) -> Launch:
-    """The scores kernel's launch on (B, H, T, T) float32 scores; valid (B, T) uint8, rows (B, H, T, fields)."""
+def scores_launch(scores, valid, rows, causal, chosen: Plan, colsum=None) -> Launch:
+    """The scores kernel's launch on (B, H, T, T) float32 scores; valid (B, T) uint8, rows (B, H, T, fields), colsum
+    (B, H, T) float32 zeros the column sums are added into (scratch where None)."""
     b, h, t, _ = scores.shape
-    args = (scores, valid, rows, t, *scores.stride(), *rows.stride(), valid.stride(0))
+    if colsum is None:
+        colsum = rows.new_zeros(rows.shape[:3])
+    args = (scores, valid, rows, colsum, t, *scores.stride(), *rows.stride(), *colsum.stride(), valid.stride(0))
     meta = dict(CAUSAL=causal, BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n, num_warps=chosen.num_warps)
     return Launch(_scores_kernel, (triton.cdiv(t, chosen.block_m), h, b), args, meta)
 
 
-def _from_scores(query, key, value, scaling, valid, causal, output, rows, chosen: Plan):
+def _from_scores(query, key, value, scaling, valid, causal, output, rows, chosen: Plan, colsum):
     b, h, t, _ = query.shape
     buffer = query.new_empty(min(SCORES_CHUNK, b * h * t * t), dtype=torch.float32)
     for seqs, heads in _score_chunks(b, h, t):
         q, k, v = query[seqs, heads], key[seqs, heads], value[seqs, heads]
         scores = buffer[: q.shape[0] * q.shape[1] * t * t].view(q.shape[0], q.shape[1], t, t)
         torch.matmul(q.float(), k.float().transpose(-1, -2), out=scores).mul_(scaling)
-        scores_launch(scores, valid[seqs], rows[seqs, heads], causal, chosen)()
+        scores_launch(scores, valid[seqs], rows[seqs, heads], causal, chosen, colsum[seqs, heads])()
         output[seqs, heads] = torch.matmul(scores.to(v.dtype), v)  # scores now hold p
 
 
@@ -266,6 +277,7 @@ def _fused_kernel(
     valid_ptr,
     out_ptr,
     rows_ptr,
+    cs_ptr,
     scaling,
     T,
     D,
@@ -290,6 +302,9 @@ def _fused_kernel(
     sr_h,
     sr_t,
     sr_f,
+    sc_b,
+    sc_h,
+    sc_t,
     s_valid,
     CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -312,6 +327,7 @@ def _fused_kernel(
     visible = _visible(valid_ptr + seq * s_valid, rows, keys, T, CAUSAL)
     row_ptrs = rows_ptr + seq * sr_b + head * sr_h + rows * sr_t
     e, z, n = _softmax_sums(scores, visible, row_ptrs, rows < T, sr_f)
+    _column_sums(e, z, valid_ptr + seq * s_valid, rows, keys, n_keys, T, cs_ptr + seq * sc_b + head * sc_h, sc_t)
     _order_statistics(e, z, n, visible, row_ptrs, rows < T, sr_f)  # before V's load: fewer tiles live at once
     v = _tile(v_ptr + seq * sv_b + head * sv_h, keys, n_keys, sv_t, DV, sv_d, BLOCK_DV)
     p = e.to(v.dtype)  # the torch path's e @ V / Z, in the value dtype as eager attention multiplies
@@ -328,6 +344,7 @@ def _scores_kernel(
     s_ptr,
     valid_ptr,
     rows_ptr,
+    cs_ptr,
     T,
     ss_b,
     ss_h,
@@ -337,12 +354,15 @@ def _scores_kernel(
     sr_h,
     sr_t,
     sr_f,
+    sc_b,
+    sc_h,
+    sc_t,
     s_valid,
     CAUSAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Float32 scores in, the row statistics out, and p = e / Z written over the scores."""
+    """Float32 scores in, the row statistics and column sums out, and p = e / Z written over the scores."""
     block, head, seq = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     keys = tl.arange(0, BLOCK_N)
@@ -353,6 +373,7 @@ def _scores_kernel(
     row_ptrs = rows_ptr + seq * sr_b + head * sr_h + rows * sr_t
     e, z, n = _softmax_sums(scores, visible, row_ptrs, rows < T, sr_f)
     tl.store(ptrs, e / z[:, None], mask=in_bounds)
+    _column_sums(e, z, valid_ptr + seq * s_valid, rows, keys, T, T, cs_ptr + seq * sc_b + head * sc_h, sc_t)
     _order_statistics(e, z, n, visible, row_ptrs, rows < T, sr_f)
 
 
@@ -390,6 +411,14 @@ def _softmax_sums(s, visible, row_ptrs, row_mask, sr_f):
     _store(row_ptrs + Z * sr_f, z, seen, row_mask)
     _store(row_ptrs + P_DOT_SHIFTED * sr_f, tl.sum(e * shifted, axis=1) / z, seen, row_mask)
     return e, z, n
+
+
+@triton.jit
+def _column_sums(e, z, valid_ptr, rows, keys, n_keys, T, cs_ptr, sc_t):
+    """Adds the block's share of each key's column sum, sum over its valid query rows of p = e / Z, into cs_ptr."""
+    row_valid = tl.load(valid_ptr + rows, mask=rows < T, other=0) != 0
+    weight = tl.where(row_valid, 1.0 / z, 0.0)
+    tl.atomic_add(cs_ptr + keys * sc_t, tl.sum(e * weight[:, None], axis=0), mask=keys < n_keys)
 
 
 @triton.jit

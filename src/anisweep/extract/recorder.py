@@ -20,7 +20,14 @@ from anisweep.extract.attention_torch import Scratch, Workers, row_blocks
 from anisweep.extract.qk_sample import QKSample
 from anisweep.extract.score_hist import ScoreHistogram
 from anisweep.extract.stream_measures import StreamMeasures, attention_maps
-from anisweep.extract.streaming import AttentionStats, HeadVectorStats, VectorStats, VisibleKeys, to_device
+from anisweep.extract.streaming import (
+    AttentionStats,
+    HeadVectorStats,
+    SinkStats,
+    VectorStats,
+    VisibleKeys,
+    to_device,
+)
 from anisweep.measures.sites import ATTENTION_STREAM_SITES
 
 ATTENTION_NAME = "anisweep"
@@ -132,6 +139,7 @@ class Recorder:
         self.q = {site: HeadVectorStats(g.n_heads, g.d_head, dev) for site in sites}
         self.k = {site: HeadVectorStats(g.kv_heads, g.d_head, dev) for site in sites}  # per key head (GQA)
         self.attention = {layer: AttentionStats(g.n_heads, dev) for layer in range(g.n_layers)}
+        self.sinks = {layer: SinkStats(g.n_heads, dev) for layer in range(g.n_layers)}  # self-attention's only
         # cross-attention (T5's decoder): its own accumulators and tables, never mixed with self-attention's
         self.cross_q = {layer: HeadVectorStats(g.n_heads, g.d_head, dev) for layer in g.cross_layers}
         self.cross_k = {layer: HeadVectorStats(g.n_heads, g.d_head, dev) for layer in g.cross_layers}
@@ -225,7 +233,7 @@ class Recorder:
         if cross:
             self.cross_q[layer].update(query, self.valid, self.all_valid, self.n_valid)
             self.cross_k[layer].update(key, self.valid, self.all_valid, self.n_valid)
-            output, row_stats = self._attention(query, key, value, scaling, bias, causal)
+            output, row_stats, _ = self._attention(query, key, value, scaling, bias, causal)
             _, n_visible, row_counts = self._masks[causal]
             self.cross_attention[layer].update(row_stats, self.valid, n_visible, row_counts)
             return output.transpose(1, 2).contiguous()
@@ -239,23 +247,33 @@ class Recorder:
             self.qk_sample.record(layer, rope, query, key)
         if self.score_hist is not None:
             self.score_hist.update(layer, query, key, scaling, self.valid, causal, bias=bias)
-        output, row_stats = self._attention(query, key, value, scaling, bias, causal)
+        output, row_stats, colsum = self._attention(query, key, value, scaling, bias, causal)
         _, n_visible, row_counts = self._masks[causal]
         self.attention[layer].update(row_stats, self.valid, n_visible, row_counts)
+        self.sinks[layer].update(colsum, self.valid, row_counts[0])
         if self.stream is not None:
             self.feed_attention(layer, query, key, output, scaling, causal=causal, bias=bias)
         return output.transpose(1, 2).contiguous()
 
-    def _attention(self, query, key, value, scaling, bias, causal) -> tuple[torch.Tensor, torch.Tensor]:
-        """(output (B, H, T, d_v), row statistics): the Triton kernel where it takes the shape (it has no score
-        bias), else the torch ops."""
+    def _attention(self, query, key, value, scaling, bias, causal) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(output (B, H, T, d_v), row statistics, column sums over the valid rows (B, H, T)): the Triton kernel
+        where it takes the shape (it has no score bias), else the torch ops."""
         computed = None
         if self.kernel is not None and bias is None:  # None where the kernel declines the shape (one warning)
             computed = self.kernel.try_attend(query, key, value, scaling, self.valid, causal)
         if computed is not None:
             return computed
         return attention_torch.attend(
-            query, key, value, scaling, self.blocks(causal), self.all_valid, self.workers, self.scratch, bias=bias
+            query,
+            key,
+            value,
+            scaling,
+            self.blocks(causal),
+            self.all_valid,
+            self.workers,
+            self.scratch,
+            bias=bias,
+            valid=self.valid,
         )
 
     def feed_attention(self, layer, query, key, output, scaling, causal, bias) -> None:

@@ -12,8 +12,16 @@ from dataclasses import dataclass
 import torch
 
 
+#: How many of a site's largest activations (tokens by their largest |component|) VectorStats keeps, and how many
+#: keys by the attention they receive SinkStats keeps per head: the tables' `rank` 0 .. TOP_K - 1.
+TOP_K = 8
+
+
 class VectorStats:
-    """Sums over the valid tokens of one site: n, sum x, sum x/||x||, sum ||x||, sum ||x||^2, min/max ||x||.
+    """Sums over the valid tokens of one site: n, sum x, sum x/||x||, sum ||x||, sum ||x||^2, min/max ||x||; per
+    dimension sum x_j^2 and sum (x_j/||x||)^2 (rogue dimensions: anisweep.measures.rogue) and max |x_j|; and the
+    TOP_K tokens with the largest |component| (massive activations: anisweep.measures.massive), each with its
+    sequence, position, dimension and whether it is its sequence's first valid token.
 
     Tokens with a NaN or inf component are counted in `n_nonfinite` and left out of every sum, so a
     diverged checkpoint is flagged rather than silently averaged. Zero vectors (a zeroed padding embedding)
@@ -31,6 +39,10 @@ class VectorStats:
         self.norm_sums = torch.zeros(2, **f64)  # sum ||x||, sum ||x||^2
         self.norm_range = torch.full((2,), float("inf"), **f64)  # min, max ||x||: filled, not copied from the host
         self.norm_range[1] = float("-inf")
+        self.square_sums = torch.zeros(2, d, **f64)  # per dimension: sum x_j^2, sum (x_j / ||x||)^2
+        self.abs_max_sq = torch.zeros(d, **f64)  # per dimension: max x_j^2
+        self.top = _empty_top(device)  # the TOP_K tokens by max_j x_j^2 (VectorStats.top_fields)
+        self.n_seqs = 0  # sequences seen: the next mini-batch's first sequence
 
     n = property(lambda self: int(self.counts[0]))
     n_nonfinite = property(lambda self: int(self.counts[1]))
@@ -39,6 +51,17 @@ class VectorStats:
     sum_norm_sq = property(lambda self: float(self.norm_sums[1]))
     norm_min = property(lambda self: float(self.norm_range[0]))
     norm_max = property(lambda self: float(self.norm_range[1]))
+    sum_x_sq = property(lambda self: self.square_sums[0])
+    sum_unit_sq = property(lambda self: self.square_sums[1])
+    abs_max = property(lambda self: self.abs_max_sq.sqrt())
+
+    def top_tokens(self) -> dict[str, list]:
+        """The kept tokens, largest first: value (max_j |x_j|), seq, position, dim (its argmax), first (1 where the
+        token is its sequence's first valid one); tokens that were padding (value < 0) left out."""
+        top = {name: t.cpu() for name, t in self.top.items()}
+        kept = top["value"] >= 0
+        top["value"] = top["value"].sqrt()
+        return {name: t[kept].tolist() for name, t in top.items()}
 
     @staticmethod
     def partial(x: torch.Tensor, valid: torch.Tensor, wait_free: bool | None = None) -> dict:
@@ -48,10 +71,13 @@ class VectorStats:
         `wait_free` (the default on a GPU) masks instead of branching on the data, so the host never waits for
         the device; on a CPU, where reading a value back costs nothing, the branches skip work (a float64 norm
         and a masked copy of x cost 4x the rest there)."""
+        n_seqs, first = _sequences(valid)
+        width = valid.shape[-1] if valid.dim() else 1  # positions per sequence
         x = x.reshape(-1, x.shape[-1]).float()
         valid = valid.reshape(-1)
         if wait_free is None:
             wait_free = x.device.type != "cpu"
+        rows, wide = None, False  # rows: the kept tokens' flat index, where x is cut down to them
         if wait_free:
             norms = torch.linalg.vector_norm(x, dim=-1, dtype=torch.float64)  # finite iff every component is
             keep = valid & torch.isfinite(norms)
@@ -60,14 +86,22 @@ class VectorStats:
             norms = torch.linalg.vector_norm(x, dim=-1)
             if not bool(torch.isfinite(norms).all()):  # a NaN or inf component, or a norm beyond float32:
                 norms = torch.linalg.vector_norm(x, dim=-1, dtype=torch.float64)
+                wide = True
             keep = valid & torch.isfinite(norms)
             if not bool(keep.all()):
+                rows = keep.nonzero().flatten()
                 x, norms = x[keep], norms[keep]
                 keep = keep[keep]
         counts = torch.stack([keep.sum(), (valid.sum() - keep.sum()), (keep & (norms == 0)).sum()])
         inverse = torch.where(keep, 1.0 / norms.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
         weights = torch.stack([keep.float(), inverse.float()])
         sum_x, sum_unit = (weights @ x).double()  # one pass over x for both sums
+        # squares in float32 (a component beyond 1.8e19 makes its site's square sums inf on a GPU; the CPU, which
+        # sees such a norm, squares in float64), weighted by 1 and by 1/||x||^2 in one pass
+        squares = x.double().square() if wide else x.square()
+        square_sums = (torch.stack([weights[0], weights[1].square()]).to(squares.dtype) @ squares).double()
+        token_max, token_dim = squares.max(dim=-1) if len(squares) else (squares.new_zeros(0), rows_of(squares))
+        top = _top_tokens(torch.where(keep, token_max.double(), -1.0), token_dim, rows, width, first)
         norms = torch.where(keep, norms.double(), 0.0)
         return {
             "counts": counts,
@@ -75,6 +109,10 @@ class VectorStats:
             "sum_unit": sum_unit,
             "norm_sums": torch.stack([norms.sum(), norms.dot(norms)]),
             "norm_range": _norm_range(norms, keep),
+            "square_sums": square_sums,
+            "abs_max_sq": squares.amax(dim=0).double() if len(squares) else squares.new_zeros(x.shape[-1]).double(),
+            "top": top,
+            "n_seqs": n_seqs,
         }
 
     def add(self, part: dict) -> None:
@@ -84,6 +122,51 @@ class VectorStats:
         self.norm_sums += part["norm_sums"]
         low, high = part["norm_range"]
         self.norm_range = torch.stack([self.norm_range[0].minimum(low), self.norm_range[1].maximum(high)])
+        self.square_sums += part["square_sums"]
+        self.abs_max_sq = self.abs_max_sq.maximum(part["abs_max_sq"])
+        self.top = _merge_top(self.top, {**part["top"], "seq": part["top"]["seq"] + self.n_seqs})
+        self.n_seqs += part["n_seqs"]
+
+
+def rows_of(x: torch.Tensor) -> torch.Tensor:
+    """An empty int64 index on x's device."""
+    return torch.zeros(0, dtype=torch.int64, device=x.device)
+
+
+def _sequences(valid: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """(number of sequences, each one's first valid position) of a (sequences, positions) mask; a 1-d mask is one
+    sequence. argmax of the mask: no value read back."""
+    valid = valid.reshape(-1, valid.shape[-1]) if valid.dim() else valid.reshape(1, 1)
+    return valid.shape[0], valid.to(torch.uint8).argmax(dim=-1)
+
+
+def _empty_top(device) -> dict[str, torch.Tensor]:
+    index = torch.zeros(0, dtype=torch.int64, device=device)
+    return {
+        "value": torch.zeros(0, dtype=torch.float64, device=device),
+        "seq": index,
+        "position": index,
+        "dim": index,
+        "first": index,
+    }
+
+
+def _top_tokens(value, dim, rows, width: int, first) -> dict[str, torch.Tensor]:
+    """The TOP_K tokens of one mini-batch by `value` (max_j x_j^2, -1 at the tokens not kept), with their sequence
+    in the batch, position, dimension and whether they are their sequence's first valid token."""
+    k = min(TOP_K, value.shape[0])
+    value, index = value.topk(k)
+    dim = dim.gather(0, index)
+    flat = index if rows is None else rows.gather(0, index)
+    seq, position = flat // width, flat % width
+    return {"value": value, "seq": seq, "position": position, "dim": dim, "first": (position == first.gather(0, seq)).long()}
+
+
+def _merge_top(a: dict, b: dict) -> dict:
+    """The TOP_K largest of two top lists (each largest first), ties to the earlier."""
+    both = {name: torch.cat([a[name], b[name]]) for name in a}
+    value, index = both["value"].topk(min(TOP_K, both["value"].shape[0]))
+    return {"value": value, **{name: t.gather(0, index) for name, t in both.items() if name != "value"}}
 
 
 def _norm_range(norms: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -298,3 +381,60 @@ class AttentionStats:
         out["score_mean"] = score_mean
         out["score_std"] = variance.sqrt()
         return out
+
+
+class SinkStats:
+    """Per head, the attention each key receives, summed over the valid query rows (column sums of p): in total at
+    each key position, on each sequence's first valid key, and the TOP_K keys that receive the most (attention
+    sinks: anisweep.measures.sinks). Fed the column sums (B, H, T) the attention pass computes from its
+    probabilities (attention_torch, attention_triton); nothing here reads a value back."""
+
+    def __init__(self, n_heads: int, device: torch.device | str = "cpu"):
+        f64 = {"dtype": torch.float64, "device": device}
+        self.n_heads, self.device = n_heads, device
+        self.first = torch.zeros(n_heads, **f64)  # sum over rows of p on the sequence's first valid key
+        self.received = torch.zeros(n_heads, 0, **f64)  # per key position: sum over sequences and rows of p
+        self.key_counts = torch.zeros(0, dtype=torch.int64, device=device)  # per position: sequences with a valid key
+        self.n_rows = 0
+        self.n_seqs = 0
+        index = torch.zeros(n_heads, 0, dtype=torch.int64, device=device)
+        # per head, the keys with the largest column sum: received, their sequence's valid query rows, seq, position,
+        # whether the key is its sequence's first valid one
+        self.top = {"received": torch.zeros(n_heads, 0, **f64), "rows": index, "seq": index, "position": index}
+        self.top["first"] = index
+
+    def update(self, colsum: torch.Tensor, valid: torch.Tensor, n_rows: int) -> None:
+        """colsum: (B, H, T) float32, sum over the valid query rows i of p_ij; valid: (B, T); n_rows: valid's count
+        (the caller's, read on the host)."""
+        b, h, t = colsum.shape
+        colsum = colsum.double()
+        if t > self.received.shape[1]:  # a longer mini-batch: more key positions (shapes only, no wait)
+            grow = t - self.received.shape[1]
+            self.received = torch.nn.functional.pad(self.received, (0, grow))
+            self.key_counts = torch.nn.functional.pad(self.key_counts, (0, grow))
+        _, first = _sequences(valid)
+        self.first += colsum.gather(2, first[:, None, None].expand(b, h, 1)).sum(dim=(0, 2))
+        self.received[:, :t] += colsum.sum(dim=0)
+        self.key_counts[:t] += valid.long().sum(dim=0)
+        self.n_rows += n_rows
+        rows = valid.long().sum(dim=1)  # per sequence, its valid query rows
+        flat = torch.where(valid[:, None, :], colsum, -1.0).transpose(0, 1).reshape(h, b * t)  # padding keys last
+        received, index = flat.topk(min(TOP_K, b * t), dim=1)
+        seq, position = index // t, index % t
+        batch = {
+            "received": received,
+            "rows": rows.gather(0, seq.flatten()).view_as(seq),
+            "seq": seq + self.n_seqs,
+            "position": position,
+            "first": (position == first.gather(0, seq.flatten()).view_as(seq)).long(),
+        }
+        both = {name: torch.cat([self.top[name], batch[name]], dim=1) for name in batch}
+        received, index = both["received"].topk(min(TOP_K, both["received"].shape[1]), dim=1)
+        self.top = {"received": received, **{n: x.gather(1, index) for n, x in both.items() if n != "received"}}
+        self.n_seqs += b
+
+    def top_keys(self) -> dict[str, list]:
+        """Per head (outer list), the kept keys, most received first, padding keys (received < 0) left out."""
+        top = {name: x.cpu() for name, x in self.top.items()}
+        kept = top["received"] >= 0
+        return {name: [x[h][kept[h]].tolist() for h in range(self.n_heads)] for name, x in top.items()}

@@ -11,6 +11,7 @@ from torch import nn
 
 from anisweep.adapters import Adapter
 from anisweep.adapters.base import norm_parameters
+from anisweep.extract import outlier_tables
 from anisweep.extract.recorder import Recorder
 from anisweep.measures import geometry
 from anisweep.tables import EXTRACT_SCHEMAS, EXTRACT_TABLES, with_identity
@@ -100,13 +101,13 @@ def hidden_stats_table(recorder: Recorder) -> pl.DataFrame:
         [getattr(s, attr).cpu().numpy().tolist() for _, s in sorted(recorder.vectors.items())],
         dtype=pl.List(pl.Float64),
     )
-    return df.with_columns(sums("sum_x").alias("sum_x"), sums("sum_unit").alias("sum_unit"))
+    return df.with_columns(*(sums(name).alias(name) for name in ("sum_x", "sum_unit", "sum_x_sq", "sum_unit_sq", "abs_max")))
 
 
 def hidden_table(recorder: Recorder) -> pl.DataFrame:
     frames = []
-    sample = recorder.sample
     for (layer, site), vectors in sorted(recorder.samples.items()):
+        sample = recorder.site_samples.get((layer, site), recorder.sample)  # a CNN stage's cells: its own draw
         vectors = vectors.numpy()
         frames.append(
             pl.DataFrame(
@@ -223,7 +224,11 @@ def tables(recorder: Recorder, loaded: LoadedModel, ident: dict) -> dict[str, pl
         "embeddings": lambda: embeddings_table(loaded.adapter, loaded.model, loaded.initialised),
         "qk_sample": lambda: qk_sample_table(recorder),
         "score_hist": lambda: score_hist_table(recorder),
+        "massive": lambda: outlier_tables.massive_table(recorder, kinds),
+        "sinks": lambda: outlier_tables.sinks_table(recorder),
+        "sink_keys": lambda: outlier_tables.sink_keys_table(recorder, kinds),
     }
+    kinds = outlier_tables.token_kinds(recorder, loaded.model)
     out = {name: with_identity(build[name](), ident) for name in EXTRACT_TABLES}
     if recorder.geometry.cross_layers:  # an encoder-decoder: its cross-attention in tables of their own
         out["cross_qk"] = with_identity(qk_table(recorder, cross=True), ident)

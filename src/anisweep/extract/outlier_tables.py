@@ -1,0 +1,161 @@
+"""extract's tables of the few tokens and keys that stand out, from a Recorder's accumulators: the tokens with the
+largest activations at each hidden site (massive.parquet), the attention each key position receives per head
+(sinks.parquet) and the keys that receive the most (sink_keys.parquet). Each token is named by its sequence and
+position in the evaluation batch, its id where the Recorder holds the batch's ids (`token_ids`), and its kind:
+`first` (its sequence's first valid token), `delimiter` (a special token of the model's config, or a token whose
+text is punctuation or whitespace only, where the tokenizer loads from the model's folder) or `other`."""
+
+from __future__ import annotations
+
+import unicodedata
+from functools import cache
+from pathlib import Path
+
+import polars as pl
+import torch
+
+from anisweep.tables import EXTRACT_SCHEMAS
+
+#: The config's special token ids taken as delimiters (document separators, sequence boundaries).
+SPECIAL_TOKEN_KEYS = ("bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id", "pad_token_id")
+KINDS = ("first", "delimiter", "other")
+
+
+class TokenKinds:
+    """Token ids and kinds of (seq, position) pairs of the evaluation batch."""
+
+    def __init__(self, token_ids: torch.Tensor | None, config=None, tokenizer=None):
+        self.token_ids = token_ids
+        self.special = set()
+        for key in SPECIAL_TOKEN_KEYS:
+            value = getattr(config, key, None)
+            for token in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(token, int):
+                    self.special.add(token)
+        self.tokenizer = tokenizer
+
+    def token_id(self, seq: int, position: int) -> int | None:
+        ids = self.token_ids
+        if ids is None or seq >= ids.shape[0] or position >= ids.shape[1]:
+            return None
+        return int(ids[seq, position])
+
+    def text(self, token_id: int | None) -> str | None:
+        if token_id is None or self.tokenizer is None:
+            return None
+        try:
+            return self.tokenizer.decode([token_id])
+        except Exception:  # a tokenizer that cannot decode the id: no text, the kind from the config alone
+            return None
+
+    def kind(self, first: bool, token_id: int | None, text: str | None) -> str:
+        if first:
+            return "first"
+        if token_id in self.special or (text is not None and is_delimiter_text(text)):
+            return "delimiter"
+        return "other"
+
+    def describe(self, seq: int, position: int, first: bool) -> dict:
+        token_id = self.token_id(seq, position)
+        text = self.text(token_id)
+        return {"token_id": token_id, "token": text, "kind": self.kind(first, token_id, text)}
+
+
+def is_delimiter_text(text: str) -> bool:
+    """Punctuation or whitespace only ("." "\\n" "," ";" ...); an empty decoding is not a delimiter."""
+    return bool(text) and all(ch.isspace() or unicodedata.category(ch).startswith("P") for ch in text)
+
+
+@cache
+def _tokenizer_at(folder: str):
+    from transformers import AutoTokenizer
+
+    for place in (Path(folder), Path(folder).parent):
+        try:
+            return AutoTokenizer.from_pretrained(place)
+        except Exception:  # no tokenizer files here (weights-only folders): try the run folder, then give up
+            continue
+    return None
+
+
+def token_kinds(recorder, model) -> TokenKinds:
+    """The kinds of the Recorder's batch, with the model's config and, where one loads from the model's folder (or
+    its parent, a run folder), its tokenizer."""
+    token_ids = getattr(recorder, "token_ids", None)
+    folder = getattr(model, "name_or_path", "") or ""
+    tokenizer = _tokenizer_at(str(folder)) if folder and Path(folder).is_dir() and token_ids is not None else None
+    return TokenKinds(token_ids, getattr(model, "config", None), tokenizer)
+
+
+def massive_table(recorder, kinds: TokenKinds) -> pl.DataFrame:
+    """Per hidden site (layer, site), its TOP_K tokens by their largest |component|, largest first (`rank` 0):
+    value = max_j |x_j|, dim = its j."""
+    rows = []
+    for (layer, site), stats in sorted(recorder.vectors.items()):
+        top = stats.top_tokens()
+        for rank, (value, seq, position, dim, first) in enumerate(
+            zip(top["value"], top["seq"], top["position"], top["dim"], top["first"])
+        ):
+            rows.append(
+                {
+                    "layer": layer,
+                    "site": site,
+                    "rank": rank,
+                    "seq": seq,
+                    "position": position,
+                    **kinds.describe(seq, position, bool(first)),
+                    "dim": dim,
+                    "value": value,
+                }
+            )
+    return pl.DataFrame(rows, schema=EXTRACT_SCHEMAS["massive"])
+
+
+def sinks_table(recorder) -> pl.DataFrame:
+    """Per layer and head: the valid query rows, the attention on each sequence's first valid key summed over them,
+    and per key position the attention received summed over rows and sequences (`received`) and the number of
+    sequences whose key there is valid (`key_count`)."""
+    rows = []
+    for layer, stats in sorted(recorder.sinks.items()):
+        first = stats.first.cpu().tolist()
+        received = stats.received.cpu().tolist()
+        counts = stats.key_counts.cpu().tolist()
+        for head in range(stats.n_heads):
+            rows.append(
+                {
+                    "layer": layer,
+                    "head": head,
+                    "n_rows": stats.n_rows,
+                    "n_seqs": stats.n_seqs,
+                    "first_received": first[head],
+                    "received": received[head],
+                    "key_count": counts,
+                }
+            )
+    return pl.DataFrame(rows, schema=EXTRACT_SCHEMAS["sinks"])
+
+
+def sink_keys_table(recorder, kinds: TokenKinds) -> pl.DataFrame:
+    """Per layer and head, the TOP_K keys of the batch that receive the most attention (column sum over the valid
+    query rows of their sequence), most first: `received`, and `share` = received / the sequence's valid rows."""
+    rows = []
+    for layer, stats in sorted(recorder.sinks.items()):
+        top = stats.top_keys()
+        for head in range(stats.n_heads):
+            for rank, (received, n_rows, seq, position, first) in enumerate(
+                zip(*(top[name][head] for name in ("received", "rows", "seq", "position", "first")))
+            ):
+                rows.append(
+                    {
+                        "layer": layer,
+                        "head": head,
+                        "rank": rank,
+                        "seq": seq,
+                        "position": position,
+                        **kinds.describe(seq, position, bool(first)),
+                        "received": received,
+                        "share": received / n_rows if n_rows else None,
+                    }
+                )
+    return pl.DataFrame(rows, schema=EXTRACT_SCHEMAS["sink_keys"])
+
