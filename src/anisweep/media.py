@@ -286,7 +286,10 @@ def make_media_batch(processor, corpus: MediaCorpus, n_sequences: int) -> dict:
         return {"pixel_values": processor(images=images, return_tensors="pt")["pixel_values"]}
     rate = int(processor.sampling_rate)
     clips = [_clip(name, blob, rate, corpus) for name, blob in zip(names, data)]
-    out = processor(clips, sampling_rate=rate, return_tensors="pt", padding=True, return_attention_mask=True)
+    # Whisper's extractor pads (and cuts) every clip to its fixed window, `n_samples` (30 s), the only length its
+    # encoder takes; the others pad to the longest clip
+    padding = "max_length" if getattr(processor, "n_samples", None) else True
+    out = processor(clips, sampling_rate=rate, return_tensors="pt", padding=padding, return_attention_mask=True)
     return {key: value for key, value in out.items() if key in ("input_values", "input_features", "attention_mask")}
 
 

@@ -14,6 +14,8 @@ from anisweep.adapters.olmo2 import Olmo2Adapter
 from anisweep.adapters.roberta import RobertaAdapter
 from anisweep.adapters.t5 import T5Adapter
 from anisweep.adapters.vit import ViTAdapter
+from anisweep.adapters.wav2vec2 import Wav2Vec2Adapter
+from anisweep.adapters.whisper import WhisperAdapter
 
 ADAPTERS: tuple[Adapter, ...] = (
     BertAdapter(),
@@ -27,6 +29,8 @@ ADAPTERS: tuple[Adapter, ...] = (
     T5Adapter(),
     CanineAdapter(),
     ViTAdapter(),
+    Wav2Vec2Adapter(),
+    WhisperAdapter(),
 )
 
 
