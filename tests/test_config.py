@@ -110,7 +110,11 @@ def test_final_step_and_size_come_from_the_family():
             "models.0.steps: 'al' is none of the forms allowed here: one of [all, final] or a list or a mapping",
         ),
         ({"untrained": {"inits": [{"model": "m", "step": -1}]}}, "untrained.inits.0.step: -1 is less than the minimum"),
-        ({"corpus": {"sorce": "text"}}, "allowed keys: [column, config, name, paths, source, split]"),
+        (
+            {"corpus": {"sorce": "text"}},
+            "allowed keys: [column, config, max_items, max_seconds, modality, name, paths, resample, seed, source, "
+            "split]",
+        ),
     ],
     ids=["unknown-key-in-choice", "no-form-fits", "unknown-key-in-nested-choice", "nested-no-form", "bad-value", "top"],
 )

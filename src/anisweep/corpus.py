@@ -9,6 +9,9 @@ Three sources of text (:func:`load_texts`):
 * ``{"source": "hf_dataset", "name": ..., "config": ..., "split": ..., "column": "text"}``:
   a Hugging Face dataset (the ``datasets`` package is imported only here).
 
+Images and audio (``{"source": "images" | "audio", "paths": [...]}``, or an ``hf_dataset`` with ``modality``) are
+read by anisweep.media; :func:`read_corpus` reads either kind of corpus file back.
+
 :func:`make_batch` turns documents into a fixed ``(n_sequences, seq_len)`` batch: the documents
 (in a seeded order) are tokenized lazily into one stream separated by the tokenizer's eos (or sep)
 token, and ``n_sequences`` non-overlapping windows are cut from it at seeded random offsets, each
@@ -150,7 +153,9 @@ def load_texts(source: Mapping[str, Any]) -> list[str]:
         if not name:
             raise ValueError("corpus source 'hf_dataset' needs a dataset 'name' (e.g. 'Salesforce/wikitext')")
         column = source.get("column", "text")
-        ds = datasets.load_dataset(name, source.get("config"), split=source.get("split", "train"))
+        from anisweep.media import load_dataset_or_explain  # a gated dataset's refusal says what to do
+
+        ds = load_dataset_or_explain(datasets, name, source.get("config"), source.get("split", "train"))
         if column not in ds.column_names:
             raise ValueError(f"dataset {name!r} has no column {column!r}; columns: {ds.column_names}")
         return [t for t in ds[column] if isinstance(t, str) and t.strip()]

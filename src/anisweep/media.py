@@ -64,6 +64,20 @@ def modality_of(source: Mapping[str, Any]) -> str:
     return source.get("modality", "text") if kind == "hf_dataset" else "text"
 
 
+#: the corpus keys only an image or audio corpus reads, and those only audio reads
+MEDIA_KEYS = ("modality", "max_items", "seed", "resample", "max_seconds")
+AUDIO_KEYS = ("resample", "max_seconds")
+
+
+def corpus_settings(source: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of a corpus section that change the corpus step's file (the corpus rule's params): a text corpus
+    without the media keys, an image corpus without the audio ones, so that a key a corpus does not read (or the
+    schema's default of one, filled in) reruns nothing."""
+    modality = modality_of(source)
+    unread = MEDIA_KEYS if modality == "text" else AUDIO_KEYS if modality == "image" else ()
+    return {key: value for key, value in source.items() if key not in unread}
+
+
 # --------------------------------------------------------------------------------------------- decoding
 
 

@@ -27,6 +27,7 @@ def check_sections(config: dict) -> None:
         )
     _check_gradients(config["gradients"])
     _check_untrained(config["untrained"])
+    _check_corpus(config)
     for name, spec in config["toy"].items():
         _check_heads(f"toy.{name}", spec["d_model"], spec["n_heads"])
 
@@ -36,6 +37,40 @@ def _check_heads(where: str, d_model: int, n_heads: int) -> None:
         raise ConfigError(
             f"{where}: d_model = {d_model} is not a multiple of n_heads = {n_heads} (each head takes d_model / "
             f"n_heads dimensions); change {where}.d_model or {where}.n_heads"
+        )
+
+
+def _check_corpus(config: dict) -> None:
+    """An image or audio corpus (anisweep.media) names its files, and feeds only models that load from a checkpoint
+    folder with the model's own processor: not a toy (trained on text by the workflow), nor a model analysed while
+    it trained (on text), nor the gradient analysis (the language-modelling loss of a text batch)."""
+    from anisweep.media import modality_of
+
+    corpus = config["corpus"]
+    modality = modality_of(corpus)
+    if modality == "text":
+        return
+    if corpus["source"] in ("images", "audio") and not corpus.get("paths"):
+        raise ConfigError(
+            f"corpus.source is {corpus['source']!r} but corpus.paths lists no folder: name the folders (or files) of "
+            f"your {modality} files, e.g. corpus: {{source: {corpus['source']}, paths: [my_{corpus['source']}/]}}"
+        )
+    text_only = [
+        f"{e.get('family')}/{e.get('name')}"
+        for e in config["models"]
+        if isinstance(e, dict) and (e.get("family") == "toy" or e.get("live"))
+    ]
+    if text_only:
+        raise ConfigError(
+            f"models {', '.join(text_only)} read text (a toy the workflow trains, or a run analysed while it "
+            f"trained), but the corpus holds {modality} (corpus.source {corpus['source']!r}): sweep them in a config "
+            "of their own with a text corpus (corpus.source builtin, text, or hf_dataset with corpus.modality: text), "
+            f"and keep here the models that read {modality} (family hub or local)"
+        )
+    if config["gradients"]["enabled"]:
+        raise ConfigError(
+            f"gradients.enabled, but the corpus holds {modality}: the gradient analysis takes the language-modelling "
+            "loss of a text batch; set gradients.enabled: false for image and audio models"
         )
 
 

@@ -8,7 +8,8 @@ Hub checkpoints (``pythia``, ``multiberts``):
 1. The revision is resolved to a commit hash (``HfApi.resolve_revision``: online it asks the Hub and records
    ``refs/{revision}`` in the cache; offline, or when the Hub is unreachable, it reads that ref).
 2. The repo's file list (the cached tree listing, else the Hub's listing, else -- offline -- the cached
-   snapshot folder) decides what to download: ``config.json``, the tokenizer files and ONE weight format:
+   snapshot folder) decides what to download: ``config.json``, the tokenizer files (an image or audio model's
+   ``preprocessor_config.json`` among them) and ONE weight format:
    ``*.safetensors`` (+ index) when the repo has them, else ``pytorch_model*.bin`` (+ index). Never
    ``tf_model.h5``, flax, onnx. The exact file names are passed as ``allow_patterns``.
 3. ``huggingface_hub.snapshot_download`` downloads them (resumable, with its own progress bars):
@@ -99,6 +100,10 @@ TOKENIZER_FILES = (
     "spiece.model",
     "sentencepiece.bpe.model",
     "tokenizer.model",
+    # an image or audio model's processor (AutoImageProcessor / AutoFeatureExtractor / AutoProcessor): fetched with
+    # the tokenizer, before the weights, so that the preflight makes the evaluation batch with it (anisweep.media)
+    "preprocessor_config.json",
+    "processor_config.json",
 )
 _SAFETENSORS = re.compile(r"[^/]+\.safetensors")
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
