@@ -16,6 +16,8 @@ from test_extract import check_all
 
 from anisweep.adapters import adapter_for
 from anisweep.adapters.base import TRANSFORMERLENS_HOOKS
+from anisweep.extract.model import ExtractSettings, load_model
+from anisweep.extract.run import run
 from anisweep.media import MediaCorpus, make_media_batch
 
 from conftest import run_extract, saved
@@ -245,3 +247,14 @@ def test_every_norm_site_has_a_hook_name_and_the_layers_are_the_encoders(kind):
     assert len(adapter.attention_sites(base)) == g.n_layers == 2 and g.d_head == 8
     assert [s.layer for s in adapter.resid_sites(base)] == [0, 1, 2]
     assert [s.layer for s in sites if s.site == "final_ln"] == [2]
+
+
+@pytest.mark.parametrize("kind", ["wav2vec2", "whisper"])
+def test_a_half_precision_model_takes_the_extractors_float32(tmp_path, kind):
+    """The feature extractor gives float32; a model loaded in bfloat16 gets its input in its own dtype."""
+    path = saved_model(tmp_path, kind)
+    loaded = load_model(path, "bfloat16", "cpu")
+    settings = ExtractSettings(batch_size=5, sample_tokens=100, device="cpu", dtype="bfloat16")
+    recorder = run(loaded, audio_batch(kind, waveforms()), settings, progress=False)
+    assert sum(stats.n_nonfinite for stats in recorder.vectors.values()) == 0
+    assert recorder.n_positions > 0

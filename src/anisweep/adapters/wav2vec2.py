@@ -74,7 +74,8 @@ class Wav2Vec2Adapter(Adapter):
 
     def forward_batch(self, base, inputs) -> None:
         mask = inputs.get("attention_mask")
-        base(input_values=inputs["input_values"], attention_mask=None if mask is None else mask.long())
+        values = inputs["input_values"].to(base.dtype)  # the extractor's float32, in the dtype the model loaded in
+        base(input_values=values, attention_mask=None if mask is None else mask.long())
 
     def resid_sites(self, base) -> list[ResidSite]:
         encoder = base.encoder

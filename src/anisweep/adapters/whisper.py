@@ -90,7 +90,8 @@ class WhisperAdapter(Adapter):
         return torch.full((n, t), -1, dtype=torch.int64), torch.ones(n, t, dtype=torch.bool)
 
     def forward_batch(self, base, inputs) -> None:
-        base.encoder(input_features=inputs["input_features"])  # the decoder is not run (module docstring)
+        features = inputs["input_features"].to(base.dtype)  # the extractor's float32, in the model's dtype
+        base.encoder(input_features=features)  # the decoder is not run (module docstring)
 
     def resid_sites(self, base) -> list[ResidSite]:
         layers = base.encoder.layers
