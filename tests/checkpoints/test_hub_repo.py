@@ -267,9 +267,9 @@ def test_remote_code_needed_but_not_allowed_stops_before_the_weights(hub, tmp_pa
 
 
 def test_an_architecture_without_an_adapter_stops_before_the_weights(hub, tmp_path):
-    _no_weights(hub, "facebook/wav2vec2-base", {"model_type": "wav2vec2", "architectures": ["Wav2Vec2ForPreTraining"]})
-    (ck,) = resolve({"family": "hub", "name": "facebook/wav2vec2-base", "steps": "final"})
-    with pytest.raises(PreflightError, match=r"Wav2Vec2ForPreTraining.*supported: .*BertForMaskedLM"):
+    _no_weights(hub, "state-spaces/mamba-130m-hf", {"model_type": "mamba", "architectures": ["MambaForCausalLM"]})
+    (ck,) = resolve({"family": "hub", "name": "state-spaces/mamba-130m-hf", "steps": "final"})
+    with pytest.raises(PreflightError, match=r"MambaForCausalLM.*supported: .*BertForMaskedLM"):
         fetch(ck, tmp_path / "w")
 
 

@@ -6,6 +6,7 @@ from anisweep.adapters.albert import AlbertAdapter
 from anisweep.adapters.base import Adapter, AttentionSite, Geometry, LayerNormSite, PreRotaryQK, ResidSite
 from anisweep.adapters.bert import BertAdapter
 from anisweep.adapters.canine import CanineAdapter
+from anisweep.adapters.cnn import ConvNetAdapter
 from anisweep.adapters.gpt2 import GPT2Adapter
 from anisweep.adapters.gpt_neox import GPTNeoXAdapter
 from anisweep.adapters.llama import LlamaAdapter
@@ -29,6 +30,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     T5Adapter(),
     CanineAdapter(),
     ViTAdapter(),
+    ConvNetAdapter(),
     Wav2Vec2Adapter(),
     WhisperAdapter(),
 )

@@ -124,7 +124,7 @@ class Geometry:
     @property
     def group(self) -> int:
         """Query heads per key head: query head h attends with key head h // group."""
-        return self.n_heads // self.kv_heads
+        return self.n_heads // self.kv_heads if self.kv_heads else 1  # 1 where there is no attention (a CNN)
 
     @property
     def ropes(self) -> tuple[str, ...]:
@@ -144,6 +144,7 @@ class ResidSite:
     module: nn.Module
     site: str = "resid"
     width: int | None = None
+    channels_first: bool = False  # a convolution's (B, C, H, W) map: its H * W cells are the positions, C wide
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,13 @@ class Sample:
             seqs, positions = seqs[keep], positions[keep]
         return cls(seqs, positions, input_ids[seqs, positions])
 
+    def in_batch(self, first_seq: int, n_seqs: int, t: int, device) -> tuple[slice, torch.Tensor]:
+        """(rows of the sample, their flat indices into the mini-batch's (n_seqs * t) positions) of the mini-batch
+        that starts at sequence `first_seq`: the sample is sorted, so its rows in a mini-batch are a slice."""
+        in_batch = ((self.seq >= first_seq) & (self.seq < first_seq + n_seqs)).nonzero()
+        rows = slice(int(in_batch[0]), int(in_batch[-1]) + 1) if len(in_batch) else slice(0, 0)
+        return rows, to_device((self.seq[rows] - first_seq) * t + self.position[rows], device)
+
 
 @dataclass
 class Recorder:
@@ -130,6 +137,8 @@ class Recorder:
     stream: StreamMeasures | None = None  # the user's stream measures (anisweep.extract.stream_measures)
     attention_sites: list = field(default_factory=list)  # the adapter's AttentionSites (Hooks sets them)
     mask_is_bias: bool = False  # the adapter's: the mask transformers passes is a score bias (BEiT); Hooks sets it
+    #: (sequences, sample_tokens, seed) of the evaluation batch: the draw of a site on positions of its own (_grid)
+    grid_sampling: tuple[int, int, int] = (0, 0, 0)
     valid: torch.Tensor = field(init=False)
     scratch: Scratch = field(init=False, default_factory=Scratch)
 
@@ -148,6 +157,8 @@ class Recorder:
         self.vectors: dict[tuple[int, str], VectorStats] = {}
         self.samples: dict[tuple[int, str], torch.Tensor] = {}  # (n sampled tokens, d) float32 on the CPU
         self._batch_sample = None
+        self._grid_samples: dict[int, Sample] = {}
+        self.site_samples: dict[tuple[int, str], Sample] = {}  # sites sampled apart from `sample` (_grid)
         self._recent: list[tuple[weakref.ref, dict]] = []
         if self.stream is not None:
             for layer in range(g.n_layers):
@@ -172,10 +183,8 @@ class Recorder:
         self._masks = {causal: self._mask(host_valid, causal) for causal in sorted(kinds)}
         self._host_blocks, self.n_visible, self.row_counts = self._masks[g.causal]
         self._blocks, self._other_blocks = None, {}
-        in_batch = ((self.sample.seq >= first_seq) & (self.sample.seq < first_seq + valid.shape[0])).nonzero()
-        sample_rows = slice(int(in_batch[0]), int(in_batch[-1]) + 1) if len(in_batch) else slice(0, 0)
-        flat_index = (self.sample.seq[sample_rows] - first_seq) * valid.shape[1] + self.sample.position[sample_rows]
-        self._batch_sample = (sample_rows, to_device(flat_index, valid.device))
+        self._batch_sample = self.sample.in_batch(first_seq, valid.shape[0], valid.shape[1], valid.device)
+        self._first_seq, self._grids = first_seq, {}
         if self.qk_sample is not None:
             self.qk_sample.begin_batch(first_seq, valid.shape[0], valid.device)
 
@@ -309,11 +318,14 @@ class Recorder:
 
     def record_vectors(self, layer: int, site: str, x: torch.Tensor) -> None:
         key = (layer, site)
-        self.vectors[key].add(self._vector_parts(x))
+        valid, batch_sample = self.valid, self._batch_sample
+        if x.shape[1] != valid.shape[1]:  # a site on positions of its own (a CNN stage's feature-map cells)
+            valid, batch_sample = self._grid(key, x.shape[1])
+        self.vectors[key].add(self._vector_parts(x, valid))
         if self.stream is not None:
-            self.stream.feed(layer, site, x, self.valid)
+            self.stream.feed(layer, site, x, valid)
         if site in SAMPLED_SITES:
-            rows, index = self._batch_sample  # the sample is sorted: its rows in this batch are a slice
+            rows, index = batch_sample  # the sample is sorted: its rows in this batch are a slice
             flat, target = x.reshape(-1, x.shape[-1]), self.samples[key][rows]
             if flat.dtype == target.dtype and flat.device == target.device:
                 torch.index_select(flat, 0, index, out=target)
@@ -327,7 +339,28 @@ class Recorder:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _vector_parts(self, x: torch.Tensor) -> dict:
+    def _grid(self, key: tuple[int, str], t: int) -> tuple[torch.Tensor, tuple]:
+        """(valid, this batch's sampled rows) of a site whose `t` positions are not the batch's: every one valid
+        (images are never padded), sampled by a draw of their own over the whole evaluation batch, with the same
+        seed (`site_samples`, which hidden.parquet reads; its sample buffer is sized on the first batch)."""
+        if not self.all_valid:
+            raise ValueError(f"site {key}: {t} positions where the batch has {self.valid.shape[1]}, and padding")
+        n_seqs, n_tokens, seed = self.grid_sampling
+        if t not in self._grid_samples:
+            ones = torch.ones(n_seqs, t, dtype=torch.bool)
+            self._grid_samples[t] = Sample.draw(torch.full((n_seqs, t), -1), ones, n_tokens, seed)
+        sample = self.site_samples[key] = self._grid_samples[t]
+        if key in self.samples and self.samples[key].shape[0] != len(sample.seq):
+            self.samples[key] = torch.empty(
+                len(sample.seq), self.samples[key].shape[1], pin_memory=self.device.type == "cuda"
+            )
+        if t not in self._grids:
+            b = self.valid.shape[0]
+            batch_sample = sample.in_batch(self._first_seq, b, t, self.valid.device)
+            self._grids[t] = (torch.ones(b, t, dtype=torch.bool, device=self.valid.device), batch_sample)
+        return self._grids[t]
+
+    def _vector_parts(self, x: torch.Tensor, valid: torch.Tensor) -> dict:
         """VectorStats sums of x. Several sites often hold one tensor (a block's output is the next
         block's LayerNorm input, twice with a parallel residual; no hooked module changes its input in
         place): the sums of the last few tensors are kept, by weak reference so that no tensor outlives
@@ -335,7 +368,7 @@ class Recorder:
         for ref, part in self._recent:
             if ref() is x:
                 return part
-        part = VectorStats.partial(x, self.valid)
+        part = VectorStats.partial(x, valid)
         self._recent = [(weakref.ref(x), part)] + self._recent[:3]
         return part
 
@@ -351,8 +384,9 @@ class Hooks:
         for site in adapter.resid_sites(base):
             recorder.reserve(site.layer, site.site, site.width)
 
-            def on_resid(args, output, layer=site.layer, name=site.site):
-                recorder.record_vectors(layer, name, first_tensor(output))
+            def on_resid(args, output, layer=site.layer, name=site.site, cells=site.channels_first):
+                x = first_tensor(output)
+                recorder.record_vectors(layer, name, x.flatten(2).transpose(1, 2) if cells else x)
 
             calls.setdefault(("resid", site.module), []).append(on_resid)
         for site in adapter.layernorm_sites(base):

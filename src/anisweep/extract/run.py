@@ -53,17 +53,25 @@ def run(
     workers = Workers(torch.get_num_threads() if device.type == "cpu" else 1)
     g = loaded.geometry
     ropes = ("pre", "post") if g.rotary_dims else ("pre",)
-    qk_sample = QKSample(
-        sample,
-        settings.qk_sample_tokens,
-        settings.seed,
-        g.n_heads,
-        g.d_head,
-        [(i, r) for i in range(g.n_layers) for r in ropes],
-        device,
+    qk_sample = (
+        None
+        if not g.n_heads
+        else QKSample(
+            sample,
+            settings.qk_sample_tokens,
+            settings.seed,
+            g.n_heads,
+            g.d_head,
+            [(i, r) for i in range(g.n_layers) for r in ropes],
+            device,
+        )
     )
     bins = settings.score_bins
-    score_hist = None if bins is None else ScoreHistogram(g.n_layers, bins["low"], bins["high"], bins["n"], device)
+    score_hist = (
+        None
+        if bins is None or not g.n_heads
+        else ScoreHistogram(g.n_layers, bins["low"], bins["high"], bins["n"], device)
+    )
     recorder = Recorder(
         g,
         sample,
@@ -75,6 +83,7 @@ def run(
         stream=stream,
     )
     recorder.n_positions = int(covered.sum())
+    recorder.grid_sampling = (covered.shape[0], settings.sample_tokens, settings.seed)
     try:
         with recording(recorder), Hooks(loaded.adapter, loaded.base, loaded.geometry, recorder):
             starts = range(0, covered.shape[0], settings.batch_size)

@@ -55,6 +55,8 @@ def qk_table(recorder: Recorder, cross: bool = False) -> pl.DataFrame:
                     "qk_mean_score": score,
                 }
             )
+    if not rows:  # no attention (a CNN)
+        return pl.DataFrame(schema=EXTRACT_SCHEMAS["qk"])
     df = pl.DataFrame([{k: v for k, v in r.items() if k not in ("q_mean", "k_mean")} for r in rows])
     return df.with_columns(
         _f32_lists(np.stack([r["q_mean"] for r in rows])).alias("q_mean"),
@@ -76,7 +78,11 @@ def attention_table(recorder: Recorder, cross: bool = False) -> pl.DataFrame:
                     **{name: float(value[head]) for name, value in means.items()},
                 }
             )
-    return pl.DataFrame(rows).select(*EXTRACT_SCHEMAS["attention"])
+    return (
+        pl.DataFrame(rows, schema=EXTRACT_SCHEMAS["attention"])
+        if not rows
+        else pl.DataFrame(rows).select(*EXTRACT_SCHEMAS["attention"])
+    )
 
 
 def hidden_stats_table(recorder: Recorder) -> pl.DataFrame:
@@ -101,7 +107,9 @@ def hidden_stats_table(recorder: Recorder) -> pl.DataFrame:
         [getattr(s, attr).cpu().numpy().tolist() for _, s in sorted(recorder.vectors.items())],
         dtype=pl.List(pl.Float64),
     )
-    return df.with_columns(*(sums(name).alias(name) for name in ("sum_x", "sum_unit", "sum_x_sq", "sum_unit_sq", "abs_max")))
+    return df.with_columns(
+        *(sums(name).alias(name) for name in ("sum_x", "sum_unit", "sum_x_sq", "sum_unit_sq", "abs_max"))
+    )
 
 
 def hidden_table(recorder: Recorder) -> pl.DataFrame:
@@ -131,6 +139,8 @@ def _by_head(x: np.ndarray) -> np.ndarray:
 def qk_sample_table(recorder: Recorder) -> pl.DataFrame:
     """The sampled tokens' q and k vectors, one row per (layer, rope, head, token)."""
     sample = recorder.qk_sample
+    if sample is None:  # no attention (a CNN)
+        return pl.DataFrame(schema=EXTRACT_SCHEMAS["qk_sample"])
     n, frames = len(sample), []
     for layer, rope in sorted({(layer, rope) for layer, rope, _ in sample.vectors}):
         q, k = (sample.vectors[(layer, rope, which)].numpy() for which in ("q", "k"))
