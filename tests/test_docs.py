@@ -77,6 +77,8 @@ NOT_RUN = {
     ("README.md", 'pip install -e ".[slurm]"'): "installs from PyPI and submits to a SLURM cluster "
     "(tests/workflow/test_slurm.py runs the profile on a one-node SLURM it starts)",
     ("docs/slurm.md", 'pip install -e ".[slurm]"'): "installs from PyPI",
+    ("docs/hub.md", "anisweep audit pythia pythia-2.8b"): "asks the Hub for pythia-2.8b's 155 branches "
+    "(tests/checkpoints/test_audit.py runs the command against a local Hub serving a planted grid)",
     ("docs/slurm.md", "--workflow-profile profiles/slurm"): "submits to a SLURM cluster "
     "(tests/workflow/test_slurm.py runs the profile on a one-node SLURM it starts)",
 }

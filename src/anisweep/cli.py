@@ -94,7 +94,12 @@ def cmd_fetch(args) -> None:
             evaluation_batch(folder, tokenizer, settings, texts, checkpoint.key)
 
     fetch(
-        checkpoint, Path(args.out), keep_weights=args.keep_weights, retries=args.retries, before_weights=before_weights
+        checkpoint,
+        Path(args.out),
+        keep_weights=args.keep_weights,
+        retries=args.retries,
+        before_weights=before_weights,
+        audited_sha256=args.audited_sha256,
     )
 
 
@@ -236,15 +241,55 @@ def cmd_sweep(args) -> None:
     from anisweep.measures.sweep import aggregate
     from anisweep.tables import write_atomic
 
-    write_atomic(
-        aggregate(
-            [Path(p) for p in args.metrics],
-            expected_steps=args.expected_steps,
-            final_step=args.final_step,
-            gradient_fixed_shares=args.gradient_fixed_shares,
-        ),
-        args.out,
+    sweep = aggregate(
+        [Path(p) for p in args.metrics],
+        expected_steps=args.expected_steps,
+        final_step=args.final_step,
+        gradient_fixed_shares=args.gradient_fixed_shares,
     )
+    if args.audit:
+        sweep = _with_audit(sweep, args.audit, args.flagged_steps, args.seed)
+    write_atomic(sweep, args.out)
+
+
+def _with_audit(sweep, grid_file: str, flagged_steps: list[int], seed: int | None):
+    """The sweep with the audit of its model's grid: each step's `audit` status and the branch it `repeats`, and
+    one row for each of the config's steps the audit left out (anisweep.checkpoints.audit)."""
+    import polars as pl
+
+    from anisweep.checkpoints.audit import read_grid, skipped_rows, sweep_columns
+    from anisweep.measures.sweep import METRIC_KEY, SWEEP_SCHEMA
+
+    grid = read_grid(grid_file)
+    if grid is None:
+        raise ValueError(f"{grid_file}: not an audit of a grid (anisweep.checkpoints.audit); run `anisweep audit`")
+    sweep = sweep.join(sweep_columns(grid), on="step", how="left")
+    sweep = pl.concat([sweep, skipped_rows(grid, flagged_steps, seed)], how="diagonal_relaxed")
+    columns = [*SWEEP_SCHEMA, "audit", "repeats"]
+    return sweep.select(columns).sort("step", *METRIC_KEY, nulls_last=True)
+
+
+def cmd_audit(args) -> None:
+    import yaml
+
+    from anisweep.checkpoints.audit import audit_model, grid_path, health, read_grid, write_grid
+    from anisweep.checkpoints.catalogue import resolve
+
+    entry = {"family": args.family, "name": args.name, "steps": "all"}
+    if args.config:
+        models = yaml.safe_load(Path(args.config).read_text()).get("models") or []
+        found = [m for m in models if m.get("family") == args.family and str(m.get("name")) == args.name]
+        if not found:
+            raise ValueError(f"{args.config} has no models entry {args.family}/{args.name}")
+        entry = found[0]
+    checkpoints = resolve(entry)
+    if not checkpoints or checkpoints[0].repo_id is None:
+        raise ValueError(f"{args.family}/{args.name} is not on the Hub: there is no published grid to audit")
+    path = grid_path(args.results, args.family, args.name)
+    table, notes = audit_model(checkpoints, previous=read_grid(path))
+    written = write_grid(table, path) if not args.no_write else False
+    print("\n".join(health(table, notes, [c.step for c in checkpoints] if args.config else None)))
+    print(f"{path}: {'written' if written else 'unchanged' if path.exists() else 'not written'}")
 
 
 def cmd_measure(args) -> None:
@@ -421,7 +466,21 @@ def parser() -> argparse.ArgumentParser:
         "--settings before any weights move",
     )
     p.add_argument("--settings", type=_json, default={}, help="JSON of the config's extract section")
+    p.add_argument(
+        "--audited-sha256",
+        type=_json,
+        default={},
+        help="JSON {weight file: sha256} the audit of the grid found: a downloaded file the Hub names otherwise fails",
+    )
     p.set_defaults(run=cmd_fetch)
+
+    p = sub.add_parser("audit", help="audit a Hub model's published grid from file metadata and print its health")
+    p.add_argument("family", help="a Hub family: pythia, multiberts, olmo, olmo2, gpt2, tinyllama, hub")
+    p.add_argument("name", help="the model's name in its family (pythia-2.8b, seed_0, ...)")
+    p.add_argument("--config", help="a config whose models entry of this name to audit (needed for `hub`)")
+    p.add_argument("--results", default="results", help="where results/{family}/{model}/grid.parquet is kept")
+    p.add_argument("--no-write", action="store_true", help="print the health only; leave grid.parquet as it is")
+    p.set_defaults(run=cmd_audit)
 
     p = sub.add_parser("corpus", help="read the evaluation texts once into a Parquet file")
     p.add_argument("--corpus", type=_json, required=True, help="JSON of the config's corpus section")
@@ -521,7 +580,10 @@ def parser() -> argparse.ArgumentParser:
         "--final-step", type=int, help="the step trusted when several steps share weights (the published final model)"
     )
     p.add_argument("--gradient-fixed-shares", help="the model's gradient_fixed_shares.parquet: its rows become metrics")
-    p.add_argument("metrics", nargs="+")
+    p.add_argument("--audit", help="the model's grid.parquet: each step's audit, and a row per step it left out")
+    p.add_argument("--flagged-steps", type=_steps, default=[], help="comma-separated steps the audit left out")
+    p.add_argument("--seed", type=int, help="the model's seed, for the rows of the steps left out")
+    p.add_argument("metrics", nargs="*")
     p.set_defaults(run=cmd_sweep)
 
     p = sub.add_parser("plot", help="figures of one model's sweep")

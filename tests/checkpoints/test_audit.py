@@ -7,6 +7,7 @@ test, tests/workflow/test_audit_sweep.py, sweeps tiny real models)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -161,3 +162,69 @@ def test_hashes_that_differ_from_the_audit_name_the_file(hub):
 
 def test_audit_error_is_a_runtime_error():
     assert issubclass(AuditError, RuntimeError)
+
+
+def test_the_audit_command_prints_the_health_and_keeps_the_table(hub, tmp_path, capsys):
+    from anisweep.cli import main
+
+    assert main(["audit", "pythia", "pythia-70m", "--results", str(tmp_path / "results")]) == 0
+    out = capsys.readouterr().out
+    assert "pythia/pythia-70m: 154 published steps" in out and "repeat step143000: steps 0" in out
+    assert "grid.parquet: written" in out
+    table = read_grid(tmp_path / "results" / "pythia" / "pythia-70m" / "grid.parquet")
+    assert by_step(table)[0]["status"] == "duplicate"
+    assert main(["audit", "pythia", "pythia-70m", "--results", str(tmp_path / "results")]) == 0
+    assert "grid.parquet: unchanged" in capsys.readouterr().out
+
+
+def test_the_sweep_lists_the_steps_the_audit_left_out(hub, tmp_path):
+    from anisweep.cli import main
+    from anisweep.tables import METRIC_SCHEMA, write_atomic
+
+    table, _ = audit_model(checkpoints([0, 1000, 3000]))
+    grid = tmp_path / "grid.parquet"
+    write_grid(table, grid)
+    metrics = []
+    for step in (1000, 3000):
+        row = {k: None for k in METRIC_SCHEMA} | {"family": "pythia", "model": "pythia-70m", "seed": 1234}
+        row |= {"step": step, "layer": 0, "site": "resid", "metric": "avg_cos", "value": 0.5}
+        path = tmp_path / f"step{step}" / "metrics.parquet"
+        path.parent.mkdir()
+        write_atomic(pl.DataFrame([row], schema=METRIC_SCHEMA), path)
+        metrics.append(str(path))
+    out = tmp_path / "sweep.parquet"
+    args = ["sweep", "--out", str(out), "--expected-steps", "1000,3000", "--audit", str(grid)]
+    assert main([*args, "--flagged-steps", "0", "--seed", "1234", *metrics]) == 0
+    sweep = {r["step"]: r for r in pl.read_parquet(out).iter_rows(named=True)}
+    zero = sweep[0]
+    assert (zero["status"], zero["repeats"], zero["duplicate_of_step"]) == ("duplicate", "step143000", 143000)
+    assert sweep[0]["seed"] == 1234
+    assert (sweep[1000]["status"], sweep[1000]["audit"]) == ("ok", "partial")
+    assert "step143000" in sweep[1000]["repeats"]
+    assert (sweep[3000]["audit"], sweep[3000]["repeats"]) == ("ok", None)
+
+
+def test_fetch_checks_the_hubs_sha256_against_the_audit(hub, tmp_path):
+    from anisweep.checkpoints.fetch import fetch
+
+    table, _ = audit_model(checkpoints([3000]))
+    expected = expected_hashes(table, 3000)
+    manifest = fetch(checkpoints([3000])[0], tmp_path / "ok", audited_sha256=expected)
+    assert manifest["audited_sha256"] == expected
+    wrong = expected | {"model-00001-of-00002.safetensors": "f" * 64}
+    with pytest.raises(HashMismatch, match=r"pythia/pythia-70m/step3000: model-00001-of-00002\.safetensors"):
+        fetch(checkpoints([3000])[0], tmp_path / "wrong", audited_sha256=wrong)
+
+
+def test_extract_refuses_bytes_the_hub_named_otherwise(hub, tmp_path):
+    from anisweep.checkpoints.fetch import fetch
+    from anisweep.checkpoints.weight_files import WeightFiles
+
+    manifest = fetch(checkpoints([3000])[0], tmp_path / "dest", keep_weights=True)
+    WeightFiles.read(manifest["path"])  # the bytes are those the Hub named
+    shard = next(p for p in Path(manifest["path"]).iterdir() if p.name.startswith("model-00002"))
+    target = shard.resolve()
+    target.chmod(0o644)
+    target.write_bytes(b"corrupted")
+    with pytest.raises(HashMismatch, match=r"model-00002-of-00002\.safetensors \(read "):
+        WeightFiles.read(manifest["path"])

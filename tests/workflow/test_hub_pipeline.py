@@ -218,7 +218,11 @@ def sweep_run(world):
     """The workflow up to every sweep table on the hub and local models, weights temporary."""
     workdir = world["root"] / "work"
     workdir.mkdir()
-    configfile = write_config(world, world["root"] / "config.yaml", HUB_MODELS + local_models(world))
+    # step0 serves step143000's bytes: the audit of the grid flags it, and `keep` still analyses it, so that the
+    # sweep's own check of the hashes extract took is tested too (tests/workflow/test_audit_sweep.py: `skip`)
+    configfile = write_config(
+        world, world["root"] / "config.yaml", HUB_MODELS + local_models(world), audit={"flagged": "keep"}
+    )
     cache_before = tree_state(world["hf_home"])
     runs_before = tree_state(world["root"] / "runs")
     # a guard against a hung run, not a speed test: twelve checkpoints on cores that other jobs may share

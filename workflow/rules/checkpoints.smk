@@ -26,9 +26,11 @@ rule fetch:
         keep=untracked("--keep-weights" if config["fetch"]["keep_weights"] else ""),
         retries=untracked(config["fetch"]["retries"]),
         settings=untracked(json_arg(config["extract"])),
+        audited=untracked(audited_sha256),
     shell:
         "{params.cli} fetch --checkpoint {params.checkpoint} --out {output} {params.keep} "
-        "--retries {params.retries} --texts {input.texts} --settings {params.settings} 2> {log} {params.on_failure}"
+        "--retries {params.retries} --texts {input.texts} --settings {params.settings} "
+        "--audited-sha256 {params.audited} 2> {log} {params.on_failure}"
 
 
 # The untrained block's swept-model inits (untrained.inits: {model: ...}) get their own copy of the weights: were
@@ -46,3 +48,4 @@ use rule fetch as fetch_init with:
         keep=untracked("--keep-weights" if config["fetch"]["keep_weights"] else ""),
         retries=untracked(config["fetch"]["retries"]),
         settings=untracked(json_arg(config["extract"])),
+        audited=untracked(audited_sha256),

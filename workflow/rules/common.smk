@@ -10,6 +10,8 @@ from anisweep import config as anisweep_config
 from anisweep.checkpoints.catalogue import final_step, params_millions
 from anisweep.code_inputs import code_inputs
 from anisweep.checkpoints.identity import source_identity
+from anisweep.checkpoints import sweep_audit
+from anisweep.checkpoints.audit import AuditError
 from anisweep.adapters import UnsupportedArchitecture, adapter_for
 from anisweep.checkpoints.hub_repo import HubRepo, check_hub_config
 from anisweep.checkpoints.preflight import PreflightError
@@ -40,13 +42,18 @@ if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
 try:
     config.update(anisweep_config.complete(config))
     CHECKPOINTS = {c.key: c for c in anisweep_config.checkpoints(config)}
+    # Each Hub model's published grid audited from file metadata (anisweep.checkpoints.sweep_audit): its health
+    # printed, results/{family}/{model}/grid.parquet written, and under audit.flagged: skip the steps whose weights
+    # are another branch's, or that have none, left out of the run (the sweep lists them). A job re-reads the table.
+    AUDIT = sweep_audit.plan(CHECKPOINTS.values(), config["audit"], refresh=workflow.is_main_process)
+    CHECKPOINTS = {key: c for key, c in CHECKPOINTS.items() if key not in AUDIT.skipped}
     # untrained.inits with each swept-model init completed to {family, model, step} (anisweep.mechanism.untrained_inits)
     UNTRAINED_INITS = (
         untrained_inits.resolve(config["untrained"]["inits"], CHECKPOINTS.values())
         if config["untrained"]["enabled"]
         else []
     )
-except ConfigError as error:
+except (ConfigError, AuditError) as error:
     raise WorkflowError(f"config: {error}") from None
 
 MODELS = anisweep_config.models(config)
@@ -259,8 +266,33 @@ def checkpoint_of(wildcards):
 
 def checkpoint_source(wildcards):
     """extract's recorded param: what the checkpoint is (anisweep.checkpoints.identity), so that a local run saved
-    again into its step folders is analysed again."""
-    return json.dumps(source_identity(checkpoint_of(wildcards)), sort_keys=True)
+    again into its step folders is analysed again, and a Hub branch whose weights the audit finds pushed again
+    (another sha256) too."""
+    chosen = checkpoint_of(wildcards)
+    identity = source_identity(chosen)
+    if chosen.key in AUDIT.hashes:
+        identity["audited_sha256"] = AUDIT.hashes[chosen.key]
+    return json.dumps(identity, sort_keys=True)
+
+
+def audited_sha256(wildcards):
+    """fetch's argument: the sha256 the audit found for each of the checkpoint's weight files ({} where none)."""
+    return json_arg(AUDIT.hashes.get(checkpoint_of(wildcards).key, {}))
+
+
+def grid_of(wildcards):
+    """The sweep's input: the model's audited grid, whose flagged steps it lists (none for local runs and toys)."""
+    path = AUDIT.grids.get((wildcards.family, wildcards.model))
+    return [str(path)] if path is not None else []
+
+
+def audit_flagged(wildcards):
+    """The sweep's recorded param: the config's steps the audit left out, and the seed their rows carry."""
+    steps = AUDIT.flagged_steps(wildcards.family, wildcards.model)
+    if not steps:
+        return ""
+    seed = model_checkpoints(wildcards.family, wildcards.model)[0].seed
+    return f"--flagged-steps {','.join(map(str, steps))}" + ("" if seed is None else f" --seed {seed}")
 
 
 def json_arg(value):

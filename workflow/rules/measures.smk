@@ -85,6 +85,7 @@ rule sweep:
         metrics=per_checkpoint("metrics.parquet"),
         fixed_shares=fixed_shares_of,
         code=ANALYSIS_CODE["sweep"],
+        grid=grid_of,
     output:
         "results/{family}/{model}/sweep.parquet",
     log:
@@ -97,6 +98,8 @@ rule sweep:
         steps=lambda wc: ",".join(str(c.step) for c in model_checkpoints(wc.family, wc.model)),
         final=final_step_of,
         fixed=lambda wildcards, input: f"--gradient-fixed-shares {input.fixed_shares}" if input.fixed_shares else "",
+        grid=lambda wildcards, input: f"--audit {input.grid}" if input.grid else "",
+        flagged=audit_flagged,
     shell:
         "{params.cli} sweep --out {output} --expected-steps {params.steps} --final-step {params.final} "
-        "{params.fixed} {input.metrics} 2> {log} {params.on_failure}"
+        "{params.fixed} {params.grid} {params.flagged} {input.metrics} 2> {log} {params.on_failure}"

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+from huggingface_hub.errors import RepositoryNotFoundError
 
 from anisweep.checkpoints.base import Checkpoint, nearest_steps
 from anisweep.checkpoints.grid_listing import (
@@ -177,10 +178,15 @@ def audit_model(
     old = _listings_of(previous)
     refs: dict[str, dict[str, str]] = {}
     from_cache: set[str] = set()
+    no_repo: set[str] = set()
     for repo_id in repos:
         if online:
             try:
                 refs[repo_id] = hub_refs(api, repo_id)
+                continue
+            except RepositoryNotFoundError:
+                refs[repo_id] = {}
+                no_repo.add(repo_id)
                 continue
             except HubUnreachable as error:
                 online = False
@@ -196,7 +202,7 @@ def audit_model(
         branch = _match(c.revision or "main", refs.get(c.repo_id, {})) if c.repo_id in refs else None
         units.append(Unit(c.repo_id, branch or c.revision or "main", c.step, c.subfolder))
     used = {(u.repo_id, u.revision) for u in units}
-    for repo_id in repos:
+    for repo_id in repos if family != "hub" else ():  # a `hub` entry's checkpoints are those of the config
         units += [Unit(repo_id, b, None) for b in sorted(refs.get(repo_id, {})) if (repo_id, b) not in used]
     listings = list_branches(
         {(u.repo_id, u.revision, u.subfolder) for u in units},
@@ -212,7 +218,7 @@ def audit_model(
         gone = previous.filter(pl.col("status") == "missing")
         was_missing = set(zip(gone["repo_id"].to_list(), gone["revision"].to_list(), strict=True))
     guessed = {repo_id: was_missing for repo_id in from_cache}
-    rows = _rows(units, by_unit, refs, family, model, many_repos=len(repos) > 1, guessed=guessed)
+    rows = _rows(units, by_unit, refs, family, model, many_repos=len(repos) > 1, guessed=guessed, no_repo=no_repo)
     _find(rows, trusted_step, by_unit, cache_dir)
     unchecked = sum(r["status"] == "unchecked" for r in rows)
     if from_cache and unchecked:
@@ -234,7 +240,7 @@ def _listings_of(table: pl.DataFrame | None) -> dict[tuple[str, str, str | None,
     return out
 
 
-def _rows(units, by_unit, refs, family, model, *, many_repos, guessed) -> list[dict[str, Any]]:
+def _rows(units, by_unit, refs, family, model, *, many_repos, guessed, no_repo) -> list[dict[str, Any]]:
     """One row per unit. `guessed`: {repo: branches a previous audit found missing} for the repositories whose
     branches come from the cache or a previous audit, where a branch not there may well exist on the Hub."""
     rows = []
@@ -253,7 +259,9 @@ def _rows(units, by_unit, refs, family, model, *, many_repos, guessed) -> list[d
         }
         repo_refs = refs.get(u.repo_id) or {}
         listing = by_unit.get((u.repo_id, u.revision, u.subfolder))
-        if not repo_refs:
+        if u.repo_id in no_repo:
+            row |= {"status": "missing", "note": f"{name}: no repository {u.repo_id} on the Hub"}
+        elif not repo_refs:
             row |= {"status": "unchecked", "note": f"{name}: nothing known of {u.repo_id} (not in the cache)"}
         elif u.revision not in repo_refs and u.repo_id in guessed and (u.repo_id, u.revision) not in guessed[u.repo_id]:
             row |= {"status": "unchecked", "note": f"{name}: not in the cache"}
@@ -265,9 +273,9 @@ def _rows(units, by_unit, refs, family, model, *, many_repos, guessed) -> list[d
             row |= {"commit": listing.commit, "source": listing.source}
             try:
                 weights, _ = _weights(listing.files)
-            except ValueError as error:
+            except ValueError:
                 if listing.complete:
-                    row |= {"status": "no_weights", "note": f"{name}: {error}"}
+                    row |= {"status": "no_weights", "note": f"{name}: no *.safetensors or pytorch_model*.bin weights"}
                 else:
                     row |= {"status": "unchecked", "note": f"{name}: its weight files are not in the cache"}
                 rows.append(row)
@@ -434,6 +442,56 @@ def check_hashes(found: Mapping[str, str | None], expected: Mapping[str, str], w
         )
 
 
+# ---------------------------------------------------------------------------------------------- the sweep
+
+
+def _repeats(row: Mapping[str, Any]) -> str | None:
+    if row["status"] == "duplicate":
+        return row["repeats"]
+    if row["status"] == "partial":
+        return ", ".join(row["shared_with"] or [])
+    return None
+
+
+def sweep_columns(table: pl.DataFrame) -> pl.DataFrame:
+    """Per step of the grid: its audit status (``audit``) and the branch it repeats (``repeats``; for a partial
+    duplicate, those that serve its shared shards), to join onto a sweep."""
+    rows = [
+        {"step": r["step"], "audit": r["status"], "repeats": _repeats(r)}
+        for r in table.filter(pl.col("step").is_not_null()).iter_rows(named=True)
+    ]
+    return pl.DataFrame(rows, schema={"step": pl.Int64, "audit": pl.String, "repeats": pl.String})
+
+
+def skipped_rows(table: pl.DataFrame, steps: Iterable[int], seed: int | None) -> pl.DataFrame:
+    """A sweep's rows for the config's steps the audit left out: one each, with the audit's status as ``status``
+    and the step it repeats as ``duplicate_of_step``."""
+    rows = [
+        {
+            "family": r["family"],
+            "model": r["model"],
+            "seed": seed,
+            "step": step,
+            "status": r["status"],
+            "duplicate_of_step": r["repeats_step"],
+            "audit": r["status"],
+            "repeats": _repeats(r),
+        }
+        for step, r in sorted(steps_with(table, SKIPPED, steps).items())
+    ]
+    schema = {
+        "family": pl.String,
+        "model": pl.String,
+        "seed": pl.Int64,
+        "step": pl.Int64,
+        "status": pl.String,
+        "duplicate_of_step": pl.Int64,
+        "audit": pl.String,
+        "repeats": pl.String,
+    }
+    return pl.DataFrame(rows, schema=schema)
+
+
 # ---------------------------------------------------------------------------------------------- reports
 
 
@@ -445,6 +503,13 @@ def _size(n: float) -> str:
     return f"{n:.1f} TB"  # pragma: no cover
 
 
+def _others(names: list[str]) -> str:
+    if not names:
+        return ""
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return f" (and {len(names)} other branch{'es' if len(names) > 1 else ''}: {shown})"
+
+
 def health(table: pl.DataFrame, notes: Iterable[str] = (), steps: Iterable[int] | None = None) -> list[str]:
     """A model's grid health in a few lines: counts by status, the bytes a sweep of the whole grid does not download,
     each finding (grouped by the branch repeated), and how it was audited."""
@@ -454,7 +519,7 @@ def health(table: pl.DataFrame, notes: Iterable[str] = (), steps: Iterable[int] 
     lines = [
         f"{family}/{model}: {grid.height} published steps: "
         + ", ".join(f"{n} {s}" for s, n in counts.iter_rows())
-        + f" (and {table.height - grid.height} other branches)"
+        + _others(table.filter(pl.col("step").is_null())["name"].to_list())
     ]
     dup = grid.filter(pl.col("status") == "duplicate")
     if dup.height:

@@ -37,7 +37,7 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -59,7 +59,9 @@ from huggingface_hub.utils import are_progress_bars_disabled
 from tqdm.auto import tqdm as _tqdm
 
 from anisweep.atomic import write_json
+from anisweep.checkpoints.audit import check_hashes
 from anisweep.checkpoints.base import Checkpoint
+from anisweep.checkpoints.weight_files import hub_sha256
 
 try:  # requests is optional in huggingface_hub 1.x/2.x; catch its errors when something uses it
     import requests
@@ -347,6 +349,7 @@ def _fetch_hub(
     backoff: float,
     cache_dir: Path | None,
     before_weights: BeforeWeights | None = None,
+    audited_sha256: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     repo_id, revision = ckpt.repo_id, ckpt.revision or "main"
     assert repo_id is not None
@@ -434,6 +437,9 @@ def _fetch_hub(
     )
     tokenizer_at = folder / tokenizer_dir if tokenizer_dir is not None else None
     model_at = folder / sub if sub else folder
+    if audited_sha256:  # the Hub's name for each file's bytes against the audit's, before extract reads them
+        named = {f: hub_sha256(model_at / f, model_at) for f in weights}
+        check_hashes(named, audited_sha256, ckpt.key, "the Hub's sha256")
     if use_cache and not keep_weights:
         # dest/weights: the checkpoint's files, and the repo's tokenizer beside them when its folder has none
         _link_files(
@@ -553,6 +559,7 @@ def fetch(
     backoff: float = 2.0,
     cache_dir: Path | str | None = None,
     before_weights: BeforeWeights | None = None,
+    audited_sha256: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Make ``ckpt`` loadable from disk, write ``dest/checkpoint.json`` (atomically) and return it.
 
@@ -564,6 +571,9 @@ def fetch(
     ``cache_dir`` overrides the HF cache (default: ``$HF_HOME/hub``). ``before_weights(folder, tokenizer)``,
     given the folder holding config.json and the tokenizer's folder (or Hub id, or None), runs before any
     weight file is downloaded or read (the preflight checks): when it raises, no weights have moved.
+    ``audited_sha256`` ({weight file: sha256}, from the audit of the grid: anisweep.checkpoints.audit) is checked
+    against the sha256 the Hub gave each downloaded file (its blob's name in the cache, its etag in a download
+    folder), a HashMismatch naming the file; the manifest records it, and extract checks the bytes against that name.
     """
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -576,6 +586,7 @@ def fetch(
             backoff=backoff,
             cache_dir=Path(cache_dir) if cache_dir is not None else None,
             before_weights=before_weights,
+            audited_sha256=audited_sha256,
         )
     else:
         got = _fetch_local(ckpt, before_weights)
@@ -595,6 +606,8 @@ def fetch(
         "weight_files": weights,
         "weights_bytes": sum((folder / f).stat().st_size for f in weights),
     }
+    if audited_sha256:
+        manifest["audited_sha256"] = dict(audited_sha256)
     if ckpt.family == "hub":  # what was loaded and with which permission, named in extract.json
         manifest |= {"subfolder": ckpt.subfolder, "trust_remote_code": ckpt.trust_remote_code}
     write_json(manifest, dest / MANIFEST)

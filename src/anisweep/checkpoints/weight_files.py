@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 CHUNK = 1 << 20  # 1 MiB
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class WeightFilesChanged(RuntimeError):
@@ -41,6 +43,24 @@ def hash_weight_files(folder: Path, names: Iterable[str]) -> tuple[str, dict[str
                 own.update(chunk)
         per_file[name] = own.hexdigest()
     return combined.hexdigest(), per_file
+
+
+def hub_sha256(path: Path, folder: Path | None = None) -> str | None:
+    """The sha256 the Hub gave a downloaded LFS file, without reading it: the name of the cache blob it links to,
+    else the etag huggingface_hub recorded beside a download folder (``folder/.cache/huggingface/download/``);
+    None for a file of neither (a local run's)."""
+    blob = Path(os.path.realpath(path))
+    if _SHA256.fullmatch(blob.name):
+        return blob.name
+    if folder is not None:
+        record = Path(folder) / ".cache" / "huggingface" / "download" / f"{Path(path).name}.metadata"
+        try:
+            lines = record.read_text().splitlines()
+        except OSError:
+            return None
+        etag = lines[1].strip().strip('"') if len(lines) > 1 else ""
+        return etag if _SHA256.fullmatch(etag) else None
+    return None
 
 
 def hash_files(folder: Path, names: Iterable[str]) -> str:
@@ -69,7 +89,8 @@ class WeightFiles:
     @classmethod
     def read(cls, folder: str | Path) -> WeightFiles:
         """Hash the folder's weight files (the format `from_pretrained` picks: anisweep.checkpoints.fetch), their
-        sizes and times taken first, so that a change during the read is caught too."""
+        sizes and times taken first, so that a change during the read is caught too. A file the Hub named by its
+        sha256 (a cache blob, a download's etag) whose bytes hash otherwise is a HashMismatch naming it."""
         from anisweep.checkpoints.fetch import weight_files_in
 
         folder = Path(folder)
@@ -79,6 +100,12 @@ class WeightFiles:
             raise ValueError(f"checkpoint folder {folder}: {error}") from None
         stats = _stats(folder, names)
         combined, per_file = hash_weight_files(folder, names)
+        named = {name: hub_sha256(folder / name, folder) for name in names}
+        expected = {name: sha for name, sha in named.items() if sha is not None}
+        if expected:  # the bytes read are those the Hub named (which fetch checked against the audit of the grid)
+            from anisweep.checkpoints.audit import check_hashes
+
+            check_hashes(per_file, expected, str(folder), "read")
         return cls(folder, stats, combined, per_file)
 
     def check_unchanged(self, where: str) -> None:

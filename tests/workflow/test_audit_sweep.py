@@ -1,0 +1,190 @@
+"""A sweep of a planted grid, online against a local Hub (tests/fakehub.py) that serves tiny Pythia models under
+``EleutherAI/pythia-70m`` with a defect of each kind the audit looks for:
+
+- ``step0``: the final model's bytes (EleutherAI/pythia#205): a duplicate, never downloaded;
+- ``step2``: its first shard is the final model's (EleutherAI/pythia#206): a partial duplicate, analysed and flagged;
+- ``step4``: a branch without weights (EleutherAI/pythia#202); ``step8``: no branch at all;
+- ``step1`` and ``step143000`` (= ``main``): sound.
+
+Snakemake runs in a subprocess with ``HF_ENDPOINT`` pointed at the server; the server records every request, so
+the test sees what was downloaded, and that the audit named every defect before the first download.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+from fakehub import FakeHub, read_folder
+
+from conftest import snakemake_command
+from hubcache import save_tiny_pythia
+
+pytestmark = pytest.mark.slow  # fetch, extract and metrics of three tiny checkpoints through Snakemake
+
+REPO = "EleutherAI/pythia-70m"
+STEPS = [0, 1, 2, 4, 8, 143000]
+SENTENCES = [  # the tiny tokenizer was built from these (tests/hubcache.py): real tokens
+    "the cat sat on the mat and the dog sat on the log",
+    "a model of the world is a map of the territory",
+    "attention is all you need said the paper in 2017",
+    "isotropy anisotropy drift query key value head layer norm",
+]
+EXTRACT = {"n_sequences": 8, "seq_len": 32, "batch_size": 4, "sample_tokens": 64, "device": "cpu", "seed": 0}
+FIRST = "model-00001-of-00003.safetensors"
+
+
+def planted(models: Path) -> dict[str, dict[str, bytes]]:
+    final = read_folder(save_tiny_pythia(models / "final", seed=0, max_shard_size="60KB"))
+    own = read_folder(save_tiny_pythia(models / "one", seed=1, max_shard_size="60KB"))
+    two = read_folder(save_tiny_pythia(models / "two", seed=2, max_shard_size="60KB"))
+    assert FIRST in final and final["model.safetensors.index.json"] == two["model.safetensors.index.json"]
+    bare = {name: data for name, data in own.items() if not name.startswith("model")}
+    return {
+        "main": final,
+        "step143000": final,
+        "step0": final,
+        "step1": own,
+        "step2": two | {FIRST: final[FIRST]},
+        "step4": bare,
+    }
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("auditsweep")
+    hub = FakeHub({REPO: planted(root / "models")})
+    corpus = root / "eval.txt"
+    rng = random.Random(0)
+    corpus.write_text("\n\n".join(" ".join(rng.choices(SENTENCES, k=3)) for _ in range(200)) + "\n")
+    config = {
+        "models": [{"family": "pythia", "name": "pythia-70m", "steps": STEPS}],
+        "corpus": {"source": "text", "paths": [str(corpus)]},
+        "extract": EXTRACT,
+        "fetch": {"keep_weights": False, "retries": 0},
+        "resources": {"extract_threads": 1},
+    }
+    configfile = root / "config.yaml"
+    configfile.write_text(yaml.safe_dump(config, sort_keys=False))
+    workdir = root / "work"
+    workdir.mkdir()
+    with hub.serving():
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+        env.update(
+            HF_HOME=str(root / "hf"),
+            HF_ENDPOINT=hub.url,
+            HF_HUB_DISABLE_TELEMETRY="1",
+            HF_HUB_DISABLE_XET="1",
+            HF_HUB_DISABLE_PROGRESS_BARS="1",
+        )
+        yield {"hub": hub, "env": env, "workdir": workdir, "config": configfile, "root": root}
+
+
+def snakemake(world, *args, timeout=900):
+    command = snakemake_command(world["workdir"], "--configfile", str(world["config"]), "--cores", "2", *args)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=world["env"])
+
+
+@pytest.fixture(scope="module")
+def swept(world):
+    hub = world["hub"]
+    done = snakemake(world, "results/pythia/pythia-70m/sweep.parquet")
+    assert done.returncode == 0, done.stderr[-6000:]
+    return {"done": done, "requests": list(hub.requests), "downloads": hub.downloads()}
+
+
+def branch_of(world, commit: str) -> str:
+    return {c: b for b, c in world["hub"].commits[REPO].items()}[commit]
+
+
+def test_nothing_the_audit_flags_is_downloaded(swept, world):
+    fetched = {(branch_of(world, d.split("@")[1].split("/")[0]), d.rsplit("/", 1)[1]) for d in swept["downloads"]}
+    weights = {(b, f) for b, f in fetched if f.endswith(".safetensors")}
+    assert {b for b, _ in weights} == {"step1", "step2", "step143000"}, sorted(fetched)
+    assert not any(b in ("step0", "step4", "main") for b, _ in fetched), sorted(fetched)
+
+
+def test_every_defect_is_named_before_the_first_download(swept, world):
+    text = swept["done"].stderr
+    first_job = text.index("rule fetch") if "rule fetch" in text else len(text)
+    audit = text[:first_job]
+    for expected in (
+        "repeat step143000: steps 0",
+        "partial: step2: model-00001-of-00003.safetensors",
+        "no_weights: step4",
+        "swept and flagged: steps 0, 2, 4, 8",
+    ):
+        assert expected in audit, text[-4000:]
+    requests = swept["requests"]
+    first_download = next(i for i, (m, p) in enumerate(requests) if m == "GET" and p.endswith(".safetensors"))
+    listed = {p.rsplit("/tree/", 1)[1] for m, p in requests[:first_download] if "/tree/" in p}
+    assert listed >= set(world["hub"].commits[REPO].values())  # every branch listed before any weight moved
+
+
+def test_the_sweep_lists_the_flagged_steps_and_analyses_the_rest(swept, world):
+    sweep = pl.read_parquet(world["workdir"] / "results/pythia/pythia-70m/sweep.parquet")
+    rows = {r["step"]: r for r in sweep.unique("step", keep="first").iter_rows(named=True)}
+    assert sorted(rows) == STEPS
+    assert (rows[0]["status"], rows[0]["repeats"], rows[0]["duplicate_of_step"]) == ("duplicate", "step143000", 143000)
+    assert (rows[4]["status"], rows[8]["status"]) == ("no_weights", "missing")
+    assert rows[2]["audit"] == "partial" and "step143000" in rows[2]["repeats"]
+    assert rows[1]["audit"] == "ok" and rows[143000]["audit"] == "ok"
+    for step in (1, 2, 143000):  # analysed, the partial duplicate too
+        assert (world["workdir"] / f"results/pythia/pythia-70m/step{step}/metrics.parquet").is_file()
+    for step in (0, 4, 8):
+        assert not (world["workdir"] / f"results/pythia/pythia-70m/step{step}").exists()
+    grid = pl.read_parquet(world["workdir"] / "results/pythia/pythia-70m/grid.parquet")
+    assert grid.filter(pl.col("step") == 0)["status"].item() == "duplicate"
+
+
+def planned(world) -> dict[str, int]:
+    done = snakemake(world, "-n", "results/pythia/pythia-70m/sweep.parquet", timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    text = done.stdout + done.stderr
+    if "Job stats:" not in text:
+        return {}
+    counts = {}
+    for line in text.split("Job stats:", 1)[1].splitlines()[3:]:
+        name, count = line.split()
+        if name == "total":
+            break
+        counts[name] = int(count)
+    return counts
+
+
+def test_a_branch_pushed_again_reruns_that_checkpoint_alone(swept, world):
+    assert planned(world) == {}  # audited again (its branches unchanged), nothing to do
+    hub = world["hub"]
+    fixed = read_folder(save_tiny_pythia(world["root"] / "models" / "one-again", seed=3, max_shard_size="60KB"))
+    old = hub.repos[REPO]["step1"]
+    hub.push(REPO, "step1", fixed)
+    try:
+        jobs = planned(world)
+    finally:
+        hub.push(REPO, "step1", old)
+    assert (jobs.get("fetch"), jobs.get("extract"), jobs.get("metrics"), jobs.get("sweep")) == (1, 1, 1, 1), jobs
+
+
+def test_with_the_hub_unreachable_and_nothing_cached_it_stops_before_any_job(world, tmp_path):
+    env = world["env"] | {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "empty")}
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    command = snakemake_command(workdir, "--configfile", str(world["config"]), "--cores", "1", "-n")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode != 0
+    text = done.stdout + done.stderr  # Snakemake prints a WorkflowError on stdout
+    assert "could not be audited" in text and "audit.allow_unaudited: true" in text, text[-3000:]
+    assert "Job stats" not in text
+    allowed = tmp_path / "allowed.yaml"
+    allowed.write_text(
+        yaml.safe_dump(yaml.safe_load(world["config"].read_text()) | {"audit": {"allow_unaudited": True}})
+    )
+    command = snakemake_command(workdir, "--configfile", str(allowed), "--cores", "1", "-n")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "swept unaudited" in done.stderr
