@@ -188,10 +188,10 @@ def test_an_entry_key_reruns_its_checkpoints(swept, world, tmp_path, change):
     "repo, config, message",
     [
         (
-            "facebook/wav2vec2-base",
-            {"model_type": "wav2vec2", "architectures": ["Wav2Vec2ForPreTraining"]},
-            r"config: hub/facebook--wav2vec2-base/step0: no adapter knows the architecture 'Wav2Vec2ForPreTraining'.*"
-            r"supported: ",
+            "facebook/wav2vec2-conformer-rel-pos-large",
+            {"model_type": "wav2vec2-conformer", "architectures": ["Wav2Vec2ConformerForPreTraining"]},
+            r"config: hub/facebook--wav2vec2-conformer-rel-pos-large/step0: no adapter knows the architecture "
+            r"'Wav2Vec2ConformerForPreTraining'.*supported: ",
         ),
         (
             "helboukkouri/character-bert",
