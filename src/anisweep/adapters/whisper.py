@@ -20,8 +20,9 @@ q.k * d_head^-0.5 the same. The encoder's attention modules have no `layer_idx`:
 Not recorded: the DECODER. Its positions are text tokens of another length than the encoder's frames (and it would
 have to be run on a transcription, teacher-forced), and the recorder keeps one valid mask per batch; the decoder's
 self- and cross-attention and its residual stream are therefore left out, and the tables hold the encoder's layers
-only (Godey et al. 2024, Fig. 3a, report Whisper's encoder). `embedding_matrices` keeps the default: the decoder's
-token embedding (`embed_in`) and, for `WhisperForConditionalGeneration`, its tied output projection.
+only (Godey et al. 2024 do not say which of Whisper's stacks Fig. 3a shows; the issue asks for both, so the decoder
+is open work). `embedding_matrices` keeps the default: the decoder's token embedding (`embed_in`) and, for
+`WhisperForConditionalGeneration`, its tied output projection.
 """
 
 from __future__ import annotations
