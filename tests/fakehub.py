@@ -31,14 +31,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
-from hubcache import LFS_SUFFIXES, _git_blob_sha1, _read_files
+from hubcache import LFS_SUFFIXES
 
 __all__ = ["FakeHub", "online_hub", "read_folder"]
 
 
 def read_folder(folder: Path) -> dict[str, bytes]:
     """A saved model folder as ``{filename: bytes}``."""
-    return _read_files(Path(folder))
+    root = Path(folder)
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _git_blob_sha1(data: bytes) -> str:
+    """The git blob id the Hub reports for a file (``oid``)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def _commit(repo_id: str, branch: str, files: Mapping[str, bytes]) -> str:
