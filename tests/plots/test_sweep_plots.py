@@ -57,6 +57,7 @@ def fake_checkpoint(root, step, sha, tokens_per_step=100, model="m", family="fam
         ]
     for name in ("spearman_r", "pearson_r", "spearman_p", "pearson_p"):
         rows.append({"site": "resid", "metric": f"drift_avg_cos_{name}", "value": 0.8})
+    rows += outlier_rows(step)
     folder = root / family / model / f"step{step}"
     write_atomic(metric_rows(ident, rows), folder / "metrics.parquet")
     (folder / "extract.json").write_text(json.dumps({"checkpoint": {"step": step, "weights_sha256": sha}}))
@@ -100,6 +101,24 @@ def test_log_spaced_detection():
     assert not log_spaced([0, 1000, 2000, 3000, 4000])
     assert not log_spaced(range(1000, 144000, 1000))  # evenly spaced, however wide
     assert not log_spaced([0, 100])
+
+
+def outlier_rows(step: int) -> list[dict]:
+    """Made-up rows of the rogue-dimension, massive-activation, attention-sink and LayerNorm-outlier measures."""
+    rows = []
+    for layer in range(3):
+        for site in ("resid", "final_ln_in", "final_ln_out"):
+            values = {"rogue_top1_share": 0.2 + step / 1000, "rogue_top3_share": 0.5, "rogue_top10_share": 0.9}
+            values |= {"rogue_dims_90": 10, "avg_cos_standardised": 0.01, "avg_cos_sample": 0.3, "massive_ratio": 50}
+            values |= {"massive_max": 5.0, "massive_dim_1": 3 + (step > 0), "massive_top_first_share": 0.5}
+            values |= {"massive_top_delimiter_share": 0.25}
+            rows += [{"layer": layer, "site": site, "metric": m, "value": v} for m, v in values.items()]
+        for head in range(2):
+            for metric in ("sink_first_mass", "sink_row_max_mass"):
+                rows.append({"layer": layer, "head": head, "site": "attention", "metric": metric, "value": 0.4})
+        for metric in ("ln_gain_outliers", "ln_bias_outliers", "ln_outliers_in_rogue"):
+            rows.append({"layer": layer + 1, "site": "ln_attn", "metric": metric, "value": 1.0})
+    return rows
 
 
 @pytest.mark.parametrize(
@@ -307,6 +326,8 @@ def test_figures_label_axes_in_words_and_keep_legends_off_the_data(tmp_path, mon
         plots.PLOTTERS[name](sweep, tmp_path / name)
     for name in ("qk_alignment.png", "qk_cos_concat.png", "norms.png", "attention_entropy.png"):
         plots.PLOTTERS[name](sweep, tmp_path / name)
+    for name in ("rogue_dimensions.png", "avg_cos_standardised.png", "massive_activations.png"):
+        plots.PLOTTERS[name](sweep, tmp_path / name)  # issue 38's figures with a legend
     raw = set(plots.ISOTROPY_METRICS)
     for name, fig in figures.items():
         labels = {ax.get_ylabel() for ax in fig.axes} | {ax.get_title() for ax in fig.axes}

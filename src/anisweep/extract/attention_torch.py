@@ -101,7 +101,16 @@ def row_blocks(seq_len: int, causal: bool) -> list[slice]:
 
 
 def attend(
-    query, key, value, scaling: float, blocks, all_valid: bool, workers: Workers, scratch: Scratch, bias=None, valid=None
+    query,
+    key,
+    value,
+    scaling: float,
+    blocks,
+    all_valid: bool,
+    workers: Workers,
+    scratch: Scratch,
+    bias=None,
+    valid=None,
 ):
     """Attention output (B, H, T, d_v), per-row statistics (B, H, T, len(ROW_FIELDS)) and column sums (B, H, L) of
     one layer, in chunks of (sequences, heads, query rows). `blocks` are the batch's (query rows, VisibleKeys of

@@ -158,4 +158,3 @@ def sink_keys_table(recorder, kinds: TokenKinds) -> pl.DataFrame:
                     }
                 )
     return pl.DataFrame(rows, schema=EXTRACT_SCHEMAS["sink_keys"])
-

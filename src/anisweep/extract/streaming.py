@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 #: How many of a site's largest activations (tokens by their largest |component|) VectorStats keeps, and how many
 #: keys by the attention they receive SinkStats keeps per head: the tables' `rank` 0 .. TOP_K - 1.
 TOP_K = 8
@@ -159,7 +158,13 @@ def _top_tokens(value, dim, rows, width: int, first) -> dict[str, torch.Tensor]:
     dim = dim.gather(0, index)
     flat = index if rows is None else rows.gather(0, index)
     seq, position = flat // width, flat % width
-    return {"value": value, "seq": seq, "position": position, "dim": dim, "first": (position == first.gather(0, seq)).long()}
+    return {
+        "value": value,
+        "seq": seq,
+        "position": position,
+        "dim": dim,
+        "first": (position == first.gather(0, seq)).long(),
+    }
 
 
 def _merge_top(a: dict, b: dict) -> dict:

@@ -40,6 +40,10 @@ MU = "Mu & Viswanath 2018"
 BIS = "Biś et al. 2021"
 MOLINA = "Molina 2023 (Traveling Words)"
 TANGENT = "Revisiting Anisotropy in Language Transformers (tangent-aligned anisotropy)"
+TIMKEY = "Timkey & van Schijndel 2021 (rogue dimensions)"
+SUN = "Sun et al. 2024 (massive activations)"
+XIAO = "Xiao et al. 2024 (attention sinks)"
+KOVALEVA = "Kovaleva et al. 2021 (LayerNorm outlier dimensions)"
 ANISWEEP = "anisweep"
 
 
@@ -204,6 +208,12 @@ _SAMPLE = "over the seeded sample of tokens (hidden.parquet; non-finite rows dro
 _QK = "per head, from the means over every valid token"
 _QK_SAMPLE = "per head, over the seeded sample of tokens (qk_sample.parquet)"
 _CORR = "per checkpoint (layer null), over the `resid` layers"
+_ROGUE_NAN = "NaN where avg_cos <= 0 (no anisotropy to share out)"
+_KINDS = (
+    ("first", "their sequence's first valid token"),
+    ("delimiter", "delimiters (a special token of the model's config, or a token whose text is punctuation or space)"),
+    ("other", "neither first nor delimiters"),
+)
 # measured on the default toy run (toy-bert, toy-neox at steps 0, 16, 64, 1000; 384 head/rope/q-k values): the
 # 256-token sample against all 2,048 valid tokens
 _QK_AVG_COS_ERROR = (
@@ -464,6 +474,152 @@ METRICS: tuple[Term, ...] = (
         EMBEDDING_SITES,
     ),
     Term("partition_isotropy_mm_centred", "partition_isotropy_mm of W minus its mean row", MACHINA, EMBEDDING_SITES),
+    # rogue dimensions, from hidden_stats.parquet's unit-vector sums and the token sample (measures.rogue)
+    *(
+        Term(
+            f"rogue_top{k}_share",
+            f"share of avg_cos that the {k} dimension{'s' if k > 1 else ''} with the largest terms make: avg_cos ="
+            " sum_j c_j, c_j = ((sum_i u_ij)^2 - sum_i u_ij^2) / (n (n - 1)) over the unit vectors u_i of every valid"
+            f" token, exact; {_ROGUE_NAN}",
+            TIMKEY,
+            SAMPLED_SITES,
+        )
+        for k in (1, 3, 10)
+    ),
+    Term(
+        "rogue_dims_90",
+        f"number of dimensions, largest c_j first, whose terms make 90% of avg_cos; {_ROGUE_NAN}",
+        TIMKEY,
+        SAMPLED_SITES,
+    ),
+    *(
+        Term(
+            f"rogue_dim_{i}",
+            f"the index (from 0) of the dimension with the {nth} largest term c_j of avg_cos",
+            TIMKEY,
+            SAMPLED_SITES,
+        )
+        for i, nth in ((1, "first"), (2, "second"), (3, "third"))
+    ),
+    Term(
+        "avg_cos_standardised",
+        "avg_cos after standardising each dimension, z_ij = (x_ij - mean_j) / std_j (Timkey & van Schijndel's"
+        " post-processing): mean_j and std_j (population) exact over every valid token (streamed sums of x_j and"
+        f" x_j^2), the cosines averaged exactly over all pairs of the token sample, {_SAMPLE}: a token's norm after"
+        " the shift is unknown until the one streamed pass ends",
+        TIMKEY,
+        SAMPLED_SITES,
+    ),
+    Term(
+        "avg_cos_sample",
+        f"avg_cos of the raw vectors, exact over all pairs of the token sample, {_SAMPLE}: avg_cos_standardised's"
+        " like-for-like comparison (avg_cos is over every token)",
+        TIMKEY,
+        SAMPLED_SITES,
+    ),
+    # massive activations (measures.massive)
+    Term("massive_max", f"the largest |x_ij| over every valid token and dimension, {_EXACT}", SUN, SAMPLED_SITES),
+    Term(
+        "massive_median",
+        f"the median |x_ij| over every component of the token sample, {_SAMPLE}: a median does not stream in one pass",
+        SUN,
+        SAMPLED_SITES,
+    ),
+    Term(
+        "massive_ratio",
+        "massive_max / massive_median: how far the largest activation sits above the typical one (10^3-10^4 in"
+        " trained LLMs, Sun et al. 2024)",
+        SUN,
+        SAMPLED_SITES,
+    ),
+    *(
+        Term(
+            f"massive_dim_{i}",
+            f"the index (from 0) of the dimension with the {nth} largest max_i |x_ij| over every valid token",
+            SUN,
+            SAMPLED_SITES,
+        )
+        for i, nth in ((1, "first"), (2, "second"), (3, "third"))
+    ),
+    *(
+        Term(
+            f"massive_top_{kind}_share",
+            f"share of the 8 tokens with the largest |component| (massive.parquet) that are {what}",
+            SUN,
+            SAMPLED_SITES,
+        )
+        for kind, what in _KINDS
+    ),
+    Term(
+        "massive_top1_position",
+        "position in its sequence of the token with the largest |component|",
+        SUN,
+        SAMPLED_SITES,
+    ),
+    Term("massive_top1_dim", "the dimension of that largest |component|", SUN, SAMPLED_SITES),
+    # attention sinks, from the attention pass's column sums (measures.sinks)
+    Term(
+        "sink_first_mass",
+        f"mean over valid query rows of the attention on their sequence's first valid key; {_ATTENTION}",
+        XIAO,
+        ("attention",),
+    ),
+    Term(
+        "sink_row_max_mass",
+        f"mean over valid query rows of the attention on the row's most-attended key (= p_max_mean); {_ATTENTION}",
+        XIAO,
+        ("attention",),
+    ),
+    Term(
+        "sink_top_key_share",
+        "of the key that receives the most attention in the batch (its column sum over its sequence's valid query"
+        f" rows), that sum over the number of those rows; {_ATTENTION}",
+        XIAO,
+        ("attention",),
+    ),
+    Term("sink_top_key_position", "per head, the position of that key in its sequence", XIAO, ("attention",)),
+    *(
+        Term(
+            f"sink_top_{kind}_share",
+            f"share of the 8 keys that receive the most attention (sink_keys.parquet) that are {what}"
+            + ("; per head, and per layer its mean over heads" if kind == "first" else "; per head"),
+            XIAO,
+            ("attention",),
+        )
+        for kind, what in _KINDS
+    ),
+    # LayerNorm outlier dimensions (measures.ln_outliers)
+    Term(
+        "ln_gain_outliers",
+        "number of the norm's gain entries more than 3 standard deviations (population) from the gain's mean",
+        KOVALEVA,
+        NORM_SITES,
+    ),
+    Term(
+        "ln_bias_outliers",
+        "number of the norm's bias entries more than 3 standard deviations from the bias's mean; NaN without a bias",
+        KOVALEVA,
+        NORM_SITES,
+    ),
+    Term(
+        "ln_gain_outlier_dim_1",
+        "the gain outlier furthest from the mean (its dimension, from 0); NaN without one",
+        KOVALEVA,
+        NORM_SITES,
+    ),
+    Term(
+        "ln_outliers_in_rogue",
+        "how many gain or bias outlier dimensions are among the 10 dimensions with the largest terms of avg_cos"
+        " (rogue_dim_*) at the norm's output (`{norm}_out`, final_ln_out)",
+        TIMKEY,
+        NORM_SITES,
+    ),
+    Term(
+        "ln_rogue_1_is_outlier",
+        "1 where the dimension with the largest term of avg_cos at the norm's output is a gain or bias outlier, else 0",
+        TIMKEY,
+        NORM_SITES,
+    ),
     # gradients.parquet (measures.gradient_metrics)
     *_share(
         "grad_energy_share",

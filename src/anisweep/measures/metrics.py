@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from anisweep.measures import geometry
+from anisweep.measures import geometry, ln_outliers, massive, rogue, sinks
 from anisweep.measures.registry import (
     GRADIENT_MEASURE,
     CheckpointTables,
@@ -242,6 +242,38 @@ def qk_anisotropy(tables) -> list[dict]:
     return qk_sample_rows(tables.qk_sample)
 
 
+@builtin_measure("rogue_dimensions")
+def rogue_dimensions(tables) -> list[dict]:
+    """Rogue dimensions (Timkey & van Schijndel 2021): each dimension's exact contribution to avg_cos over every
+    valid token, the top 1, 3 and 10 dimensions' share and which they are, the dimensions that make 90%; and
+    avg_cos after standardising each dimension (exact per-dimension mean and std, over the token sample), at the
+    residual stream and the final norm's input and output."""
+    return rogue.rogue_rows(tables.hidden_stats, tables.samples())
+
+
+@builtin_measure("massive_activations")
+def massive_activations(tables) -> list[dict]:
+    """Massive activations (Sun et al. 2024): the largest |activation| over every valid token against the median
+    |activation| of the token sample, per layer; the dimensions that hold the largest, and where the largest sit
+    (first token, delimiters, others)."""
+    return massive.massive_rows(tables.hidden_stats, tables.samples(), tables.massive)
+
+
+@builtin_measure("attention_sinks")
+def attention_sinks(tables) -> list[dict]:
+    """Attention sinks (Xiao et al. 2024), per head and per layer: the mean attention on the first key and on
+    each row's most-attended key, over every valid query row; the key that receives the most and the kinds of
+    the keys that receive the most (first token, delimiters, others)."""
+    return sinks.sink_rows(tables.sinks, tables.sink_keys, tables.attention)
+
+
+@builtin_measure("layernorm_outliers")
+def layernorm_outliers(tables) -> list[dict]:
+    """LayerNorm outlier dimensions (Kovaleva et al. 2021): each norm's gain and bias entries more than 3 standard
+    deviations from their mean, counted, and whether they are the rogue dimensions of the norm's output."""
+    return ln_outliers.ln_outlier_rows(tables.layernorm, tables.hidden_stats)
+
+
 BUILTIN = (  # in anisweep.measures.registry.BUILTIN's order (a test keeps it)
     qk_alignment,
     attention,
@@ -251,6 +283,10 @@ BUILTIN = (  # in anisweep.measures.registry.BUILTIN's order (a test keeps it)
     layernorm,
     embeddings,
     qk_anisotropy,
+    rogue_dimensions,
+    massive_activations,
+    attention_sinks,
+    layernorm_outliers,
 )
 
 

@@ -58,6 +58,10 @@ BUILTIN = {
     "layernorm": (("layernorm", "hidden_stats"), ("layernorm_params.png",)),
     "embeddings": (("embeddings",), ("layernorm_params.png",)),
     "qk_anisotropy": (("qk_sample",), ()),
+    "rogue_dimensions": (("hidden_stats", "hidden"), ("rogue_dimensions.png", "avg_cos_standardised.png")),
+    "massive_activations": (("hidden_stats", "hidden", "massive"), ("massive_activations.png",)),
+    "attention_sinks": (("sinks", "sink_keys", "attention"), ("attention_sinks.png",)),
+    "layernorm_outliers": (("layernorm", "hidden_stats"), ("layernorm_outliers.png",)),
 }
 GRADIENT_MEASURE = "gradients"  # the `measure` of the gradient analysis's rows (anisweep.tangent)
 #: The names no user's measure may take.

@@ -13,6 +13,7 @@ import polars as pl
 
 from anisweep.measures.registry import builtin_figures
 from anisweep.measures.sweep import analysed
+from anisweep.plots import outliers
 from anisweep.plots.kit import (
     legend_beside,
     lines_by,
@@ -263,6 +264,7 @@ PLOTTERS = {
     "layernorm_params.png": layernorm_params,
     "drift_vs_anisotropy.png": drift_vs_anisotropy,
     "norms.png": norms,
+    **outliers.PLOTTERS,  # rogue dimensions, massive activations, attention sinks, LayerNorm outliers
 }
 
 
