@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import polars as pl
 import pytest
 import soundfile
 import torch
@@ -17,7 +18,7 @@ from test_extract import check_all
 from anisweep.adapters import adapter_for
 from anisweep.adapters.base import TRANSFORMERLENS_HOOKS
 from anisweep.extract.model import ExtractSettings, load_model
-from anisweep.extract.run import run
+from anisweep.extract.run import extract_checkpoint, run
 from anisweep.media import MediaCorpus, make_media_batch
 
 from conftest import run_extract, saved
@@ -110,17 +111,21 @@ def whisper_extractor():
     return transformers.WhisperFeatureExtractor(feature_size=8, sampling_rate=RATE, hop_length=160, chunk_length=1)
 
 
-def audio_batch(kind, clips):
-    """The batch extract runs on: the clips as WAV files of a corpus, through anisweep.media.make_media_batch and the
-    model's feature extractor."""
-    extractor = whisper_extractor() if kind.startswith("whisper") else wav2vec2_extractor()
+def audio_corpus(clips) -> MediaCorpus:
+    """The clips as the WAV files of an audio corpus."""
     data = []
     for clip in clips:
         buffer = io.BytesIO()
         soundfile.write(buffer, clip, RATE, format="WAV", subtype="FLOAT")
         data.append(buffer.getvalue())
-    corpus = MediaCorpus("audio", tuple(f"clip{i}.wav" for i in range(len(clips))), tuple(data))
-    return make_media_batch(extractor, corpus, len(clips))
+    return MediaCorpus("audio", tuple(f"clip{i}.wav" for i in range(len(clips))), tuple(data))
+
+
+def audio_batch(kind, clips):
+    """The batch extract runs on: the clips through anisweep.media.make_media_batch and the model's feature
+    extractor."""
+    extractor = whisper_extractor() if kind.startswith("whisper") else wav2vec2_extractor()
+    return make_media_batch(extractor, audio_corpus(clips), len(clips))
 
 
 def saved_model(tmp_path, kind):
@@ -258,3 +263,21 @@ def test_a_half_precision_model_takes_the_extractors_float32(tmp_path, kind):
     recorder = run(loaded, audio_batch(kind, waveforms()), settings, progress=False)
     assert sum(stats.n_nonfinite for stats in recorder.vectors.values()) == 0
     assert recorder.n_positions > 0
+
+
+@pytest.mark.parametrize("kind", [pytest.param("wav2vec2", marks=SLOW), "whisper"])
+def test_extract_checkpoint_reads_an_audio_corpus_through_the_checkpoints_own_extractor(tmp_path, kind):
+    """The whole extract step on a checkpoint folder holding its preprocessor_config.json: preflight takes the
+    audio corpus for an audio model, the feature extractor makes the batch (Whisper's pads every clip to its
+    window), the tables and extract.json are written."""
+    path = saved_model(tmp_path, kind)
+    (whisper_extractor() if kind == "whisper" else wav2vec2_extractor()).save_pretrained(path)
+    corpus = audio_corpus(waveforms())
+    ident = {"family": "local", "model": kind, "step": 1, "seed": None, "tokens_seen": None}
+    settings = ExtractSettings(n_sequences=4, seq_len=16, batch_size=3, sample_tokens=32, device="cpu")
+    info = extract_checkpoint({**ident, "path": str(path)}, corpus, settings, tmp_path / "out", progress=False)
+    batch = audio_batch(kind, waveforms()[:4])
+    expected = 4 * 50 if kind == "whisper" else int(frames_valid(path, batch).sum())
+    assert info["n_valid_tokens"] == expected
+    qk = pl.read_parquet(tmp_path / "out" / "qk.parquet")
+    assert qk.height == 2 * 4 and set(qk["n_tokens"]) == {expected}
