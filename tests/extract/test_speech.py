@@ -24,7 +24,7 @@ from anisweep.media import MediaCorpus, make_media_batch
 from conftest import run_extract, saved
 
 RATE = 16_000
-LENGTHS = (900, 640, 1210, 400, 1000)  # samples: clips of unequal length, padded to the longest
+LENGTHS = (450, 320, 605, 200, 500)  # samples: clips of unequal length, padded to the longest
 
 W2V = dict(
     hidden_size=32,
@@ -65,7 +65,7 @@ def whisper_config(**extra):
         decoder_attention_heads=4,
         encoder_ffn_dim=48,
         decoder_ffn_dim=48,
-        max_source_positions=50,  # 100 mel frames: 1 s at a 10 ms hop (`whisper_extractor`)
+        max_source_positions=25,  # 50 mel frames: 1 s at a 20 ms hop (`whisper_extractor`)
         max_target_positions=16,
         pad_token_id=0,
         bos_token_id=1,
@@ -108,7 +108,7 @@ def wav2vec2_extractor():
 
 
 def whisper_extractor():
-    return transformers.WhisperFeatureExtractor(feature_size=8, sampling_rate=RATE, hop_length=160, chunk_length=1)
+    return transformers.WhisperFeatureExtractor(feature_size=8, sampling_rate=RATE, hop_length=320, chunk_length=1)
 
 
 def audio_corpus(clips) -> MediaCorpus:
@@ -197,7 +197,7 @@ def test_speech_transformers_match_eager_reference(tmp_path, kind):
     ref = speech_reference(path, batch)
     t = ref["resid"][0].shape[1]
     if kind.startswith("whisper"):  # every one of the encoder's frames, the padding of the 1 s window included
-        assert t == 50
+        assert t == 25
         valid = torch.ones(len(LENGTHS), t, dtype=torch.bool)
     else:
         valid = frames_valid(path, batch)
@@ -224,6 +224,7 @@ def test_the_padding_mask_matters(tmp_path):
         check_all(tables, speech_reference(path, batch, mask=False), valid, causal=False)
 
 
+@SLOW
 def test_whisper_queries_are_the_projection_not_the_prescaled_query(tmp_path):
     """Whisper scales q inside q_proj's caller: the recorded q mean is q_proj's, d_head^0.5 times the query
     transformers hands the attention function."""
@@ -254,6 +255,7 @@ def test_every_norm_site_has_a_hook_name_and_the_layers_are_the_encoders(kind):
     assert [s.layer for s in sites if s.site == "final_ln"] == [2]
 
 
+@SLOW
 @pytest.mark.parametrize("kind", ["wav2vec2", "whisper"])
 def test_a_half_precision_model_takes_the_extractors_float32(tmp_path, kind):
     """The feature extractor gives float32; a model loaded in bfloat16 gets its input in its own dtype."""
@@ -277,7 +279,7 @@ def test_extract_checkpoint_reads_an_audio_corpus_through_the_checkpoints_own_ex
     settings = ExtractSettings(n_sequences=4, seq_len=16, batch_size=3, sample_tokens=32, device="cpu")
     info = extract_checkpoint({**ident, "path": str(path)}, corpus, settings, tmp_path / "out", progress=False)
     batch = audio_batch(kind, waveforms()[:4])
-    expected = 4 * 50 if kind == "whisper" else int(frames_valid(path, batch).sum())
+    expected = 4 * 25 if kind == "whisper" else int(frames_valid(path, batch).sum())
     assert info["n_valid_tokens"] == expected
     qk = pl.read_parquet(tmp_path / "out" / "qk.parquet")
     assert qk.height == 2 * 4 and set(qk["n_tokens"]) == {expected}
