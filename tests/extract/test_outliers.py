@@ -27,11 +27,10 @@ IDENT = {"family": "test", "model": "m", "seed": 0, "step": 3, "tokens_seen": 30
 
 
 def extract(path, batch, **settings):
-    """extract's tables of the checkpoint at `path`, the Recorder holding the batch's token ids."""
+    """extract's tables of the checkpoint at `path` (run sets the Recorder's token ids: the tables name tokens)."""
     settings = ExtractSettings(**{"batch_size": 2, "sample_tokens": 10_000, "device": "cpu", **settings})
     loaded = load_model(path, device="cpu")
     recorder = run(loaded, batch, settings, progress=False)
-    recorder.token_ids = batch["input_ids"]
     return extract_tables.tables(recorder, loaded, IDENT)
 
 

@@ -29,7 +29,6 @@ def planted_sweep(tmp_path) -> pl.DataFrame:
     for step, strength in STEPS.items():
         loaded = load_model(planted_gpt2(tmp_path, f"model{step}", strength), device="cpu")
         recorder = run(loaded, batch, ExtractSettings(batch_size=5, sample_tokens=10_000, device="cpu"), progress=False)
-        recorder.token_ids = batch["input_ids"]
         ident = {"family": "toy", "model": "planted", "seed": 0, "step": step, "tokens_seen": step * 60}
         out = tmp_path / f"step{step}"
         write_extract(out, extract_tables.tables(recorder, loaded, ident), {"checkpoint": ident})

@@ -150,6 +150,21 @@ def test_one_checkpoint_alone_then_the_sweep_tables(run):
     assert at_once == {"fetch": 1, "extract": 1, "metrics": 1, **per_model, "plot_survey": 1}
 
 
+def test_results_from_before_the_outlier_tables_rerun_their_model_jobs(run, tmp_path):
+    """docs/reruns.md: a results folder written before extract wrote issue 38's tables (massive, sinks, sink_keys)
+    plans the model jobs of the checkpoints that lack them, and no other checkpoint's."""
+    workdir = copy_run(run, tmp_path)
+    for name in ("massive", "sinks", "sink_keys"):
+        (workdir / NEOX / "step8" / f"{name}.parquet").unlink()
+    plan = planned(workdir, run["config"])
+    assert {rule: plan.get(rule, 0) for rule in ("train_toy", "fetch", "extract", "metrics")} == {
+        "train_toy": 0,
+        "fetch": 1,
+        "extract": 1,
+        "metrics": 1,
+    }
+
+
 def test_a_models_group_redraws_the_survey_figures_alone(run):
     """`group` labels a model for the survey figures' panels: it changes no table."""
     root, workdir = run["root"], run["workdir"]
@@ -185,6 +200,9 @@ def test_growing_the_sweep_schedules_only_the_new_checkpoints(run):
         ("measures/sweep.py", {"sweep": 1, "plot_model": 1, "plot_family": 1}, ("metrics",)),
         ("plots/sweep.py", {"plot_model": 1, "plot_family": 1}, ("metrics", "sweep")),
         ("plots/survey.py", {"plot_survey": 1}, ("metrics", "sweep", "plot_model")),
+        ("measures/rogue.py", {"metrics": 3, "sweep": 1, "plot_model": 1, "plot_family": 1}, ()),
+        ("measures/sinks.py", {"metrics": 3, "sweep": 1, "plot_model": 1, "plot_family": 1}, ()),
+        ("plots/outliers.py", {"plot_model": 1, "plot_family": 1}, ("metrics", "sweep")),
     ],
 )
 def test_analysis_code_reruns_metrics_and_figures_never_extract(run, module, reruns, never):

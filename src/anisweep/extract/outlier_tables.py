@@ -38,7 +38,8 @@ class TokenKinds:
         ids = self.token_ids
         if ids is None or seq >= ids.shape[0] or position >= ids.shape[1]:
             return None
-        return int(ids[seq, position])
+        token = int(ids[seq, position])
+        return token if token >= 0 else None  # -1: a patch, frame or cell, no token (adapters' positions)
 
     def text(self, token_id: int | None) -> str | None:
         if token_id is None or self.tokenizer is None:

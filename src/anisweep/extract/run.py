@@ -83,6 +83,7 @@ def run(
         stream=stream,
     )
     recorder.n_positions = int(covered.sum())
+    recorder.token_ids = covered_ids  # the outlier tables name their tokens by it (extract.outlier_tables)
     recorder.grid_sampling = (covered.shape[0], settings.sample_tokens, settings.seed)
     try:
         with recording(recorder), Hooks(loaded.adapter, loaded.base, loaded.geometry, recorder):

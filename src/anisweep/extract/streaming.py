@@ -408,9 +408,10 @@ class SinkStats:
         self.top = {"received": torch.zeros(n_heads, 0, **f64), "rows": index, "seq": index, "position": index}
         self.top["first"] = index
 
-    def update(self, colsum: torch.Tensor, valid: torch.Tensor, n_rows: int) -> None:
-        """colsum: (B, H, T) float32, sum over the valid query rows i of p_ij; valid: (B, T); n_rows: valid's count
-        (the caller's, read on the host)."""
+    def update(self, colsum: torch.Tensor, valid: torch.Tensor, n_rows: int, rows_valid=None) -> None:
+        """colsum: (B, H, T) float32, sum over the valid query rows i of p_ij; valid: (B, T) the valid keys; n_rows:
+        the valid query rows' count (the caller's, read on the host); `rows_valid`, (B, T_q), the valid query rows
+        where they are not the keys (a grid of queries against another of keys), else `valid`."""
         b, h, t = colsum.shape
         colsum = colsum.double()
         if t > self.received.shape[1]:  # a longer mini-batch: more key positions (shapes only, no wait)
@@ -422,7 +423,7 @@ class SinkStats:
         self.received[:, :t] += colsum.sum(dim=0)
         self.key_counts[:t] += valid.long().sum(dim=0)
         self.n_rows += n_rows
-        rows = valid.long().sum(dim=1)  # per sequence, its valid query rows
+        rows = (valid if rows_valid is None else rows_valid).long().sum(dim=1)  # per sequence, its valid query rows
         flat = torch.where(valid[:, None, :], colsum, -1.0).transpose(0, 1).reshape(h, b * t)  # padding keys last
         received, index = flat.topk(min(TOP_K, b * t), dim=1)
         seq, position = index // t, index % t

@@ -170,7 +170,7 @@ def table_measure(
 ):
     """Register `function(tables: CheckpointTables) -> rows` as a table measure reading extract's `tables`
     (names of anisweep.tables.EXTRACT_TABLES: hidden, hidden_stats, qk, qk_sample, attention, layernorm,
-    embeddings, score_hist)."""
+    embeddings, score_hist, massive, sinks, sink_keys)."""
 
     def wrap(fn):
         fn.__anisweep_measure__ = dict(kind="table", name=name or fn.__name__, tables=tuple(tables), figure=figure)
