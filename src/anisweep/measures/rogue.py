@@ -27,6 +27,7 @@ ROGUE_SITES = SAMPLED_SITES
 TOP = (1, 3, 10)
 SHARE_TARGET = 0.9
 N_DIMS_NAMED = 3
+_SHARES = (*(f"rogue_top{k}_share" for k in TOP), "rogue_dims_90")
 
 
 def contributions(sum_unit, sum_unit_sq, n: int) -> np.ndarray:
@@ -43,11 +44,13 @@ def summary(c: np.ndarray) -> dict[str, float]:
     SHARE_TARGET of it, and the N_DIMS_NAMED dimensions with the largest c. Shares are NaN where avg_cos <= 0 (no
     anisotropy to share out)."""
     total = float(np.sum(c))
+    nan = float("nan")
+    if not np.isfinite(total):  # fewer than two tokens, or a non-finite sum: nothing to rank
+        return {**{f"rogue_dim_{i + 1}": nan for i in range(N_DIMS_NAMED)}, **dict.fromkeys(_SHARES, nan)}
     order = np.argsort(-c, kind="stable")
     values = {f"rogue_dim_{i + 1}": float(order[i]) for i in range(min(N_DIMS_NAMED, len(order)))}
-    nan = float("nan")
-    if not np.isfinite(total) or total <= 0:
-        return {**values, **{f"rogue_top{k}_share": nan for k in TOP}, "rogue_dims_90": nan}
+    if total <= 0:
+        return {**values, **dict.fromkeys(_SHARES, nan)}
     cumulative = np.cumsum(c[order]) / total
     values |= {f"rogue_top{k}_share": float(cumulative[min(k, len(c)) - 1]) for k in TOP}
     reached = np.nonzero(cumulative >= SHARE_TARGET - 1e-12)[0]
