@@ -8,6 +8,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+import torch
 import transformers
 from test_metrics import measure_checkpoint
 
@@ -53,6 +54,38 @@ WITHOUT_GRADIENTS = {
 }
 
 
+def _mit_config():
+    return transformers.SegformerConfig(
+        depths=[1, 1, 1, 1],
+        sr_ratios=[4, 2, 1, 1],
+        hidden_sizes=[8, 16, 24, 32],
+        strides=[4, 2, 2, 2],
+        num_attention_heads=[1, 2, 3, 4],
+        mlp_ratios=[2, 2, 2, 2],
+    )
+
+
+#: Image models, on pixels: a vision transformer, a hierarchical one and a convolutional network.
+IMAGE_MODELS = {
+    "vit": (
+        transformers.ViTModel,
+        lambda: transformers.ViTConfig(
+            image_size=32,
+            patch_size=8,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=32,
+        ),
+    ),
+    "mit": (transformers.SegformerModel, _mit_config),
+    "resnet": (
+        transformers.ResNetModel,
+        lambda: transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1]),
+    ),
+}
+
+
 @pytest.fixture(scope="module")
 def written(tmp_path_factory) -> dict[str, pl.DataFrame]:
     """metrics.parquet (with the gradient analysis's rows) of a tiny checkpoint of every architecture."""
@@ -62,6 +95,13 @@ def written(tmp_path_factory) -> dict[str, pl.DataFrame]:
     for name, (cls, config) in WITHOUT_GRADIENTS.items():
         folder = tmp_path_factory.mktemp(name)
         tables, _ = run_extract(saved(folder, cls, config(), "m"), padded_batch(n=5, t=12))
+        for table, df in tables.items():
+            write_atomic(df, folder / f"{table}.parquet")
+        out[name] = checkpoint_metrics(folder)
+    for name, (cls, config) in IMAGE_MODELS.items():
+        folder = tmp_path_factory.mktemp(name)
+        pixels = torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+        tables, _ = run_extract(saved(folder, cls, config(), "m"), {"pixel_values": pixels})
         for table, df in tables.items():
             write_atomic(df, folder / f"{table}.parquet")
         out[name] = checkpoint_metrics(folder)

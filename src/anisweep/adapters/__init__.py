@@ -13,6 +13,7 @@ from anisweep.adapters.llama import LlamaAdapter
 from anisweep.adapters.olmo import OlmoAdapter
 from anisweep.adapters.olmo2 import Olmo2Adapter
 from anisweep.adapters.roberta import RobertaAdapter
+from anisweep.adapters.segformer import SegformerAdapter
 from anisweep.adapters.t5 import T5Adapter
 from anisweep.adapters.vit import ViTAdapter
 from anisweep.adapters.wav2vec2 import Wav2Vec2Adapter
@@ -31,6 +32,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     CanineAdapter(),
     ViTAdapter(),
     ConvNetAdapter(),
+    SegformerAdapter(),
     Wav2Vec2Adapter(),
     WhisperAdapter(),
 )

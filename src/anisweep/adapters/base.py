@@ -112,6 +112,18 @@ class Geometry:
     pre_norm_qk: bool = False  # q and k pass a norm of their own before the rotation (OLMo 2)
     causal_layers: tuple[int, ...] = ()  # layers causal in a model that is not (an encoder-decoder's decoder)
     cross_layers: tuple[int, ...] = ()  # layers with a cross-attention beside their self-attention (T5's decoder)
+    #: per layer, query heads and their width where they differ from layer to layer (a hierarchical model: MiT's and
+    #: CvT's stages widen); () where every layer has n_heads of d_head
+    layer_heads: tuple[int, ...] = ()
+    layer_d_head: tuple[int, ...] = ()
+
+    def heads(self, layer: int) -> int:
+        """Query heads of `layer`."""
+        return self.layer_heads[layer] if self.layer_heads else self.n_heads
+
+    def head_width(self, layer: int) -> int:
+        """d_head of `layer`."""
+        return self.layer_d_head[layer] if self.layer_d_head else self.d_head
 
     def is_causal(self, layer: int) -> bool:
         """Whether `layer`'s self-attention hides later keys."""

@@ -145,10 +145,14 @@ class Recorder:
     def __post_init__(self):
         g, dev = self.geometry, self.device
         sites = [(layer, rope) for layer in range(g.n_layers) for rope in g.ropes]
-        self.q = {site: HeadVectorStats(g.n_heads, g.d_head, dev) for site in sites}
-        self.k = {site: HeadVectorStats(g.kv_heads, g.d_head, dev) for site in sites}  # per key head (GQA)
-        self.attention = {layer: AttentionStats(g.n_heads, dev) for layer in range(g.n_layers)}
-        self.sinks = {layer: SinkStats(g.n_heads, dev) for layer in range(g.n_layers)}  # self-attention's only
+        if g.layer_heads:  # a hierarchical model: heads and their width per layer (no grouped-query attention)
+            self.q = {(i, r): HeadVectorStats(g.heads(i), g.head_width(i), dev) for i, r in sites}
+            self.k = {(i, r): HeadVectorStats(g.heads(i), g.head_width(i), dev) for i, r in sites}
+        else:
+            self.q = {site: HeadVectorStats(g.n_heads, g.d_head, dev) for site in sites}
+            self.k = {site: HeadVectorStats(g.kv_heads, g.d_head, dev) for site in sites}  # per key head (GQA)
+        self.attention = {layer: AttentionStats(g.heads(layer), dev) for layer in range(g.n_layers)}
+        self.sinks = {layer: SinkStats(g.heads(layer), dev) for layer in range(g.n_layers)}  # self-attention's only
         # cross-attention (T5's decoder): its own accumulators and tables, never mixed with self-attention's
         self.cross_q = {layer: HeadVectorStats(g.n_heads, g.d_head, dev) for layer in g.cross_layers}
         self.cross_k = {layer: HeadVectorStats(g.n_heads, g.d_head, dev) for layer in g.cross_layers}
@@ -184,7 +188,7 @@ class Recorder:
         self._host_blocks, self.n_visible, self.row_counts = self._masks[g.causal]
         self._blocks, self._other_blocks = None, {}
         self._batch_sample = self.sample.in_batch(first_seq, valid.shape[0], valid.shape[1], valid.device)
-        self._first_seq, self._grids = first_seq, {}
+        self._first_seq, self._grids, self._grid_masks = first_seq, {}, {}
         if self.qk_sample is not None:
             self.qk_sample.begin_batch(first_seq, valid.shape[0], valid.device)
 
@@ -246,6 +250,8 @@ class Recorder:
             _, n_visible, row_counts = self._masks[causal]
             self.cross_attention[layer].update(row_stats, self.valid, n_visible, row_counts)
             return output.transpose(1, 2).contiguous()
+        if query.shape[2] != self.valid.shape[1] or key.shape[2] != query.shape[2]:
+            return self.attend_on_grid(layer, query, key, value, scaling, bias)
         rope = "post" if self.geometry.rotary_dims else "pre"
         self.q[(layer, rope)].update(query, self.valid, self.all_valid, self.n_valid)
         self.k[(layer, rope)].update(key, self.valid, self.all_valid, self.n_valid)
@@ -262,6 +268,36 @@ class Recorder:
         self.sinks[layer].update(colsum, self.valid, row_counts[0])
         if self.stream is not None:
             self.feed_attention(layer, query, key, output, scaling, causal=causal, bias=bias)
+        return output.transpose(1, 2).contiguous()
+
+    def attend_on_grid(self, layer, query, key, value, scaling, bias) -> torch.Tensor:
+        """A layer whose queries are not the batch's positions, or whose keys are fewer than its queries (MiT's
+        spatial reduction, CvT's strided keys): every query and key valid (images are never padded), no causal
+        mask; the torch ops, its statistics as any layer's (neither the q/k sample nor the score histogram)."""
+        b, _, t_q, _ = query.shape
+        t_k = key.shape[2]
+        if self.geometry.is_causal(layer) or not self.all_valid:
+            raise ValueError(f"layer {layer}: {t_q} queries and {t_k} keys on a causal or padded batch")
+        if (t_q, t_k) not in self._grid_masks:
+            keys = VisibleKeys.build(torch.zeros(t_q, t_k, dtype=torch.bool))
+            rows_valid = torch.ones(b, t_q, dtype=torch.bool)
+            n_visible = torch.full((b, t_q), t_k)
+            device = self.valid.device
+            self._grid_masks[(t_q, t_k)] = (
+                [(slice(0, t_q), [keys.to(device)])],
+                rows_valid.to(device),
+                torch.ones(b, t_k, dtype=torch.bool, device=device),
+                n_visible.to(device),
+                AttentionStats.counts(rows_valid, n_visible),
+            )
+        blocks, rows_valid, keys_valid, n_visible, row_counts = self._grid_masks[(t_q, t_k)]
+        self.q[(layer, "pre")].update(query, rows_valid, True, row_counts[0])
+        self.k[(layer, "pre")].update(key, keys_valid, True, b * t_k)
+        output, row_stats, colsum = attention_torch.attend(
+            query, key, value, scaling, blocks, True, self.workers, self.scratch, bias=bias, valid=rows_valid
+        )
+        self.attention[layer].update(row_stats, rows_valid, n_visible, row_counts)
+        self.sinks[layer].update(colsum, keys_valid, row_counts[0])
         return output.transpose(1, 2).contiguous()
 
     def _attention(self, query, key, value, scaling, bias, causal) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -55,7 +55,7 @@ def run(
     ropes = ("pre", "post") if g.rotary_dims else ("pre",)
     qk_sample = (
         None
-        if not g.n_heads
+        if not g.n_heads or g.layer_heads  # no attention (a CNN), or heads that change width (MiT, CvT)
         else QKSample(
             sample,
             settings.qk_sample_tokens,
@@ -69,7 +69,7 @@ def run(
     bins = settings.score_bins
     score_hist = (
         None
-        if bins is None or not g.n_heads
+        if bins is None or not g.n_heads or g.layer_heads
         else ScoreHistogram(g.n_layers, bins["low"], bins["high"], bins["n"], device)
     )
     recorder = Recorder(

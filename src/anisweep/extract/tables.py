@@ -34,9 +34,9 @@ def qk_table(recorder: Recorder, cross: bool = False) -> pl.DataFrame:
     k_sites = {(layer, "pre"): s for layer, s in recorder.cross_k.items()} if cross else recorder.k
     for (layer, rope), q_stats in sorted(q_sites.items()):
         k_stats = k_sites[(layer, rope)]
-        n = max(q_stats.n, 1)
+        n, n_k = max(q_stats.n, 1), max(k_stats.n, 1)  # fewer keys than queries: MiT's spatial reduction
         q_mean = (q_stats.sum_x / n).cpu().numpy()
-        k_mean = (k_stats.sum_x / n).cpu().numpy()
+        k_mean = (k_stats.sum_x / n_k).cpu().numpy()
         for head in range(q_mean.shape[0]):
             kv_head = head // group
             cos, score = geometry.qk_alignment(q_mean[head], k_mean[kv_head])
@@ -50,7 +50,7 @@ def qk_table(recorder: Recorder, cross: bool = False) -> pl.DataFrame:
                     "q_mean": q_mean[head],
                     "k_mean": k_mean[kv_head],
                     "q_norm_mean": float(q_stats.sum_norm[head]) / n,
-                    "k_norm_mean": float(k_stats.sum_norm[kv_head]) / n,
+                    "k_norm_mean": float(k_stats.sum_norm[kv_head]) / n_k,
                     "qk_cos": cos,
                     "qk_mean_score": score,
                 }
@@ -69,7 +69,7 @@ def attention_table(recorder: Recorder, cross: bool = False) -> pl.DataFrame:
     rows = []
     for layer, stats in sorted((recorder.cross_attention if cross else recorder.attention).items()):
         means = {name: value.cpu().numpy() for name, value in stats.means().items()}
-        for head in range(recorder.geometry.n_heads):
+        for head in range(recorder.geometry.heads(layer)):
             rows.append(
                 {
                     "layer": layer,

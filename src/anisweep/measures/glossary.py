@@ -68,6 +68,7 @@ NORM_SITES = (
     "ln_mlp_post",
     "ln_cross",
     "encoder_final_ln",
+    "stage_ln",
     "final_ln",
 )
 #: `qk_{rope}`: where the queries and keys are read (qk.parquet's rope).
@@ -117,6 +118,14 @@ SITES: tuple[Term, ...] = (
         " blocks, the input of the first decoder block",
         GODEY,
     ),
+    Term(
+        "stage_embed",
+        "MiT: a later stage's patch embedding (a strided convolution and its LayerNorm), where that stage's stream"
+        " starts at its own width and patch grid, at `layer` = the blocks before it",
+        GODEY,
+    ),
+    Term("stage_ln_in", f"MiT: the LayerNorm that closes a stage (not the last): {_LN_IO}", MOLINA),
+    Term("stage_ln_out", f"MiT: the LayerNorm that closes a stage (not the last): {_LN_IO}", MOLINA),
     Term("ln_embed", "the parameters of BERT's embedding LayerNorm (`layer` 0)", MACHINA),
     Term("ln_attn", "the parameters of block `layer`'s attention-sublayer norm (blocks counted from 1)", MACHINA),
     Term("ln_mlp", "the parameters of block `layer`'s MLP-sublayer norm (blocks counted from 1)", MACHINA),
@@ -124,6 +133,7 @@ SITES: tuple[Term, ...] = (
     Term("ln_mlp_post", "the parameters of OLMo 2's MLP-output norm in block `layer` (from 1)", MACHINA),
     Term("ln_cross", "the parameters of T5's decoder norm before cross-attention in block `layer` (from 1)", MACHINA),
     Term("encoder_final_ln", "the parameters of T5's encoder final norm (`layer` = number of encoder blocks)", MACHINA),
+    Term("stage_ln", "the parameters of MiT's LayerNorm closing a stage (`layer` = its last block, from 1)", MACHINA),
     Term("final_ln", "the parameters of the final LayerNorm (`layer` = number of blocks)", MACHINA),
     Term(
         "qk_pre",

@@ -303,7 +303,7 @@ def checkpoint_metrics(
     (anisweep.measures.gradient_metrics); and the rows of the user's measures in `measure_tables` (each
     measure's own table, written by its table_measure job or by extract)."""
     tables = CheckpointTables(extract_dir)
-    ident = _identity(tables.qk)
+    ident = _identity(tables.hidden_stats)  # every model has hidden states; a CNN has no q/k rows
     frames = [measure_frame(m, ident, m.target(tables)) for m in builtin_measures()]
     if gradients is not None:
         from anisweep.measures.gradient_metrics import gradient_metric_rows

@@ -17,11 +17,13 @@ NORM_INPUT_OUTPUT_SITES = (
     "ln_cross_out",
     "encoder_final_ln_in",
     "encoder_final_ln_out",
+    "stage_ln_in",
+    "stage_ln_out",
 )
 #: Sites whose seeded token sample extract keeps whole (hidden.parquet: extract.recorder.SAMPLED_SITES).
 SAMPLED_SITES = ("resid", "final_ln_in", "final_ln_out")
 #: Every site of hidden_stats.parquet: the streamed statistics (avg_cos, drift, norms, counts).
-HIDDEN_SITES = (*SAMPLED_SITES, *NORM_INPUT_OUTPUT_SITES, "decoder_embed")
+HIDDEN_SITES = (*SAMPLED_SITES, *NORM_INPUT_OUTPUT_SITES, "decoder_embed", "stage_embed")
 #: What a stream measure sees at each layer's attention, per head (docs/measures.md, Sites).
 ATTENTION_STREAM_SITES = ("q", "k", "attention_output", "attention_scores", "attention_probs")
 #: Every site a stream measure can listen at (anisweep.measures.registry.Site).
