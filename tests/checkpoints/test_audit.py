@@ -228,3 +228,14 @@ def test_extract_refuses_bytes_the_hub_named_otherwise(hub, tmp_path):
     target.write_bytes(b"corrupted")
     with pytest.raises(HashMismatch, match=r"model-00002-of-00002\.safetensors \(read "):
         WeightFiles.read(manifest["path"])
+
+
+def test_a_step_serving_main_outside_the_sweep_is_flagged_against_main(monkeypatch, tmp_path):
+    """pythia-2.8b: `main` and step143000 differ, and early steps serve `main`'s file (EleutherAI/pythia#205)."""
+    hub = FakeHub({REPO: {"main": shards("main"), "step143000": shards("final"), "step1000": shards("main")}})
+    with hub.serving():
+        online_hub(monkeypatch, tmp_path / "hf", hub.url)
+        table, _ = audit_model(checkpoints([1000, 143000]))
+    rows = by_step(table)
+    assert (rows[1000]["status"], rows[1000]["repeats"], rows[1000]["repeats_step"]) == ("duplicate", "main", None)
+    assert rows[143000]["status"] == "ok"
