@@ -77,6 +77,11 @@ NOT_RUN = {
     ("README.md", 'pip install -e ".[slurm]"'): "installs from PyPI and submits to a SLURM cluster "
     "(tests/workflow/test_slurm.py runs the profile on a one-node SLURM it starts)",
     ("docs/slurm.md", 'pip install -e ".[slurm]"'): "installs from PyPI",
+    ("docs/modalities.md", "--configfile my_images.yaml"): "my_images.yaml is the config above it, whose ViT "
+    "downloads from the Hub and whose images are the user's (tests/workflow/test_media_run.py runs it offline, a tiny "
+    "ViT under the same repository id, on images it makes)",
+    ("docs/modalities.md", "godey2024_modalities_vision.yaml"): "installs from PyPI and downloads nine models and two "
+    "datasets from the Hub (tests/workflow/test_modalities_config.py dry-runs both configs offline on the same ids)",
     ("docs/hub.md", "anisweep audit pythia pythia-2.8b"): "asks the Hub for pythia-2.8b's 155 branches "
     "(tests/checkpoints/test_audit.py runs the command against a local Hub serving a planted grid)",
     ("docs/slurm.md", "--workflow-profile profiles/slurm"): "submits to a SLURM cluster "

@@ -346,6 +346,12 @@ def gated_errors():
         "Dataset 'mozilla-foundation/common_voice_11_0' is a gated dataset on the Hub. You must be authenticated "
         "to access it."
     )
+    try:  # the Hub's refusal as the cause of another error, its message silent about it
+        raise GatedRepoError("401 Client Error", response=response)
+    except GatedRepoError as cause:
+        wrapped = FileNotFoundError("Couldn't find any data file")
+        wrapped.__cause__ = cause
+        yield wrapped
 
 
 @pytest.mark.parametrize("error", list(gated_errors()), ids=lambda e: type(e).__name__)

@@ -214,10 +214,12 @@ def load_dataset_or_explain(datasets, name: str, config: str | None, split: str)
 
     try:
         return datasets.load_dataset(name, config, split=split)
-    except GatedRepoError:
-        raise MediaError(gated_message(name)) from None
-    except Exception as error:  # datasets wraps the Hub's refusal in its own errors
-        if "gated" in str(error).lower():
+    except Exception as error:  # datasets wraps the Hub's refusal in its own errors (DatasetNotFoundError)
+        chain, cause = [], error
+        while cause is not None and len(chain) < 10:
+            chain.append(cause)
+            cause = cause.__cause__ or cause.__context__
+        if any(isinstance(e, GatedRepoError) or "gated" in str(e).lower() for e in chain):
             raise MediaError(gated_message(name)) from None
         raise
 

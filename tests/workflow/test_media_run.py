@@ -91,7 +91,7 @@ def world(tmp_path_factory):
     return {"root": root, "env": env}
 
 
-def sweep(world, name: str, repo: str, corpus: dict) -> Path:
+def write_config(world, name: str, repo: str, corpus: dict) -> Path:
     config = {
         "models": [{"family": "hub", "name": repo, "steps": "final"}],
         "corpus": corpus,
@@ -100,11 +100,53 @@ def sweep(world, name: str, repo: str, corpus: dict) -> Path:
     }
     configfile = world["root"] / f"{name}.yaml"
     configfile.write_text(yaml.safe_dump(config, sort_keys=False))
+    return configfile
+
+
+def snakemake(world, workdir: Path, configfile: Path, *args: str) -> subprocess.CompletedProcess:
+    command = snakemake_command(workdir, "--configfile", str(configfile), "--cores", "2", *args)
+    return subprocess.run(command, capture_output=True, text=True, timeout=1200, env=world["env"])
+
+
+def sweep(world, name: str, repo: str, corpus: dict) -> dict:
+    configfile = write_config(world, name, repo, corpus)
     workdir = world["root"] / name
-    command = snakemake_command(workdir, "--configfile", str(configfile), "--cores", "2")
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1200, env=world["env"])
+    done = snakemake(world, workdir, configfile)
     assert done.returncode == 0, done.stderr[-6000:]
-    return workdir / "results" / "hub" / repo.replace("/", "--")
+    results = workdir / "results" / "hub" / repo.replace("/", "--")
+    return {"name": name, "repo": repo, "corpus": corpus, "workdir": workdir, "results": results}
+
+
+def planned(world, run: dict, **corpus) -> dict[str, int]:
+    """The jobs a dry run schedules (Snakemake's `Job stats`, without `all`) after the corpus keys change."""
+    configfile = write_config(world, f"{run['name']}-changed", run["repo"], {**run["corpus"], **corpus})
+    done = snakemake(world, run["workdir"], configfile, "-n")
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = done.stdout + done.stderr
+    if "Job stats:" not in text:
+        assert "Nothing to be done" in text, text[-3000:]
+        return {}
+    counts = {}
+    for line in text.split("Job stats:", 1)[1].splitlines()[3:]:
+        name, count = line.split()
+        if name == "total":
+            break
+        counts[name] = int(count)
+    counts.pop("all", None)
+    return counts
+
+
+@pytest.fixture(scope="module")
+def images(world):
+    folder = my_images(world["root"] / "my_images")
+    return sweep(world, "images", VIT, {"source": "images", "paths": [str(folder)]})
+
+
+@pytest.fixture(scope="module")
+def recordings(world):
+    folder = my_recordings(world["root"] / "my_recordings")
+    corpus = {"source": "audio", "paths": [str(folder)], "resample": True, "max_seconds": 0.25}
+    return sweep(world, "audio", WAV2VEC2, corpus)
 
 
 def check_layers(results: Path, n_layers: int) -> pl.DataFrame:
@@ -118,27 +160,54 @@ def check_layers(results: Path, n_layers: int) -> pl.DataFrame:
     return sweep
 
 
-def test_a_folder_of_my_images_sweeps_a_vit(world):
-    folder = my_images(world["root"] / "my_images")
-    results = sweep(world, "images", VIT, {"source": "images", "paths": [str(folder)]})
+def test_a_folder_of_my_images_sweeps_a_vit(images):
+    results = images["results"]
     check_layers(results, 2)
     info = json.loads((results / "step0" / "extract.json").read_text())
     assert info["n_valid_tokens"] == EXTRACT["n_sequences"] * (1 + 16)  # [CLS] and 16 patches an image
     assert info["checkpoint"]["repo_id"] == VIT
 
 
-def test_a_folder_of_my_recordings_sweeps_wav2vec2(world):
-    folder = my_recordings(world["root"] / "my_recordings")
-    corpus = {"source": "audio", "paths": [str(folder)], "resample": True, "max_seconds": 0.25}
-    results = sweep(world, "audio", WAV2VEC2, corpus)
+def test_a_folder_of_my_recordings_sweeps_wav2vec2(recordings):
+    results = recordings["results"]
     check_layers(results, 2)
     info = json.loads((results / "step0" / "extract.json").read_text())
     # frames of each clip as cut (0.25 s at most) and resampled to 16 kHz: (samples - 10) // 5 + 1, then
     # (that - 4) // 4 + 1, none of the padding
-    media = pl.read_parquet(results.parents[2] / "resources" / "corpus.parquet")
+    media = pl.read_parquet(recordings["workdir"] / "resources" / "corpus.parquet")
     frames = 0
     for blob in media["data"].to_list()[: EXTRACT["n_sequences"]]:
         samples, rate = soundfile.read(io.BytesIO(blob))
         n = min(round(len(samples) * 16_000 / rate), 4_000)
         frames += ((n - 10) // 5 + 1 - 4) // 4 + 1
     assert info["n_valid_tokens"] == frames
+
+
+# docs/reruns.md, the `corpus:` rows of images and audio: every key a corpus reads changes resources/corpus.parquet
+# (the chosen files' bytes, their order, the audio options), so the corpus, fetch and extract rerun, then what reads
+# them; a key it does not read reruns nothing.
+MODEL_RUN = {"corpus": 1, "fetch": 1, "extract": 1}
+
+
+def test_nothing_reruns_unchanged_nor_for_a_key_images_do_not_read(world, images):
+    unchanged = planned(world, images)  # {}, unless the package's analysis sources were edited since the run
+    assert not set(MODEL_RUN) & set(unchanged)
+    assert planned(world, images, max_seconds=3.0, resample=True) == unchanged
+
+
+@pytest.mark.parametrize("change", [{"max_items": 7}, {"seed": 1}, {"paths": "two folders"}], ids=str)
+def test_an_image_corpus_key_reruns_the_corpus_and_the_model_runs(world, images, change):
+    if change.get("paths") == "two folders":
+        extra = world["root"] / "more_images"
+        extra.mkdir(exist_ok=True)
+        Image.new("RGB", (30, 20), "teal").save(extra / "teal.png")
+        change = {"paths": [*images["corpus"]["paths"], str(extra)]}
+    jobs = planned(world, images, **change)
+    assert {name: jobs.get(name) for name in MODEL_RUN} == MODEL_RUN
+    assert {"metrics", "sweep"} <= set(jobs)
+
+
+@pytest.mark.parametrize("change", [{"max_seconds": 0.2}, {"resample": False}], ids=str)
+def test_an_audio_corpus_key_reruns_the_corpus_and_the_model_runs(world, recordings, change):
+    jobs = planned(world, recordings, **change)
+    assert {name: jobs.get(name) for name in MODEL_RUN} == MODEL_RUN

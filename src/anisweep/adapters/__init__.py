@@ -7,6 +7,7 @@ from anisweep.adapters.base import Adapter, AttentionSite, Geometry, LayerNormSi
 from anisweep.adapters.bert import BertAdapter
 from anisweep.adapters.canine import CanineAdapter
 from anisweep.adapters.cnn import ConvNetAdapter
+from anisweep.adapters.cvt import CvtAdapter
 from anisweep.adapters.gpt2 import GPT2Adapter
 from anisweep.adapters.gpt_neox import GPTNeoXAdapter
 from anisweep.adapters.llama import LlamaAdapter
@@ -33,6 +34,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     ViTAdapter(),
     ConvNetAdapter(),
     SegformerAdapter(),
+    CvtAdapter(),
     Wav2Vec2Adapter(),
     WhisperAdapter(),
 )

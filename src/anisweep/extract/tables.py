@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from anisweep.extract.model import LoadedModel
 
 
-def _f32_lists(array: np.ndarray) -> pl.Series:
-    return pl.Series(array.astype(np.float32).tolist(), dtype=pl.List(pl.Float32))
+def _f32_lists(arrays) -> pl.Series:
+    return pl.Series([np.asarray(a, dtype=np.float32).tolist() for a in arrays], dtype=pl.List(pl.Float32))
 
 
 def qk_table(recorder: Recorder, cross: bool = False) -> pl.DataFrame:
@@ -59,8 +59,8 @@ def qk_table(recorder: Recorder, cross: bool = False) -> pl.DataFrame:
         return pl.DataFrame(schema=EXTRACT_SCHEMAS["qk"])
     df = pl.DataFrame([{k: v for k, v in r.items() if k not in ("q_mean", "k_mean")} for r in rows])
     return df.with_columns(
-        _f32_lists(np.stack([r["q_mean"] for r in rows])).alias("q_mean"),
-        _f32_lists(np.stack([r["k_mean"] for r in rows])).alias("k_mean"),
+        _f32_lists([r["q_mean"] for r in rows]).alias("q_mean"),  # widths may differ by layer (CvT's stages)
+        _f32_lists([r["k_mean"] for r in rows]).alias("k_mean"),
     ).select(*EXTRACT_SCHEMAS["qk"])
 
 
