@@ -110,7 +110,7 @@ def cvt_reference(path, pixel_values):
     model = transformers.CvtModel.from_pretrained(path).eval()
     blocks = [(s, block) for s, stage in enumerate(model.encoder.stages) for block in stage.layers]
     got, handles = {}, []
-    for i, (s, block) in enumerate(blocks):
+    for i, (_, block) in enumerate(blocks):
         attention = block.attention.attention
         for name, linear in (("q", attention.projection_query), ("k", attention.projection_key)):
             split = attention.rearrange_for_multi_head_attention
