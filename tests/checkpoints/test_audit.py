@@ -239,3 +239,25 @@ def test_a_step_serving_main_outside_the_sweep_is_flagged_against_main(monkeypat
     rows = by_step(table)
     assert (rows[1000]["status"], rows[1000]["repeats"], rows[1000]["repeats_step"]) == ("duplicate", "main", None)
     assert rows[143000]["status"] == "ok"
+
+
+def test_pythia_2_8b_published_pattern_leaves_85_of_154_steps_out(monkeypatch, tmp_path):
+    """EleutherAI/pythia#205's table, with tiny files: 76 steps serve `main`'s file, 10 (143000 among them) a second
+    one; the rest their own. The audit flags 85 steps, each against the trusted branch it repeats, in two lines."""
+    early = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, *range(1000, 53001, 1000)]
+    early += [55000, 60000, 65000, 70000, 80000, 90000, 100000, 103000, 110000, 120000, 130000, 140000]
+    late = [54000, 56000, 57000, 58000, 59000, 61000, 62000, 63000, 64000, 143000]
+    main, final = shards("main"), shards("final")
+    grid = {f"step{s}": main if s in early else final if s in late else shards(str(s)) for s in Pythia.steps}
+    hub = FakeHub({REPO: grid | {"main": main}})
+    with hub.serving():
+        online_hub(monkeypatch, tmp_path / "hf", hub.url)
+        table, notes = audit_model(checkpoints(Pythia.steps))
+    rows = by_step(table)
+    assert len(early) == 76 and len(late) == 10
+    assert sorted(s for s, r in rows.items() if r["repeats"] == "main") == sorted(early)
+    assert sorted(s for s, r in rows.items() if r["repeats"] == "step143000") == late[:-1]
+    assert sum(r["status"] == "ok" for r in rows.values()) == 154 - 85
+    lines = health(table, notes)
+    assert lines[0] == "pythia/pythia-70m: 154 published steps: 85 duplicate, 69 ok (and 1 other branch: main)"
+    assert len(lines) == 4
