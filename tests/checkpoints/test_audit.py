@@ -261,3 +261,16 @@ def test_pythia_2_8b_published_pattern_leaves_85_of_154_steps_out(monkeypatch, t
     lines = health(table, notes)
     assert lines[0] == "pythia/pythia-70m: 154 published steps: 85 duplicate, 69 ok (and 1 other branch: main)"
     assert len(lines) == 4
+
+
+def test_offline_the_caches_refs_come_before_the_previous_audits(hub, monkeypatch, tmp_path):
+    from huggingface_hub import snapshot_download
+
+    table, _ = audit_model(checkpoints([3000]))
+    hub.push(REPO, "step3000", shards("k3-again"))
+    snapshot_download(REPO, revision="step3000")  # the cache now holds the branch's new commit
+    offline_hub(monkeypatch, tmp_path / "hf")
+    again, _ = audit_model(checkpoints([3000]), previous=table)
+    assert by_step(again)[3000]["commit"] == hub.commits[REPO]["step3000"] != by_step(table)[3000]["commit"]
+    assert by_step(again)[3000]["status"] == "ok" and by_step(again)[3000]["source"] == "cache"
+    assert by_step(again)[1000]["status"] == "partial"  # known from the previous audit, not in the cache

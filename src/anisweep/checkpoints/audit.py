@@ -191,8 +191,9 @@ def audit_model(
             except HubUnreachable as error:
                 online = False
                 notes.append(f"the Hub could not be reached ({error}): audited from what was cached")
+        # the cache's refs are what fetch resolves through offline; the previous audit's name the branches it lacks
         known = {key[1]: key[3] for key in old if key[0] == repo_id}
-        refs[repo_id] = known or cached_refs(repo_id, cache_dir)
+        refs[repo_id] = known | cached_refs(repo_id, cache_dir)
         from_cache.add(repo_id)
     if is_offline():
         notes.insert(0, "HF_HUB_OFFLINE is set: audited from the Hugging Face cache and the previous audit only")
