@@ -1,5 +1,5 @@
-"""Speech transformers (wav2vec 2.0, HuBERT, Whisper's encoder) against Hugging Face's eager forward on the same
-waveforms: q and k as each layer's own projections give them, the attention probabilities eager attention returns
+"""Speech transformers (wav2vec 2.0, HuBERT; Whisper in test_whisper.py) against Hugging Face's eager forward on the
+same waveforms: q and k as each layer's own projections give them, the attention probabilities eager attention returns
 (over the valid frames of a padded batch of clips of unequal length), the residual stream entering the first block
 and after each block, and the final LayerNorm."""
 
@@ -93,7 +93,12 @@ SPEECH = {  # name: (model class, config); the bare models (`*_base`) and HuBERT
     "whisper": (transformers.WhisperForConditionalGeneration, lambda: whisper_config()),
     "whisper_base": (transformers.WhisperModel, lambda: whisper_config()),
 }
-KINDS = [pytest.param(k, marks=SLOW) if k in ("wav2vec2_base", "hubert_stable", "whisper_base") else k for k in SPEECH]
+#: Whisper, an encoder-decoder, is compared with eager in test_whisper.py
+KINDS = [
+    pytest.param(k, marks=SLOW) if k in ("wav2vec2_base", "hubert_stable") else k
+    for k in SPEECH
+    if not k.startswith("whisper")
+]
 
 
 def waveforms(lengths=LENGTHS, seed=0):
@@ -250,6 +255,17 @@ def test_every_norm_site_has_a_hook_name_and_the_layers_are_the_encoders(kind):
     for site in sites:
         assert f"{site.site}_in" in named and f"{site.site}_out" in named
     g = adapter.geometry(model.config)
+    if kind.startswith("whisper"):  # 2 encoder blocks, then 1 decoder block with its cross-attention
+        assert len(adapter.attention_sites(base)) == 4 and g.n_layers == 3 and g.d_head == 8
+        assert [(s.layer, s.site) for s in adapter.resid_sites(base)] == [
+            (0, "resid"),
+            (1, "resid"),
+            (2, "resid"),
+            (2, "decoder_embed"),
+            (3, "resid"),
+        ]
+        assert [s.layer for s in sites if s.site in ("encoder_final_ln", "final_ln")] == [2, 3]
+        return
     assert len(adapter.attention_sites(base)) == g.n_layers == 2 and g.d_head == 8
     assert [s.layer for s in adapter.resid_sites(base)] == [0, 1, 2]
     assert [s.layer for s in sites if s.site == "final_ln"] == [2]
@@ -281,5 +297,5 @@ def test_extract_checkpoint_reads_an_audio_corpus_through_the_checkpoints_own_ex
     batch = audio_batch(kind, waveforms()[:4])
     expected = 4 * 25 if kind == "whisper" else int(frames_valid(path, batch).sum())
     assert info["n_valid_tokens"] == expected
-    qk = pl.read_parquet(tmp_path / "out" / "qk.parquet")
+    qk = pl.read_parquet(tmp_path / "out" / "qk.parquet").filter(pl.col("layer") < 2)  # the encoder's
     assert qk.height == 2 * 4 and set(qk["n_tokens"]) == {expected}

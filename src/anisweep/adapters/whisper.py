@@ -17,12 +17,15 @@ Attention. Whisper multiplies q by d_head^-0.5 as it leaves `q_proj` and calls t
 function sees it: the q means and norms are `q_proj`'s output, as for every other architecture, and the scores
 q.k * d_head^-0.5 the same. The encoder's attention modules have no `layer_idx`: `attention_sites` names them.
 
-Not recorded: the DECODER. Its positions are text tokens of another length than the encoder's frames (and it would
-have to be run on a transcription, teacher-forced), and the recorder keeps one valid mask per batch; the decoder's
-self- and cross-attention and its residual stream are therefore left out, and the tables hold the encoder's layers
-only (Godey et al. 2024 do not say which of Whisper's stacks Fig. 3a shows; the issue asks for both, so the decoder
-is open work). `embedding_matrices` keeps the default: the decoder's token embedding (`embed_in`) and, for
-`WhisperForConditionalGeneration`, its tied output projection.
+The DECODER reads the model's own greedy continuation of `<|startoftranscript|>`: `DECODER_TOKENS` tokens (at most
+`max_target_positions`) per clip, decoded before the recording pass with eager attention, the logits from the tied
+token embedding, and nothing stopping at end-of-text, so that every clip's decoder has as many positions, all valid.
+It is then run teacher-forced on them. Its layers are counted after the encoder's, as T5's are: decoder block j is
+layer n_encoder + j; `decoder_embed` (its token and position embedding) and the encoder's final norm
+(`encoder_final_ln`) sit at layer n_encoder, the decoder's final norm is `final_ln`. Self-attention is causal;
+cross-attention (queries from the decoder's tokens, keys from the encoder's 1500 frames) goes to its own tables
+(`cross_qk`, `cross_attention`). Greedy decoding costs `DECODER_TOKENS` decoder passes per clip, on
+`DECODE_CLIPS` clips at a time.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from functools import cache
 from anisweep.adapters.base import Adapter, AttentionSite, Geometry, LayerNormSite, ResidSite
 
 PRESCALED_ATTENTION = "anisweep_prescaled"
+DECODER_TOKENS = 32  # the decoder's positions per clip (at most the model's max_target_positions)
+DECODE_CLIPS = 4  # clips decoded together: the encoder's eager attention maps are clips x heads x 1500^2 floats
 
 
 def prescaled_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -74,36 +79,83 @@ class WhisperAdapter(Adapter):
         return register_prescaled_attention()
 
     def geometry(self, config) -> Geometry:
+        n_enc, n_dec = config.encoder_layers, config.decoder_layers
+        decoder = tuple(range(n_enc, n_enc + n_dec))
+        heads = (config.encoder_attention_heads,) * n_enc + (config.decoder_attention_heads,) * n_dec
+        same = len(set(heads)) == 1
         return Geometry(
-            n_layers=config.encoder_layers,
-            n_heads=config.encoder_attention_heads,
+            n_layers=n_enc + n_dec,
+            n_heads=max(heads),
             d_model=config.d_model,
-            d_head=config.d_model // config.encoder_attention_heads,
+            d_head=config.d_model // max(heads),
             rotary_dims=0,
             causal=False,
+            causal_layers=decoder,
+            cross_layers=decoder,
+            layer_heads=() if same else heads,
+            layer_d_head=() if same else tuple(config.d_model // h for h in heads),
         )
 
     def positions(self, base, batch):
+        """The encoder's frames, every one valid; and the decoder's tokens, decoded here, added to the batch
+        (`decoder_input_ids`) as an input the model takes."""
         import torch
 
-        n = batch["input_features"].shape[0]
-        t = base.config.max_source_positions
+        features = batch["input_features"]
+        n, t = features.shape[0], base.config.max_source_positions
+        batch["decoder_input_ids"] = torch.cat(
+            [greedy_tokens(base, features[i : i + DECODE_CLIPS]) for i in range(0, n, DECODE_CLIPS)]
+        )
         return torch.full((n, t), -1, dtype=torch.int64), torch.ones(n, t, dtype=torch.bool)
 
     def forward_batch(self, base, inputs) -> None:
         features = inputs["input_features"].to(base.dtype)  # the extractor's float32, in the model's dtype
-        base.encoder(input_features=features)  # the decoder is not run (module docstring)
+        base(input_features=features, decoder_input_ids=inputs["decoder_input_ids"], use_cache=False)
 
     def resid_sites(self, base) -> list[ResidSite]:
-        layers = base.encoder.layers
-        return [ResidSite(0, InputOf(layers[0]))] + [ResidSite(i + 1, block) for i, block in enumerate(layers)]
+        encoder, decoder = base.encoder.layers, base.decoder.layers
+        n = len(encoder)
+        sites = [ResidSite(0, InputOf(encoder[0]))] + [ResidSite(i + 1, block) for i, block in enumerate(encoder)]
+        sites.append(ResidSite(n, InputOf(decoder[0]), site="decoder_embed"))
+        return sites + [ResidSite(n + j + 1, block) for j, block in enumerate(decoder)]
 
     def layernorm_sites(self, base) -> list[LayerNormSite]:
-        sites = []
+        sites, n = [], len(base.encoder.layers)
         for i, block in enumerate(base.encoder.layers):
             sites.append(LayerNormSite(i + 1, "ln_attn", block.self_attn_layer_norm))
             sites.append(LayerNormSite(i + 1, "ln_mlp", block.final_layer_norm))
-        return sites + [LayerNormSite(len(base.encoder.layers), "final_ln", base.encoder.layer_norm)]
+        sites.append(LayerNormSite(n, "encoder_final_ln", base.encoder.layer_norm))
+        for j, block in enumerate(base.decoder.layers):
+            sites.append(LayerNormSite(n + j + 1, "ln_attn", block.self_attn_layer_norm))
+            sites.append(LayerNormSite(n + j + 1, "ln_cross", block.encoder_attn_layer_norm))
+            sites.append(LayerNormSite(n + j + 1, "ln_mlp", block.final_layer_norm))
+        return sites + [LayerNormSite(n + len(base.decoder.layers), "final_ln", base.decoder.layer_norm)]
 
     def attention_sites(self, base) -> list[AttentionSite]:
-        return [AttentionSite(i, block.self_attn) for i, block in enumerate(base.encoder.layers)]
+        n = len(base.encoder.layers)
+        sites = [AttentionSite(i, block.self_attn) for i, block in enumerate(base.encoder.layers)]
+        for j, block in enumerate(base.decoder.layers):
+            sites += [AttentionSite(n + j, block.self_attn), AttentionSite(n + j, block.encoder_attn, cross=True)]
+        return sites
+
+
+def greedy_tokens(base, features):
+    """(clips, n) token ids: `decoder_start_token_id`, then the argmax of the tied embedding's logits, n - 1 times,
+    without a cache and with eager attention (the recording function runs only in the recording pass)."""
+    import torch
+
+    config = base.config
+    n = min(DECODER_TOKENS, config.max_target_positions)
+    features = features.to(device=base.device, dtype=base.dtype)
+    implementation = config._attn_implementation
+    base.set_attn_implementation("eager")
+    try:
+        encoded = base.encoder(input_features=features).last_hidden_state
+        ids = torch.full((features.shape[0], 1), config.decoder_start_token_id, dtype=torch.long, device=base.device)
+        for _ in range(n - 1):
+            hidden = base.decoder(input_ids=ids, encoder_hidden_states=encoded, use_cache=False).last_hidden_state
+            logits = hidden[:, -1] @ base.decoder.embed_tokens.weight.T
+            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+    finally:
+        base.set_attn_implementation(implementation)
+    return ids.cpu()

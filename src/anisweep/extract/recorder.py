@@ -243,6 +243,8 @@ class Recorder:
         additive score bias (T5's relative positions, (1 or B, H, T, T)); `cross`: a cross-attention, recorded
         apart (same query and key lengths: the decoder reads the encoder's text teacher-forced)."""
         causal = self.geometry.is_causal(layer) and not cross
+        if query.shape[2] != self.valid.shape[1] or key.shape[2] != query.shape[2]:
+            return self.attend_on_grid(layer, query, key, value, scaling, bias, causal, cross)
         if cross:
             self.cross_q[layer].update(query, self.valid, self.all_valid, self.n_valid)
             self.cross_k[layer].update(key, self.valid, self.all_valid, self.n_valid)
@@ -250,8 +252,6 @@ class Recorder:
             _, n_visible, row_counts = self._masks[causal]
             self.cross_attention[layer].update(row_stats, self.valid, n_visible, row_counts)
             return output.transpose(1, 2).contiguous()
-        if query.shape[2] != self.valid.shape[1] or key.shape[2] != query.shape[2]:
-            return self.attend_on_grid(layer, query, key, value, scaling, bias)
         rope = "post" if self.geometry.rotary_dims else "pre"
         self.q[(layer, rope)].update(query, self.valid, self.all_valid, self.n_valid)
         self.k[(layer, rope)].update(key, self.valid, self.all_valid, self.n_valid)
@@ -270,34 +270,41 @@ class Recorder:
             self.feed_attention(layer, query, key, output, scaling, causal=causal, bias=bias)
         return output.transpose(1, 2).contiguous()
 
-    def attend_on_grid(self, layer, query, key, value, scaling, bias) -> torch.Tensor:
+    def attend_on_grid(self, layer, query, key, value, scaling, bias, causal=False, cross=False) -> torch.Tensor:
         """A layer whose queries are not the batch's positions, or whose keys are fewer than its queries (MiT's
-        spatial reduction, CvT's strided keys): every query and key valid (images are never padded), no causal
-        mask; the torch ops, its statistics as any layer's (neither the q/k sample nor the score histogram)."""
+        spatial reduction, CvT's strided keys, Whisper's decoder on its own tokens and its cross-attention to the
+        encoder's frames): every query and key valid (images are never padded, the decoder's tokens are as many
+        for every clip); causal only where queries and keys are the same positions. The torch ops; its statistics
+        as any layer's (neither the q/k sample nor the score histogram)."""
         b, _, t_q, _ = query.shape
         t_k = key.shape[2]
-        if self.geometry.is_causal(layer) or not self.all_valid:
-            raise ValueError(f"layer {layer}: {t_q} queries and {t_k} keys on a causal or padded batch")
-        if (t_q, t_k) not in self._grid_masks:
-            keys = VisibleKeys.build(torch.zeros(t_q, t_k, dtype=torch.bool))
-            rows_valid = torch.ones(b, t_q, dtype=torch.bool)
-            n_visible = torch.full((b, t_q), t_k)
+        if not self.all_valid or (causal and t_q != t_k):
+            raise ValueError(f"layer {layer}: {t_q} queries and {t_k} keys on a padded batch, or causal")
+        if (t_q, t_k, causal) not in self._grid_masks:
             device = self.valid.device
-            self._grid_masks[(t_q, t_k)] = (
-                [(slice(0, t_q), [keys.to(device)])],
-                rows_valid.to(device),
-                torch.ones(b, t_k, dtype=torch.bool, device=device),
-                n_visible.to(device),
-                AttentionStats.counts(rows_valid, n_visible),
-            )
-        blocks, rows_valid, keys_valid, n_visible, row_counts = self._grid_masks[(t_q, t_k)]
-        self.q[(layer, "pre")].update(query, rows_valid, True, row_counts[0])
-        self.k[(layer, "pre")].update(key, keys_valid, True, b * t_k)
+            rows_valid = torch.ones(b, t_q, dtype=torch.bool)
+            if causal:
+                host_blocks, n_visible, row_counts = self._mask(rows_valid, causal=True)
+                blocks = [(rows, [k.to(device) for k in keys]) for rows, keys in host_blocks]
+            else:
+                blocks = [(slice(0, t_q), [VisibleKeys.build(torch.zeros(t_q, t_k, dtype=torch.bool)).to(device)])]
+                n_visible = torch.full((b, t_q), t_k)
+                row_counts = AttentionStats.counts(rows_valid, n_visible)
+                n_visible = n_visible.to(device)
+            keys_valid = torch.ones(b, t_k, dtype=torch.bool, device=device)
+            self._grid_masks[(t_q, t_k, causal)] = (blocks, rows_valid.to(device), keys_valid, n_visible, row_counts)
+        blocks, rows_valid, keys_valid, n_visible, row_counts = self._grid_masks[(t_q, t_k, causal)]
+        q_stats, k_stats = (
+            (self.cross_q[layer], self.cross_k[layer]) if cross else (self.q[(layer, "pre")], self.k[(layer, "pre")])
+        )
+        q_stats.update(query, rows_valid, True, row_counts[0])
+        k_stats.update(key, keys_valid, True, b * t_k)
         output, row_stats, colsum = attention_torch.attend(
             query, key, value, scaling, blocks, True, self.workers, self.scratch, bias=bias, valid=rows_valid
         )
-        self.attention[layer].update(row_stats, rows_valid, n_visible, row_counts)
-        self.sinks[layer].update(colsum, keys_valid, row_counts[0])
+        (self.cross_attention if cross else self.attention)[layer].update(row_stats, rows_valid, n_visible, row_counts)
+        if not cross:
+            self.sinks[layer].update(colsum, keys_valid, row_counts[0])
         return output.transpose(1, 2).contiguous()
 
     def _attention(self, query, key, value, scaling, bias, causal) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -45,10 +45,10 @@ def run(
     """Stream the evaluation batch through the base model in mini-batches and return the accumulators; `stream`,
     the user's stream measures, listen in."""
     device = next(loaded.model.parameters()).device
-    inputs = model_inputs(batch)
     # the positions the tables cover: the tokens, the sequence the adapter records instead (CANINE's molecules), or
-    # the patches, frames or cells of an image or audio model
+    # the patches, frames or cells of an image or audio model (an adapter may add inputs: Whisper's decoder tokens)
     covered_ids, covered = loaded.adapter.positions(loaded.base, batch)
+    inputs = model_inputs(batch)
     sample = Sample.draw(covered_ids, covered, settings.sample_tokens, settings.seed)
     workers = Workers(torch.get_num_threads() if device.type == "cpu" else 1)
     g = loaded.geometry
