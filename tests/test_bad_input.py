@@ -289,7 +289,8 @@ def test_two_entries_of_one_local_run_are_an_error_naming_both(models, tmp_path)
 
 def test_a_config_of_models_alone_gets_every_default(models, tmp_path):
     config = complete({"models": [{"family": "local", "name": "run", "path": str(models["root"]), "steps": "all"}]})
-    assert config["corpus"] == {"source": "builtin"}
+    media = {"modality": "text", "max_items": 512, "seed": 0, "resample": False, "max_seconds": 10.0}
+    assert config["corpus"] == {"source": "builtin", **media}  # the image and audio keys a text corpus does not read
     assert config["extract"]["device"] == "auto" and config["extract"]["sample_tokens"] == 4096
     assert config["fetch"] == {"keep_weights": False, "retries": 5} and config["resources"] == {"extract_threads": 2}
 

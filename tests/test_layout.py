@@ -22,6 +22,7 @@ STAGES = (
     "code_inputs",
     "schema",
     "tables",
+    "media",  # images and audio as the corpus: a sibling of the text corpus, which reads its files back through it
     "corpus",
     "adapters",
     "checkpoints",
