@@ -478,11 +478,12 @@ def test_a_shard_served_under_another_step_is_flagged(monkeypatch, tmp_path):
 def test_paper_configs_validate_without_the_network(name, n_checkpoints):
     """config/{multiberts,pythia,norms}.yaml pass the schema and resolve from the catalogue alone (no Hub call)."""
     from anisweep.config import checkpoints, load
+    from anisweep.media import corpus_settings
 
     config = load(ROOT / "config" / f"{name}.yaml")
     found = checkpoints(config)
     assert len(found) == n_checkpoints and len({c.key for c in found}) == n_checkpoints
-    assert config["corpus"] == {
+    assert corpus_settings(config["corpus"]) == {  # the keys the corpus rule records (no image or audio key)
         "source": "hf_dataset",
         "name": "Salesforce/wikitext",
         "config": "wikitext-103-raw-v1",
