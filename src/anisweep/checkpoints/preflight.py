@@ -152,12 +152,30 @@ def media_batch(model_dir: str | Path, processor_dir: str | Path | None, setting
     """An image or audio model's evaluation batch, made by its own processor (anisweep.media)."""
     from anisweep.media import MediaError, load_processor, make_media_batch
 
+    check_media_sample(model_dir, settings, where)
     try:
         processor = load_processor(processor_dir or model_dir, corpus.modality, where)
         return make_media_batch(processor, corpus, settings.n_sequences)
     except MediaError as error:
         message = str(error)
         raise PreflightError(message if message.startswith(where) else f"{where}: {message}") from None
+
+
+def check_media_sample(model_dir: str | Path, settings: Any, where: str) -> None:
+    """The hidden-state sample against the widest site of an image or audio model (a ResNet's last stage is 2048
+    wide), which its adapter's geometry knows: IsoScore and the spectra need at least that many points per site."""
+    from transformers import AutoConfig
+
+    from anisweep.adapters import adapter_for
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    width = adapter_for(config).geometry(config).d_model
+    if settings.sample_tokens < width:
+        raise PreflightError(
+            f"{where}: extract.sample_tokens = {settings.sample_tokens} keeps fewer hidden-state samples than the "
+            f"model's widest site ({width}): IsoScore and the spectra need at least that many points per site; raise "
+            f"extract.sample_tokens to at least {width}"
+        )
 
 
 def check_unknown_tokens(tokenizer, batch: dict, texts: Sequence[str], limit: float, source: Any, where: str) -> None:
