@@ -187,6 +187,12 @@ def test_the_gradient_analysis_on_audio_is_a_config_error():
         complete({**config, "corpus": {"source": "audio", "paths": ["clips"]}})
 
 
+def test_fewer_items_kept_than_the_evaluation_batch_is_a_config_error():
+    config = {"models": [{"family": "hub", "name": VIT, "steps": "final"}], "extract": {"n_sequences": 16}}
+    with pytest.raises(ConfigError, match=r"corpus.max_items = 8 is below extract.n_sequences = 16: .* raise"):
+        complete({**config, "corpus": {"source": "images", "paths": ["imgs"], "max_items": 8}})
+
+
 def test_an_image_corpus_without_paths_is_a_config_error():
     with pytest.raises(ConfigError, match=r"corpus.paths lists no folder"):
         complete({"models": [{"family": "hub", "name": VIT, "steps": "final"}], "corpus": {"source": "images"}})

@@ -55,6 +55,13 @@ def _check_corpus(config: dict) -> None:
             f"corpus.source is {corpus['source']!r} but corpus.paths lists no folder: name the folders (or files) of "
             f"your {modality} files, e.g. corpus: {{source: {corpus['source']}, paths: [my_{corpus['source']}/]}}"
         )
+    n_sequences = config["extract"]["n_sequences"]
+    if corpus["max_items"] < n_sequences:
+        raise ConfigError(
+            f"corpus.max_items = {corpus['max_items']} is below extract.n_sequences = {n_sequences}: the evaluation "
+            f"batch takes {n_sequences} of the corpus's {modality} items; raise corpus.max_items or lower "
+            "extract.n_sequences"
+        )
     text_only = [
         f"{e.get('family')}/{e.get('name')}"
         for e in config["models"]
