@@ -17,6 +17,7 @@ import torch
 
 from anisweep.adapters.base import Adapter, Geometry, LayerNormSite, OwnAttention, ResidSite
 from anisweep.adapters.cnn import one_position_per_image
+from anisweep.adapters.stages import numbered_blocks, staged_geometry
 
 
 def cvt_qkv(attention):
@@ -52,25 +53,10 @@ class CvtAdapter(Adapter):
     @staticmethod
     def blocks(base) -> list[tuple[int, int, torch.nn.Module]]:
         """(stage, layer, block) of every block, numbered through the stages."""
-        out = []
-        for s, stage in enumerate(base.encoder.stages):
-            for block in stage.layers:
-                out.append((s, len(out), block))
-        return out
+        return numbered_blocks(stage.layers for stage in base.encoder.stages)
 
     def geometry(self, config) -> Geometry:
-        heads = tuple(h for h, depth in zip(config.num_heads, config.depth) for _ in range(depth))
-        widths = tuple(d for d, depth in zip(config.embed_dim, config.depth) for _ in range(depth))
-        return Geometry(
-            n_layers=len(heads),
-            n_heads=max(heads),
-            d_model=config.embed_dim[-1],
-            d_head=max(w // h for w, h in zip(widths, heads)),
-            rotary_dims=0,
-            causal=False,
-            layer_heads=heads,
-            layer_d_head=tuple(w // h for w, h in zip(widths, heads)),
-        )
+        return staged_geometry(config.num_heads, config.embed_dim, config.depth)
 
     def positions(self, base, batch):
         return one_position_per_image(batch)

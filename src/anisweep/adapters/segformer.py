@@ -15,6 +15,7 @@ import torch
 
 from anisweep.adapters.base import Adapter, AttentionSite, Geometry, LayerNormSite, ResidSite
 from anisweep.adapters.cnn import one_position_per_image
+from anisweep.adapters.stages import numbered_blocks, staged_geometry
 
 
 class SegformerAdapter(Adapter):
@@ -25,25 +26,10 @@ class SegformerAdapter(Adapter):
     @staticmethod
     def blocks(base) -> list[tuple[int, int, torch.nn.Module]]:
         """(stage, layer, block) of every block, numbered through the stages."""
-        out = []
-        for s, stage in enumerate(base.stages):
-            for block in stage.blocks:
-                out.append((s, len(out), block))
-        return out
+        return numbered_blocks(stage.blocks for stage in base.stages)
 
     def geometry(self, config) -> Geometry:
-        heads = tuple(h for h, depth in zip(config.num_attention_heads, config.depths) for _ in range(depth))
-        widths = tuple(d for d, depth in zip(config.hidden_sizes, config.depths) for _ in range(depth))
-        return Geometry(
-            n_layers=len(heads),
-            n_heads=max(heads),
-            d_model=config.hidden_sizes[-1],
-            d_head=max(w // h for w, h in zip(widths, heads)),
-            rotary_dims=0,
-            causal=False,
-            layer_heads=heads,
-            layer_d_head=tuple(w // h for w, h in zip(widths, heads)),
-        )
+        return staged_geometry(config.num_attention_heads, config.hidden_sizes, config.depths)
 
     def positions(self, base, batch):
         return one_position_per_image(batch)  # every stage's patches are positions of their own
