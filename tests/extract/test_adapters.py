@@ -70,6 +70,13 @@ def test_the_adapters_readme_shows_the_hook_table():
         (transformers.AlbertModel, albert_config),
         (transformers.T5Model, t5_config),
         (transformers.CanineModel, canine_config),
+        (
+            transformers.ViTModel,
+            lambda: transformers.ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2),
+        ),
+        (transformers.SegformerModel, lambda: transformers.SegformerConfig(depths=[1, 1, 1, 1])),
+        (transformers.CvtModel, lambda: transformers.CvtConfig(depth=[1, 2, 3])),
+        (transformers.ResNetModel, lambda: transformers.ResNetConfig(hidden_sizes=[8, 16], depths=[1, 1])),
     ],
 )
 def test_every_site_the_adapters_record_has_a_hook_name(cls, config):

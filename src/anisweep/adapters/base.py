@@ -67,6 +67,10 @@ TRANSFORMERLENS_HOOKS: dict[tuple[str, str], tuple[str, str]] = {
         "(no such norm: TransformerLens's HookedEncoderDecoder is not mapped here)",
         "(no such norm)",
     ),
+    ("hidden_stats", "stage_ln_in / stage_ln_out (MiT's stages)"): (
+        "(no such norm: TransformerLens maps no vision model)",
+        "(no such norm)",
+    ),
     ("qk", "rope = pre_norm (OLMo 2)"): (
         "blocks.{l}.attn.hook_q / hook_k (TransformerLens applies q_norm / k_norm after them)",
         "(no q/k norm)",
