@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -101,3 +102,24 @@ def test_the_section_3_2_config_dry_runs_offline_on_the_real_repository_ids(hub,
     assert "plot_survey" in done.stdout and "corpus" in done.stdout
     for entry in config_of(name)["models"]:
         assert f"results/hub/{entry['name']}/step0" in done.stdout, entry["name"]
+
+
+@pytest.mark.parametrize(
+    "repo, corpus, says",
+    [
+        ("google/vit-base-patch16-224", {"source": "builtin"}, r"corpus holds text but the model \(vit\) reads image"),
+        ("facebook/wav2vec2-base", {"source": "images", "paths": ["imgs"]}, "corpus holds image but the model"),
+    ],
+    ids=["text-for-an-image-model", "images-for-a-speech-model"],
+)
+def test_a_cached_model_of_another_modality_stops_the_plan(hub, tmp_path, repo, corpus, says):
+    """Before any job: the corpus step would download a dataset before fetch's check of the model's config.json."""
+    configfile = tmp_path / "mismatch.yaml"
+    models = [{"family": "hub", "name": repo, "steps": "final"}]
+    configfile.write_text(yaml.safe_dump({"models": models, "corpus": corpus}))
+    command = snakemake_command(tmp_path / "work", "--configfile", str(configfile), "--cores", "2", "-n")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=hub)
+    text = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert re.search(f"config: hub/{repo.replace('/', '--')}/step0: the {says}", text), text[-3000:]
+    assert "set the config's corpus.source to" in text and "corpus.parquet" not in text  # no job planned

@@ -14,7 +14,7 @@ from anisweep.checkpoints import sweep_audit
 from anisweep.checkpoints.audit import AuditError
 from anisweep.adapters import UnsupportedArchitecture, adapter_for
 from anisweep.checkpoints.hub_repo import HubRepo, check_hub_config
-from anisweep.checkpoints.preflight import PreflightError
+from anisweep.checkpoints.preflight import PreflightError, check_corpus_modality
 from anisweep.measures.partial import Sweep, remove_fetched_weights, write_partial_sweeps
 from anisweep.plots.sweep import MODEL_FIGURES
 from anisweep.tables import UNTRAINED_TABLES
@@ -120,13 +120,15 @@ def check_architectures(checkpoints):
     """A local run whose config.json no adapter knows stops the workflow before any job, naming the supported
     architectures (the Hub families are known ones; toys are built by the workflow); so does a `hub` checkpoint
     whose config.json the Hugging Face cache holds, or that needs remote code its entry does not allow (else its
-    fetch checks the config.json before any weight)."""
+    fetch checks the config.json before any weight); and so does such a config.json of a model that reads another
+    modality than the corpus holds (text, images, audio), before the corpus step downloads a dataset."""
     for c in checkpoints:
         if c.family == HubRepo.family:
             hf = HubRepo.cached_config(c)
             try:
                 if hf is not None:
                     check_hub_config(hf, c.trust_remote_code, c.key)
+                    check_corpus_modality(hf, config["corpus"], c.key)
             except PreflightError as error:
                 raise WorkflowError(f"config: {error}") from None
             continue
@@ -136,8 +138,11 @@ def check_architectures(checkpoints):
         hf = json.loads(path.read_text())
         try:
             adapter_for(SimpleNamespace(model_type=hf.get("model_type"), architectures=hf.get("architectures")))
+            check_corpus_modality(hf, config["corpus"], c.key)
         except UnsupportedArchitecture as error:
             raise WorkflowError(f"config: {c.key}: {error}") from None
+        except PreflightError as error:
+            raise WorkflowError(f"config: {error}") from None
 
 
 check_architectures(CHECKPOINTS.values())

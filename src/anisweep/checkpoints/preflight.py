@@ -139,6 +139,17 @@ def model_modality(hf_config: dict[str, Any]) -> str:
     return next((a.modality for a in ADAPTERS if model_type in a.model_types), "text")
 
 
+def check_corpus_modality(hf_config: dict[str, Any], corpus: dict[str, Any], where: str) -> None:
+    """`evaluation_batch`'s modality check, made when the config is read from a config.json already on disk (a local
+    run's, a Hub checkpoint's in the cache): a mismatch stops the workflow before the corpus step downloads a
+    dataset (`corpus`: the config's section)."""
+    from anisweep.media import modality_of
+
+    corpus_modality, modality = modality_of(corpus), model_modality(hf_config)
+    if corpus_modality != modality:
+        raise PreflightError(modality_mismatch(where, hf_config, modality, corpus_modality))
+
+
 def modality_mismatch(where: str, hf_config: dict[str, Any], modality: str, corpus_modality: str) -> str:
     sources = {"text": "`builtin`, `text` or a text `hf_dataset`", "image": "`images`", "audio": "`audio`"}
     return (
