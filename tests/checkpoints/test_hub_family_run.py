@@ -158,7 +158,8 @@ def test_nothing_changed_reruns_nothing(swept, world):
 def test_a_branch_pushed_again_reruns_that_checkpoint(swept, world, tmp_path):
     hf_home = tmp_path / "hf"
     shutil.copytree(world["hf_home"], hf_home, symlinks=True)
-    build_hub_cache(hf_home, "me/tiny-run", {"step100": world["models"] / "a"})  # new weights, a new commit
+    # new weights (of no other step: the audit of the grid would leave a duplicate out), a new commit
+    build_hub_cache(hf_home, "me/tiny-run", {"step100": save_tiny_pythia(tmp_path / "d", seed=3)})
     jobs = planned({**world["env"], "HF_HOME": str(hf_home)}, swept["workdir"], swept["config"])
     assert (jobs.get("fetch"), jobs.get("extract"), jobs.get("metrics")) == (1, 1, 1), jobs
 
