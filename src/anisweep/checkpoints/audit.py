@@ -25,7 +25,6 @@ always analysed, and flagged.
 from __future__ import annotations
 
 import hashlib
-import logging
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -46,8 +45,7 @@ from anisweep.checkpoints.grid_listing import (
     list_branches,
     read_index,
 )
-
-log = logging.getLogger(__name__)
+from anisweep.errors import ConfigError
 
 GRID_FILE = "grid.parquet"
 #: statuses a sweep does not download under `audit.flagged: skip`
@@ -114,7 +112,7 @@ def published_grid(checkpoints: Sequence[Checkpoint]) -> list[Checkpoint]:
     for step in steps:
         try:
             found[step] = cls.checkpoint(first.model, step)
-        except Exception:
+        except ConfigError:  # a step the catalogue cannot name for this model: the config's own stand
             continue
     found |= {c.step: c for c in checkpoints}
     return [found[s] for s in sorted(found) if found[s].repo_id is not None]
