@@ -322,6 +322,8 @@ def _set(section: str, **values):
         (_set("gradients", embedding_tokens=30), {"fetch": 2, "extract": 2}),
         (_set("extract", seq_len=24), {"fetch": 3, "extract": 3, "gradients": 2}),
         (lambda c: c.update(corpus={"source": "text", "paths": [str(ROOT / "README.md")]}), CORPUS_CHANGED),
+        # an image or audio corpus's keys, which a text corpus does not read (docs/modalities.md)
+        (_set("corpus", modality="text", max_items=9, seed=5, resample=True, max_seconds=1.0), {}),
         (lambda c: c["toy"]["toy-neox"].update(lr=0.002), {"train_toy": 1, "fetch": 3, "extract": 3}),
         # the untrained block fetches a swept model's init for itself: never the sweep's model runs
         (_set("untrained", enabled=True, inits=["bert", {"model": "toy-neox"}]), {"untrained": 1, "fetch_init": 1}),
@@ -343,6 +345,7 @@ def _set(section: str, **values):
         "embedding-tokens",
         "extract-seq-len",
         "corpus-texts",
+        "media-keys-of-a-text-corpus",
         "toy-training",
         "untrained-block",
     ],
