@@ -14,6 +14,7 @@ from anisweep.extract.streaming import ROW_FIELDS, masked_exp_, row_statistics
 
 CHUNK_ELEMENTS = 2**20
 ROW_BLOCKS, MIN_ROW_BLOCK = 8, 32
+TINY = torch.finfo(torch.float32).tiny
 
 
 class Workers:
@@ -147,7 +148,7 @@ def attend(
         chunk_output.div_(chunk_rows[..., ROW_FIELDS.index("z"), None])
         if part is not None:  # sum_i p_ij = sum_i (valid_i / Z_i) e_ij: one pass over e, before the sort consumes it
             z = chunk_rows[..., ROW_FIELDS.index("z")]
-            w = torch.where(flat(weights, rows) > 0, 1.0 / z, 0.0)
+            w = flat(weights, rows) / z.clamp_min(TINY)  # 0 on padding rows, whose Z may be 0
             flat(part, keys_slice).copy_(torch.bmm(w[:, None, :], e).squeeze(1))
         row_statistics(scores, e, keys, chunk_rows)
 

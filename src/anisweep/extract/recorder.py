@@ -364,7 +364,7 @@ class Recorder:
         valid, batch_sample = self.valid, self._batch_sample
         if x.shape[1] != valid.shape[1]:  # a site on positions of its own (a CNN stage's feature-map cells)
             valid, batch_sample = self._grid(key, x.shape[1])
-        self.vectors[key].add(self._vector_parts(x, valid))
+        self.vectors[key].add(self._vector_parts(x, valid, outliers=site in SAMPLED_SITES))
         if self.stream is not None:
             self.stream.feed(layer, site, x, valid)
         if site in SAMPLED_SITES:
@@ -403,15 +403,15 @@ class Recorder:
             self._grids[t] = (torch.ones(b, t, dtype=torch.bool, device=self.valid.device), batch_sample)
         return self._grids[t]
 
-    def _vector_parts(self, x: torch.Tensor, valid: torch.Tensor) -> dict:
-        """VectorStats sums of x. Several sites often hold one tensor (a block's output is the next
-        block's LayerNorm input, twice with a parallel residual; no hooked module changes its input in
-        place): the sums of the last few tensors are kept, by weak reference so that no tensor outlives
-        its use."""
+    def _vector_parts(self, x: torch.Tensor, valid: torch.Tensor, outliers: bool = False) -> dict:
+        """VectorStats sums of x; with `outliers` (the sampled sites) also its outlier statistics. Several sites
+        often hold one tensor (a block's output is the next block's LayerNorm input, twice with a parallel
+        residual; no hooked module changes its input in place): the sums of the last few tensors are kept, by weak
+        reference so that no tensor outlives its use."""
         for ref, part in self._recent:
-            if ref() is x:
+            if ref() is x and (not outliers or "square_sums" in part):
                 return part
-        part = VectorStats.partial(x, valid)
+        part = VectorStats.partial(x, valid, outliers=outliers)
         self._recent = [(weakref.ref(x), part)] + self._recent[:3]
         return part
 

@@ -40,7 +40,9 @@ class VectorStats:
         self.norm_range[1] = float("-inf")
         self.square_sums = torch.zeros(2, d, **f64)  # per dimension: sum x_j^2, sum (x_j / ||x||)^2
         self.abs_max_sq = torch.zeros(d, **f64)  # per dimension: max x_j^2
-        self.top = _empty_top(device)  # the TOP_K tokens by max_j x_j^2 (VectorStats.top_fields)
+        # each mini-batch's TOP_K tokens by max_j x_j^2 with its first sequence, merged once at the end (top_tokens):
+        # a merge per batch and site would cost a dozen small ops each, which add up on a busy CPU
+        self.tops: list[tuple[dict, int]] = []
         self.n_seqs = 0  # sequences seen: the next mini-batch's first sequence
 
     n = property(lambda self: int(self.counts[0]))
@@ -55,15 +57,33 @@ class VectorStats:
     abs_max = property(lambda self: self.abs_max_sq.sqrt())
 
     def top_tokens(self) -> dict[str, list]:
-        """The kept tokens, largest first: value (max_j |x_j|), seq, position, dim (its argmax), first (1 where the
-        token is its sequence's first valid one); tokens that were padding (value < 0) left out."""
-        top = {name: t.cpu() for name, t in self.top.items()}
-        kept = top["value"] >= 0
-        top["value"] = top["value"].sqrt()
-        return {name: t[kept].tolist() for name, t in top.items()}
+        """The TOP_K tokens of every mini-batch, largest first: value (max_j |x_j|), seq, position, dim (its argmax),
+        first (1 where the token is its sequence's first valid one); tokens that were padding (value < 0) left out.
+        Ties keep the earlier token."""
+        rows = []
+        for top, first_seq in self.tops:
+            top = {name: t.cpu() if isinstance(t, torch.Tensor) else t for name, t in top.items()}
+            seq = top["index"] // top["width"]
+            position = top["index"] % top["width"]
+            first = position == top["first"][seq]
+            for i in range(len(seq)):
+                rows.append(
+                    (
+                        float(top["value"][i]),
+                        first_seq + int(seq[i]),
+                        int(position[i]),
+                        int(top["dim"][i]),
+                        int(first[i]),
+                    )
+                )
+        rows = sorted((r for r in rows if r[0] >= 0), key=lambda r: (-r[0], r[1], r[2]))[:TOP_K]
+        return {
+            "value": [value**0.5 for value, *_ in rows],
+            **{name: [r[i] for r in rows] for i, name in enumerate(("seq", "position", "dim", "first"), start=1)},
+        }
 
     @staticmethod
-    def partial(x: torch.Tensor, valid: torch.Tensor, wait_free: bool | None = None) -> dict:
+    def partial(x: torch.Tensor, valid: torch.Tensor, wait_free: bool | None = None, outliers: bool = False) -> dict:
         """x: (..., d); valid: bool of x.shape[:-1]. The sums over the valid tokens of x, taken in float32
         within one mini-batch and in float64 across mini-batches: enough for avg_cos over 10^6 tokens to ~1e-10.
 
@@ -95,22 +115,25 @@ class VectorStats:
         inverse = torch.where(keep, 1.0 / norms.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
         weights = torch.stack([keep.float(), inverse.float()])
         sum_x, sum_unit = (weights @ x).double()  # one pass over x for both sums
+        kept_norms = torch.where(keep, norms.double(), 0.0)
+        part = {
+            "counts": counts,
+            "sum_x": sum_x,
+            "sum_unit": sum_unit,
+            "norm_sums": torch.stack([kept_norms.sum(), kept_norms.dot(kept_norms)]),
+            "norm_range": _norm_range(kept_norms, keep),
+        }
+        if not outliers:
+            return part
         # squares in float32 (a component beyond 1.8e19 makes its site's square sums inf on a GPU; the CPU, which
         # sees such a norm, squares in float64), weighted by 1 and by 1/||x||^2 in one pass
         squares = x.double().square() if wide else x.square()
         square_sums = (torch.stack([weights[0], weights[1].square()]).to(squares.dtype) @ squares).double()
         token_max, token_dim = squares.max(dim=-1) if len(squares) else (squares.new_zeros(0), rows_of(squares))
-        top = _top_tokens(torch.where(keep, token_max.double(), -1.0), token_dim, rows, width, first)
-        norms = torch.where(keep, norms.double(), 0.0)
-        return {
-            "counts": counts,
-            "sum_x": sum_x,
-            "sum_unit": sum_unit,
-            "norm_sums": torch.stack([norms.sum(), norms.dot(norms)]),
-            "norm_range": _norm_range(norms, keep),
+        return part | {
             "square_sums": square_sums,
             "abs_max_sq": squares.amax(dim=0).double() if len(squares) else squares.new_zeros(x.shape[-1]).double(),
-            "top": top,
+            "top": _top_tokens(torch.where(keep, token_max, -1.0), token_dim, rows, width, first),
             "n_seqs": n_seqs,
         }
 
@@ -121,10 +144,17 @@ class VectorStats:
         self.norm_sums += part["norm_sums"]
         low, high = part["norm_range"]
         self.norm_range = torch.stack([self.norm_range[0].minimum(low), self.norm_range[1].maximum(high)])
+        if "square_sums" not in part:  # a site without the outlier statistics (VectorStats.partial's `outliers`)
+            return
         self.square_sums += part["square_sums"]
-        self.abs_max_sq = self.abs_max_sq.maximum(part["abs_max_sq"])
-        self.top = _merge_top(self.top, {**part["top"], "seq": part["top"]["seq"] + self.n_seqs})
+        torch.maximum(self.abs_max_sq, part["abs_max_sq"], out=self.abs_max_sq)
+        self.tops.append((part["top"], self.n_seqs))
         self.n_seqs += part["n_seqs"]
+
+    @property
+    def has_outliers(self) -> bool:
+        """Whether the outlier statistics were taken here (square sums, max |x_j|, the top tokens)."""
+        return bool(self.tops)
 
 
 def rows_of(x: torch.Tensor) -> torch.Tensor:
@@ -139,39 +169,13 @@ def _sequences(valid: torch.Tensor) -> tuple[int, torch.Tensor]:
     return valid.shape[0], valid.to(torch.uint8).argmax(dim=-1)
 
 
-def _empty_top(device) -> dict[str, torch.Tensor]:
-    index = torch.zeros(0, dtype=torch.int64, device=device)
-    return {
-        "value": torch.zeros(0, dtype=torch.float64, device=device),
-        "seq": index,
-        "position": index,
-        "dim": index,
-        "first": index,
-    }
-
-
-def _top_tokens(value, dim, rows, width: int, first) -> dict[str, torch.Tensor]:
-    """The TOP_K tokens of one mini-batch by `value` (max_j x_j^2, -1 at the tokens not kept), with their sequence
-    in the batch, position, dimension and whether they are their sequence's first valid token."""
-    k = min(TOP_K, value.shape[0])
-    value, index = value.topk(k)
+def _top_tokens(value, dim, rows, width: int, first) -> dict:
+    """The TOP_K tokens of one mini-batch by `value` (max_j x_j^2, -1 at the tokens not kept): their value, flat
+    index in the batch's (sequences x `width`) positions, dimension, and the batch's first valid positions."""
+    value, index = value.topk(min(TOP_K, value.shape[0]))
     dim = dim.gather(0, index)
-    flat = index if rows is None else rows.gather(0, index)
-    seq, position = flat // width, flat % width
-    return {
-        "value": value,
-        "seq": seq,
-        "position": position,
-        "dim": dim,
-        "first": (position == first.gather(0, seq)).long(),
-    }
-
-
-def _merge_top(a: dict, b: dict) -> dict:
-    """The TOP_K largest of two top lists (each largest first), ties to the earlier."""
-    both = {name: torch.cat([a[name], b[name]]) for name in a}
-    value, index = both["value"].topk(min(TOP_K, both["value"].shape[0]))
-    return {"value": value, **{name: t.gather(0, index) for name, t in both.items() if name != "value"}}
+    index = index if rows is None else rows.gather(0, index)
+    return {"value": value, "index": index, "dim": dim, "first": first, "width": width}
 
 
 def _norm_range(norms: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -392,7 +396,8 @@ class SinkStats:
     """Per head, the attention each key receives, summed over the valid query rows (column sums of p): in total at
     each key position, on each sequence's first valid key, and the TOP_K keys that receive the most (attention
     sinks: anisweep.measures.sinks). Fed the column sums (B, H, T) the attention pass computes from its
-    probabilities (attention_torch, attention_triton); nothing here reads a value back."""
+    probabilities (attention_torch, attention_triton); nothing here reads a value back. Each mini-batch's TOP_K keys
+    are kept apart and merged once, at the end (top_keys)."""
 
     def __init__(self, n_heads: int, device: torch.device | str = "cpu"):
         f64 = {"dtype": torch.float64, "device": device}
@@ -402,18 +407,13 @@ class SinkStats:
         self.key_counts = torch.zeros(0, dtype=torch.int64, device=device)  # per position: sequences with a valid key
         self.n_rows = 0
         self.n_seqs = 0
-        index = torch.zeros(n_heads, 0, dtype=torch.int64, device=device)
-        # per head, the keys with the largest column sum: received, their sequence's valid query rows, seq, position,
-        # whether the key is its sequence's first valid one
-        self.top = {"received": torch.zeros(n_heads, 0, **f64), "rows": index, "seq": index, "position": index}
-        self.top["first"] = index
+        self.tops: list[tuple[dict, int]] = []  # per mini-batch: its keys that receive the most, its first sequence
 
     def update(self, colsum: torch.Tensor, valid: torch.Tensor, n_rows: int, rows_valid=None) -> None:
         """colsum: (B, H, T) float32, sum over the valid query rows i of p_ij; valid: (B, T) the valid keys; n_rows:
         the valid query rows' count (the caller's, read on the host); `rows_valid`, (B, T_q), the valid query rows
         where they are not the keys (a grid of queries against another of keys), else `valid`."""
         b, h, t = colsum.shape
-        colsum = colsum.double()
         if t > self.received.shape[1]:  # a longer mini-batch: more key positions (shapes only, no wait)
             grow = t - self.received.shape[1]
             self.received = torch.nn.functional.pad(self.received, (0, grow))
@@ -421,26 +421,35 @@ class SinkStats:
         _, first = _sequences(valid)
         self.first += colsum.gather(2, first[:, None, None].expand(b, h, 1)).sum(dim=(0, 2))
         self.received[:, :t] += colsum.sum(dim=0)
-        self.key_counts[:t] += valid.long().sum(dim=0)
+        self.key_counts[:t] += valid.sum(dim=0)
         self.n_rows += n_rows
-        rows = (valid if rows_valid is None else rows_valid).long().sum(dim=1)  # per sequence, its valid query rows
         flat = torch.where(valid[:, None, :], colsum, -1.0).transpose(0, 1).reshape(h, b * t)  # padding keys last
         received, index = flat.topk(min(TOP_K, b * t), dim=1)
-        seq, position = index // t, index % t
-        batch = {
-            "received": received,
-            "rows": rows.gather(0, seq.flatten()).view_as(seq),
-            "seq": seq + self.n_seqs,
-            "position": position,
-            "first": (position == first.gather(0, seq.flatten()).view_as(seq)).long(),
-        }
-        both = {name: torch.cat([self.top[name], batch[name]], dim=1) for name in batch}
-        received, index = both["received"].topk(min(TOP_K, both["received"].shape[1]), dim=1)
-        self.top = {"received": received, **{n: x.gather(1, index) for n, x in both.items() if n != "received"}}
+        rows = (valid if rows_valid is None else rows_valid).sum(dim=1)  # per sequence, its valid query rows
+        self.tops.append(
+            ({"received": received, "index": index, "rows": rows, "first": first, "width": t}, self.n_seqs)
+        )
         self.n_seqs += b
 
     def top_keys(self) -> dict[str, list]:
-        """Per head (outer list), the kept keys, most received first, padding keys (received < 0) left out."""
-        top = {name: x.cpu() for name, x in self.top.items()}
-        kept = top["received"] >= 0
-        return {name: [x[h][kept[h]].tolist() for h in range(self.n_heads)] for name, x in top.items()}
+        """Per head (outer list), the TOP_K keys of the whole batch that receive the most, most first (ties: the
+        earlier key), padding keys (received < 0) left out: received, rows (the valid query rows of the key's
+        sequence), seq, position, first (1 where the key is its sequence's first valid one)."""
+        keys = [[] for _ in range(self.n_heads)]
+        for top, first_seq in self.tops:
+            received, index = top["received"].double().cpu(), top["index"].cpu()
+            rows, first, width = top["rows"].cpu(), top["first"].cpu(), top["width"]
+            seq, position = index // width, index % width
+            for head in range(self.n_heads):
+                for i in range(index.shape[1]):
+                    s, pos = int(seq[head, i]), int(position[head, i])
+                    keys[head].append(
+                        (float(received[head, i]), int(rows[s]), first_seq + s, pos, int(pos == first[s]))
+                    )
+        names = ("received", "rows", "seq", "position", "first")
+        out = {name: [] for name in names}
+        for head_keys in keys:
+            kept = sorted((k for k in head_keys if k[0] >= 0), key=lambda k: (-k[0], k[2], k[3]))[:TOP_K]
+            for i, name in enumerate(names):
+                out[name].append([k[i] for k in kept])
+        return out

@@ -104,7 +104,10 @@ def hidden_stats_table(recorder: Recorder) -> pl.DataFrame:
         )
     df = pl.DataFrame(rows)
     sums = lambda attr: pl.Series(  # noqa: E731
-        [getattr(s, attr).cpu().numpy().tolist() for _, s in sorted(recorder.vectors.items())],
+        [
+            getattr(s, attr).cpu().numpy().tolist() if attr in ("sum_x", "sum_unit") or s.has_outliers else None
+            for _, s in sorted(recorder.vectors.items())
+        ],
         dtype=pl.List(pl.Float64),
     )
     return df.with_columns(

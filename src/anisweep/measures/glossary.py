@@ -620,13 +620,14 @@ METRICS: tuple[Term, ...] = (
     Term(
         "ln_outliers_in_rogue",
         "how many gain or bias outlier dimensions are among the 10 dimensions with the largest terms of avg_cos"
-        " (rogue_dim_*) at the norm's output (`{norm}_out`, final_ln_out)",
+        " (rogue_dim_*) of the residual stream at the norm's layer (`resid`; the final norm: `final_ln_out`)",
         TIMKEY,
         NORM_SITES,
     ),
     Term(
         "ln_rogue_1_is_outlier",
-        "1 where the dimension with the largest term of avg_cos at the norm's output is a gain or bias outlier, else 0",
+        "1 where the dimension with the largest term of avg_cos of the residual stream at the norm's layer (the final"
+        " norm: its output) is a gain or bias outlier, else 0",
         TIMKEY,
         NORM_SITES,
     ),

@@ -1,7 +1,9 @@
 """LayerNorm outlier dimensions (Kovaleva et al. 2021; Timkey & van Schijndel 2021 trace rogue dimensions to
 them): the coordinates of a norm's gain or bias more than OUTLIER_SD standard deviations from the vector's mean,
-their count, and whether they are the rogue dimensions of the norm's output (its `{site}_out` in hidden_stats: the
-top ROGUE_TOP dimensions by contribution to avg_cos, anisweep.measures.rogue)."""
+their count, and whether they are the rogue dimensions (the top ROGUE_TOP dimensions by contribution to avg_cos,
+anisweep.measures.rogue) of the residual stream at the norm's layer (`resid`: in a post-LN model such as BERT the
+output of the block's last norm; the final norm: its output, `final_ln_out`). The outlier statistics are streamed
+at the sampled sites only (resid, final_ln_in, final_ln_out), where they cost the least."""
 
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ def ln_outlier_rows(layernorm: pl.DataFrame, stats: pl.DataFrame) -> list[dict]:
             "ln_bias_outliers": float("nan") if bias is None else float(len(bias)),
             "ln_gain_outlier_dim_1": float(gain[0]) if len(gain) else float("nan"),
         }
-        out = outputs.get((r["layer"], f"{r['site']}_out"))
+        out = outputs.get((r["layer"], "final_ln_out" if r["site"] == "final_ln" else "resid"))
         if out is not None and out.get("sum_unit_sq") is not None and out["n"] >= 2:
             rogue = set(top_dims(out, ROGUE_TOP))
             either = set(gain.tolist()) | (set() if bias is None else set(bias.tolist()))

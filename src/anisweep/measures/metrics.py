@@ -270,7 +270,7 @@ def attention_sinks(tables) -> list[dict]:
 @builtin_measure("layernorm_outliers")
 def layernorm_outliers(tables) -> list[dict]:
     """LayerNorm outlier dimensions (Kovaleva et al. 2021): each norm's gain and bias entries more than 3 standard
-    deviations from their mean, counted, and whether they are the rogue dimensions of the norm's output."""
+    deviations from their mean, counted, and whether they are the rogue dimensions of the residual stream there."""
     return ln_outliers.ln_outlier_rows(tables.layernorm, tables.hidden_stats)
 
 

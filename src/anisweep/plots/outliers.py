@@ -194,7 +194,7 @@ def attention_sinks(sweep: pl.DataFrame, path: Path) -> None:
 
 def layernorm_outliers(sweep: pl.DataFrame, path: Path) -> None:
     """Per norm (a line per norm and layer), over training: gain and bias entries beyond 3 standard deviations,
-    and how many of them are among the top 10 rogue dimensions of the norm's output."""
+    and how many of them are among the top 10 rogue dimensions of the residual stream at the norm's layer."""
     rows = sweep.filter(pl.col("metric").str.starts_with("ln_") & pl.col("head").is_null())
     if not rows.height:
         not_measured(sweep, path, "LayerNorm outlier dimensions", "no norm with a gain in this model")
@@ -202,7 +202,7 @@ def layernorm_outliers(sweep: pl.DataFrame, path: Path) -> None:
     panels = (
         ("ln_gain_outliers", "gain entries > 3 sd from their mean"),
         ("ln_bias_outliers", "bias entries > 3 sd from their mean"),
-        ("ln_outliers_in_rogue", "outlier dims among the output's top 10 rogue dims"),
+        ("ln_outliers_in_rogue", "outlier dims among resid's top 10 rogue dims"),
     )
     plt = pyplot()
     norms = rows.select("site", "layer").unique().sort("site", "layer").rows()
