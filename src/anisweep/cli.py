@@ -302,6 +302,59 @@ def cmd_measure(args) -> None:
     write_atomic(run_table_measure(measure, args.extract_dir), args.out)
 
 
+def cmd_weights(args) -> None:
+    """A weight measure of one checkpoint from its weights (the built-in `circuits` without --entry)."""
+    from anisweep.checkpoints.base import Checkpoint
+    from anisweep.measures.registry import MeasureError, load
+    from anisweep.tables import write_atomic
+    from anisweep.weights.run import identity, open_weights, pair_frame, run_weight_measure
+
+    ckpt = Checkpoint.from_dict(args.checkpoint)
+    if args.entry:
+        measure = load(args.entry)
+        if measure.kind != "weight":
+            raise MeasureError(f"measure {args.entry!r} is a {measure.kind} measure, not a weight measure")
+        write_atomic(run_weight_measure(measure, ckpt), args.out)
+        return
+    from anisweep.measures.circuits import circuit_tables, circuits
+    from anisweep.measures.registry import measure_frame, measure_of
+
+    measure = measure_of(circuits, "anisweep.measures.circuits:circuits", builtin=True)
+    weights = open_weights(ckpt, measure.tensors)
+    rows, pairs = circuit_tables(weights, args.probe_tokens)
+    write_atomic(pair_frame(identity(ckpt), pairs), args.pairs_out)
+    write_atomic(measure_frame(measure, identity(ckpt), rows), args.out)
+    print(f"weights: read {len(weights.read)} tensors, {weights.source.bytes_read} bytes", file=sys.stderr)
+
+
+def cmd_logit_lens(args) -> None:
+    """The logit lens of one checkpoint from extract's samples and its head's weights (no forward pass)."""
+    from anisweep.checkpoints.base import Checkpoint
+    from anisweep.corpus import read_corpus
+    from anisweep.extract.model import ExtractSettings
+    from anisweep.tables import write_atomic
+    from anisweep.weights.lens import logit_lens_table
+    from anisweep.weights.run import open_weights
+
+    weights = open_weights(Checkpoint.from_dict(args.checkpoint))
+    table = logit_lens_table(args.extract_dir, weights, ExtractSettings(**args.settings), read_corpus(args.texts))
+    write_atomic(table, args.out)
+
+
+def cmd_plot_circuits(args) -> None:
+    from anisweep.plots.circuits import plot_circuits
+    from anisweep.tables import read_parquet
+
+    plot_circuits(read_parquet(args.sweep), args.pairs, args.qk, args.ov, args.pairs_figure)
+
+
+def cmd_plot_logit_lens(args) -> None:
+    from anisweep.plots.circuits import plot_logit_lens
+    from anisweep.tables import read_parquet
+
+    plot_logit_lens(read_parquet(args.sweep), args.out)
+
+
 def cmd_plot_measure(args) -> None:
     import polars as pl
 
@@ -516,6 +569,35 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(run=cmd_measure)
 
+    p = sub.add_parser("weights", help="a weight measure of one checkpoint, from its weights (no forward pass)")
+    p.add_argument("--checkpoint", type=_json, required=True, help="the checkpoint, JSON (as fetch takes it)")
+    p.add_argument("--entry", help="module:attribute of a user's weight measure (else the built-in circuits)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--pairs-out", help="the built-in circuits' top token pairs (weight_pairs.parquet)")
+    p.add_argument("--probe-tokens", type=int, default=4096, help="the built-in circuits' probe (config weights)")
+    p.set_defaults(run=cmd_weights)
+
+    p = sub.add_parser("logit-lens", help="the logit lens of one checkpoint, from extract's samples and its head")
+    p.add_argument("--checkpoint", type=_json, required=True, help="the checkpoint, JSON (as fetch takes it)")
+    p.add_argument("--extract-dir", required=True)
+    p.add_argument("--texts", required=True, help="the corpus extract ran on (resources/corpus.parquet)")
+    p.add_argument("--settings", type=_json, required=True, help="JSON of the config's extract section")
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=cmd_logit_lens)
+
+    p = sub.add_parser("plot-circuits", help="the circuits' figures of one model's sweep (weight measure)")
+    p.add_argument("--sweep", required=True)
+    p.add_argument("--qk", required=True, help="qk_circuits.png")
+    p.add_argument("--ov", required=True, help="ov_circuits.png")
+    p.add_argument("--pairs-figure", required=True, help="circuit_pairs.png")
+    p.add_argument("pairs", nargs="*", help="weight_pairs.parquet of each checkpoint")
+    p.set_defaults(run=cmd_plot_circuits)
+
+    p = sub.add_parser("plot-logit-lens", help="the logit lens figure of one model's sweep")
+    p.add_argument("--sweep", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=cmd_plot_logit_lens)
+
     p = sub.add_parser("plot-measure", help="a measure's figure of one model's sweep")
     p.add_argument("--entry", required=True, help="module:attribute of the measure")
     p.add_argument("--sweep", required=True)
@@ -656,6 +738,9 @@ def _checkpoint_key(args) -> str | None:
     """`{family}/{model}/step{N}` of the checkpoint a command works on, for its error message."""
     try:
         if args.command == "fetch":
+            c = args.checkpoint
+            return f"{c['family']}/{c['model']}/step{c['step']}"
+        if args.command in ("weights", "logit-lens"):
             c = args.checkpoint
             return f"{c['family']}/{c['model']}/step{c['step']}"
         if args.command == "extract":

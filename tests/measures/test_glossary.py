@@ -11,6 +11,7 @@ import pytest
 import torch
 import transformers
 from test_metrics import measure_checkpoint
+from weightcheck import weight_metrics
 
 from anisweep.measures import glossary
 from anisweep.measures.gradient_metrics import GRADIENT_METRICS
@@ -105,6 +106,7 @@ def written(tmp_path_factory) -> dict[str, pl.DataFrame]:
         for table, df in tables.items():
             write_atomic(df, folder / f"{table}.parquet")
         out[name] = checkpoint_metrics(folder)
+    out["weights"] = weight_metrics(tmp_path_factory.mktemp("weights"))  # circuits and the logit lens
     return out
 
 

@@ -96,7 +96,7 @@ def stream_measure_code(wildcards):
 def measure_tables(wildcards):
     """A checkpoint's tables of the user's measures, which its metrics join."""
     folder = f"results/{wildcards.family}/{wildcards.model}/step{wildcards.step}/measures"
-    return [f"{folder}/{name}.parquet" for name in MEASURES]
+    return [f"{folder}/{name}.parquet" for name in MEASURES] + weight_tables(wildcards)  # weights.smk
 
 
 def check_device(device):
@@ -334,7 +334,8 @@ def model_figures(names, folder="results/{family}/{model}/figures", **where):
 
 def figures(family, model):
     built_in = [f"results/{family}/{model}/figures/{name}" for name in MODEL_FIGURES]
-    return built_in + [f"results/{family}/{model}/figures/{f}" for m in MEASURES.values() for f in m.figures]
+    users = [f"results/{family}/{model}/figures/{f}" for m in MEASURES.values() for f in m.figures]
+    return built_in + users + weight_figures(family, model)  # weights.smk
 
 
 def distribution_outputs(family, model):

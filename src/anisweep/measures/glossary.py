@@ -184,6 +184,12 @@ SITES: tuple[Term, ...] = (
         "the output embedding (unembedding) matrix, where the checkpoint has an LM head, `layer` null",
         MACHINA,
     ),
+    Term(
+        "weights",
+        "weight measures: the checkpoint's weights alone, no activations (the built-in `circuits`: block `layer` from"
+        " 0, `head`)",
+        ANISWEEP,
+    ),
 )
 
 
@@ -645,6 +651,100 @@ METRICS: tuple[Term, ...] = (
 )
 
 
+ELHAGE = "Elhage et al. 2021 (A Mathematical Framework for Transformer Circuits)"
+LOGIT_LENS = "nostalgebraist 2020 (logit lens); Molina 2023 (Traveling Words)"
+_PROBE = (
+    "the probe tokens' embeddings normalised by the norm before block `layer`'s attention (anisweep.measures.circuits)"
+)
+_LENS = (
+    "over extract's sampled tokens with a target (a decoder's next token, an encoder's own token), each layer's"
+    " residual state read through the model's own head (final norm and unembedding; an encoder's MLM head)"
+)
+#: The built-in weight measure `circuits` (site `weights`) and the logit lens (site `resid`).
+WEIGHT_METRICS: tuple[Term, ...] = (
+    Term(
+        "tied_embeddings",
+        "1 where the unembedding is the token embedding (tied or not saved), else 0",
+        ANISWEEP,
+        ("weights",),
+    ),
+    Term(
+        "probe_tokens",
+        "how many tokens probe W_QK and W_OV: the vocabulary, or a seeded sample of `weights.probe_tokens`",
+        ANISWEEP,
+        ("weights",),
+    ),
+    Term(
+        "qk_self_rank",
+        f"per head, the mean rank (0 first) of a probe token's own key among all probe keys under x_i^T W_QK x_j,"
+        f" over (n - 1): 0 always attends most to itself, 0.5 chance; {_PROBE}",
+        MOLINA,
+        ("weights",),
+    ),
+    Term(
+        "qk_self_top",
+        f"per head, the share of probe tokens whose highest-scoring key under W_QK = W_Q^T W_K is themselves; {_PROBE}",
+        MOLINA,
+        ("weights",),
+    ),
+    Term(
+        "qk_symmetric_share",
+        "per head, ||(W_QK + W_QK^T)/2||_F^2 / ||W_QK||_F^2: 1 symmetric (tokens attend to their like), 0.5 none,"
+        " 0 antisymmetric",
+        MOLINA,
+        ("weights",),
+    ),
+    Term(
+        "qk_singular_value",
+        "per head, the `rank`-th singular value of W_QK = W_Q^T W_K (rank 1 to d_head)",
+        MOLINA,
+        ("weights",),
+    ),
+    Term("qk_top_sv_share", "per head, sigma_1^2 / sum sigma_i^2 of W_QK", MOLINA, ("weights",)),
+    Term(
+        "ov_copying",
+        f"per head, the share of probe tokens whose largest logit of U W_O W_V x over the whole vocabulary is"
+        f" themselves, U the unembedding times the final norm's gain (an encoder's MLM decoder times its transform"
+        f" LayerNorm's gain); {_PROBE}",
+        MOLINA,
+        ("weights",),
+    ),
+    Term(
+        "ov_positive_eigen",
+        "per head, sum(Re lambda) / sum(|lambda|) over the eigenvalues of the full OV circuit U W_O W_V X^T on the"
+        " probe: near 1 a copying head, near -1 an anti-copying one",
+        ELHAGE,
+        ("weights",),
+    ),
+    Term(
+        "ov_singular_value",
+        "per head, the `rank`-th singular value of W_OV = W_O W_V (rank 1 to d_head)",
+        MOLINA,
+        ("weights",),
+    ),
+    Term("ov_top_sv_share", "per head, sigma_1^2 / sum sigma_i^2 of W_OV", MOLINA, ("weights",)),
+    Term("lens_rank", f"mean rank (0: the top logit) of the target, {_LENS}", LOGIT_LENS, ("resid",)),
+    Term("lens_log_rank", f"mean log(1 + rank) of the target, {_LENS}", LOGIT_LENS, ("resid",)),
+    Term("lens_top1", f"share of tokens whose target is the top logit, {_LENS}", LOGIT_LENS, ("resid",)),
+    Term("lens_prob", f"mean probability of the target, {_LENS}", LOGIT_LENS, ("resid",)),
+    Term(
+        "lens_kl",
+        f"mean KL(p_last || p_layer) in nats from the last layer's distribution to the layer's, {_LENS}",
+        LOGIT_LENS,
+        ("resid",),
+    ),
+    Term(
+        "lens_angle",
+        "mean angle (radians) between a sampled token's centred residual states at layer - 1 and layer: its step"
+        " on LayerNorm's hypersphere into the layer",
+        MOLINA,
+        ("resid",),
+    ),
+    Term("lens_tokens", "how many sampled tokens have a target (layer null)", LOGIT_LENS, ("resid",)),
+)
+METRICS = (*METRICS, *WEIGHT_METRICS)
+
+
 # --------------------------------------------------------------------------- columns
 COLUMNS: tuple[Term, ...] = (
     Term("family", "checkpoint family (e.g. `pythia`, `multiberts`, `toy`)", ANISWEEP),
@@ -744,10 +844,30 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
 def _measure_rows(measures) -> list[tuple[str, ...]]:
     rows = []
     for m in measures:
-        reads = ", ".join(f"`{t}`" for t in m.tables) if m.kind == "table" else ", ".join(f"`{s}`" for s in m.sites)
+        reads = ", ".join(f"`{r}`" for r in {"table": m.tables, "weight": m.tensors}.get(m.kind, m.sites))
         figures = ", ".join(f"`{f}`" for f in m.figures) or "-"
         rows.append((f"`{m.name}`", m.kind, reads, figures, m.definition, "anisweep" if m.builtin else f"`{m.entry}`"))
     return rows
+
+
+def builtin_weight_measures() -> list:
+    """The built-in weight measures as the registry sees them."""
+    from anisweep.measures.circuits import circuits
+    from anisweep.measures.registry import measure_of
+
+    return [measure_of(circuits, "anisweep.measures.circuits:circuits", builtin=True)]
+
+
+LOGIT_LENS_ROW = (
+    "`logit_lens`",
+    "lens",
+    "`hidden` (`resid`), the head's weights",
+    "`logit_lens.png`",
+    "Each layer's sampled residual states read through the checkpoint's own head (final norm and unembedding; an"
+    " encoder's MLM head) against the next token (an encoder's own token): rank, probability, KL to the last layer,"
+    " the angle between consecutive layers (anisweep.measures.logit_lens).",
+    "anisweep",
+)
 
 
 def glossary_markdown(measures=()) -> str:
@@ -767,11 +887,13 @@ def glossary_markdown(measures=()) -> str:
         "",
         "What computes the rows (column `measure`; `gradients`: the gradient analysis), and the figures of each model",
         "(`results/{family}/{model}/figures/`) that draw them. A table measure reads the checkpoint's extract tables;",
-        "a stream measure listens at sites of the forward pass (docs/measures.md).",
+        "a stream measure listens at sites of the forward pass; a weight measure reads the checkpoint's weights alone",
+        "(docs/measures.md). The logit lens reads extract's sampled residual states through the checkpoint's own head.",
         "",
         *_table(
             ("measure", "kind", "reads", "figures", "definition", "from"),
-            _measure_rows([*builtin_measures(), *measures]),
+            [*_measure_rows([*builtin_measures(), *builtin_weight_measures()]), LOGIT_LENS_ROW]
+            + _measure_rows(measures),
         ),
         "",
         "## Metrics",

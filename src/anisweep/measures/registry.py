@@ -1,6 +1,6 @@
 """The measures: the one list of what is computed per checkpoint, the built-in ones and a user's own.
 
-A measure is one of two kinds (docs/measures.md walks through both):
+A measure is one of three kinds (docs/measures.md walks through them):
 
 * a table measure, `@table_measure(tables=(...))` on a function of one checkpoint's Parquet tables
   (`CheckpointTables`) that returns tidy rows. It never runs a model: adding or editing one reruns its own
@@ -9,6 +9,10 @@ A measure is one of two kinds (docs/measures.md walks through both):
   pass: `Cls(site)` per site (a `Site`), `update(x, valid)` with one mini-batch's activations, `merge(other)`
   to fold a mini-batch's accumulator into the running one, `finalize()` returning tidy rows. For what the
   samples cannot give, such as a statistic over every token. Editing one reruns extract.
+* a weight measure, `@weight_measure(tensors=(...))` on a function of one checkpoint's weights
+  (`anisweep.weights.checkpoint.CheckpointWeights`: its shapes, tokenizer and the tensors of the roles it names,
+  WEIGHT_ROLES) that returns tidy rows. It never runs a forward pass and reads only the tensors it names (a Hub
+  checkpoint's by range reads); adding or editing one reruns its own jobs (rule `weight_measure`), never extract.
 
 Rows are dicts (or a polars DataFrame) with `metric` and `value`, and optionally `layer`, `head`, `site`,
 `subspace`, `fit`, `rank`, `stratum`; a stream measure's rows get their site's layer and name where they leave
@@ -64,8 +68,15 @@ BUILTIN = {
     "layernorm_outliers": (("layernorm", "hidden_stats"), ("layernorm_outliers.png",)),
 }
 GRADIENT_MEASURE = "gradients"  # the `measure` of the gradient analysis's rows (anisweep.tangent)
+#: The built-in weight measures (anisweep.measures.circuits): name -> the figures of each model that draw its rows.
+BUILTIN_WEIGHT = {"circuits": ("qk_circuits.png", "ov_circuits.png", "circuit_pairs.png")}
+#: The roles of a checkpoint's tensors a weight measure may name (anisweep.weights.layout resolves them per
+#: architecture): the token embedding, the unembedding (an encoder's MLM decoder), the final norm (an encoder's MLM
+#: transform LayerNorm), every layer's W_Q, W_K, W_V, W_O, and the norm before each layer's attention.
+WEIGHT_ROLES = ("embedding", "unembedding", "final_norm", "attention", "attention_norm")
+LOGIT_LENS_MEASURE = "logit_lens"  # the `measure` of the logit lens's rows (anisweep.measures.logit_lens)
 #: The names no user's measure may take.
-BUILTIN_NAMES = (*BUILTIN, GRADIENT_MEASURE)
+BUILTIN_NAMES = (*BUILTIN, *BUILTIN_WEIGHT, LOGIT_LENS_MEASURE, GRADIENT_MEASURE)
 
 
 def builtin_figures() -> tuple[str, ...]:
@@ -119,6 +130,7 @@ class Measure:
     target: Callable = field(compare=False)
     tables: tuple[str, ...] = ()
     sites: tuple[str, ...] = ()
+    tensors: tuple[str, ...] = ()  # a weight measure's roles (WEIGHT_ROLES)
     figure: Callable | None = field(default=None, compare=False)
     entry: str = ""
     builtin: bool = False
@@ -211,6 +223,25 @@ def stream_measure(
     return wrap(cls) if cls is not None else wrap
 
 
+def weight_measure(
+    function: Callable | None = None,
+    *,
+    name: str | None = None,
+    tensors: Iterable[str] = (),
+    figure: Callable | None = None,
+    builtin_figures: tuple[str, ...] = (),
+):
+    """Register `function(weights: CheckpointWeights) -> rows` as a weight measure reading the tensors of `tensors`
+    (WEIGHT_ROLES: embedding, unembedding, final_norm, attention, attention_norm) and never running the model."""
+
+    def wrap(fn):
+        spec = dict(kind="weight", name=name or fn.__name__, tensors=tuple(tensors), figure=figure)
+        fn.__anisweep_measure__ = spec | ({"figures": builtin_figures} if builtin_figures else {})
+        return fn
+
+    return wrap(function) if function is not None else wrap
+
+
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
@@ -221,7 +252,7 @@ def measure_of(target, entry: str, builtin: bool = False) -> Measure:
     if spec is None:
         raise MeasureError(
             f"measure {entry!r}: {target!r} is not a measure; decorate it with "
-            "@anisweep.measures.registry.table_measure or @stream_measure (docs/measures.md)"
+            "@anisweep.measures.registry.table_measure, @stream_measure or @weight_measure (docs/measures.md)"
         )
     measure = Measure(target=target, entry=entry, builtin=builtin, **spec)
     check_declaration(measure)
@@ -240,6 +271,15 @@ def check_declaration(measure: Measure) -> None:
             )
         if len(inspect.signature(measure.target).parameters) != 1:
             raise MeasureError(f"{where}: a table measure takes one argument, the checkpoint's tables")
+    elif measure.kind == "weight":
+        unknown = sorted(set(measure.tensors) - set(WEIGHT_ROLES))
+        if unknown or not measure.tensors:
+            raise MeasureError(
+                f"{where}: tensors={list(measure.tensors)}: name the roles of the tensors it reads, of "
+                f"{list(WEIGHT_ROLES)}"
+            )
+        if len(inspect.signature(measure.target).parameters) != 1:
+            raise MeasureError(f"{where}: a weight measure takes one argument, the checkpoint's weights")
     else:
         if not measure.sites:
             raise MeasureError(f"{where}: sites=(): name the sites it listens at (docs/measures.md)")

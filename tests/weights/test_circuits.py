@@ -1,0 +1,243 @@
+"""The built-in weight measure `circuits` against brute force on tiny models of every family: each head's scores
+and logits over the whole vocabulary computed through the model's own modules (its norms, its projections run on
+the embeddings, its output projection on one head's values at a time, its output embeddings), then every metric
+from those full matrices with numpy; and a planted copying, self-attending head that the measure must find."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from transformers import (
+    BertForMaskedLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPTNeoXForCausalLM,
+    LlamaForCausalLM,
+    Olmo2ForCausalLM,
+    OlmoForCausalLM,
+)
+
+from anisweep.checkpoints.base import Checkpoint
+from anisweep.measures.circuits import circuit_tables
+from anisweep.measures.registry import MeasureError, measure_of, weight_measure
+from anisweep.weights.run import open_weights, run_weight_measure
+
+from conftest import bert_config, gpt2_config, llama_config, neox_config, olmo2_config, olmo_config, saved
+
+FAMILIES = {
+    "bert": (BertForMaskedLM, bert_config, True),
+    "gpt_neox": (GPTNeoXForCausalLM, neox_config, False),
+    "llama": (LlamaForCausalLM, llama_config, False),
+    "olmo": (OlmoForCausalLM, olmo_config, False),
+    "olmo2": (Olmo2ForCausalLM, olmo2_config, False),
+    "gpt2": (GPT2LMHeadModel, gpt2_config, True),
+}
+
+
+def checkpoint(path) -> Checkpoint:
+    return Checkpoint(family="local", model="m", step=3, tokens_seen=30, seed=0, path=str(path))
+
+
+def zero_biases(model):
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") and ("attn" in name or "attention" in name):
+                p.zero_()
+    return model
+
+
+def parts(model, family: str, layer: int):
+    """(norm before the attention, q/k/v of a batch as (V, heads, d_head) each, the output projection, the
+    final norm's gain) through the model's own modules."""
+    c = model.config
+    if family == "bert":
+        block = model.bert.encoder.layer[layer].attention
+        norm = model.bert.embeddings.LayerNorm if layer == 0 else model.bert.encoder.layer[layer - 1].output.LayerNorm
+        proj = (block.self.query, block.self.key, block.self.value)
+        return (
+            norm,
+            lambda x: [m(x) for m in proj],
+            block.output.dense,
+            model.cls.predictions.transform.LayerNorm.weight,
+        )
+    if family == "gpt_neox":
+        block = model.gpt_neox.layers[layer]
+        h, dh = c.num_attention_heads, c.hidden_size // c.num_attention_heads
+
+        def qkv(x):
+            return [
+                t.reshape(len(x), -1) for t in block.attention.query_key_value(x).view(len(x), h, 3 * dh).split(dh, -1)
+            ]
+
+        return block.input_layernorm, qkv, block.attention.dense, model.gpt_neox.final_layer_norm.weight
+    if family == "gpt2":
+        block = model.transformer.h[layer]
+        return (
+            block.ln_1,
+            lambda x: list(block.attn.c_attn(x).split(c.n_embd, -1)),
+            block.attn.c_proj,
+            model.transformer.ln_f.weight,
+        )
+    block = model.model.layers[layer]
+    attn = block.self_attn
+    rep = c.num_attention_heads // (c.num_key_value_heads or c.num_attention_heads)
+    dh = c.hidden_size // c.num_attention_heads
+
+    def expand(t):  # key/value heads repeated for the query heads that share them, as transformers' repeat_kv
+        return t.view(len(t), -1, dh).repeat_interleave(rep, 1).reshape(len(t), -1)
+
+    if family == "olmo2":
+        eps = c.rms_norm_eps
+
+        def norm(x):
+            return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+        def qkv(x):
+            return [
+                attn.q_proj(x) * attn.q_norm.weight,
+                expand(attn.k_proj(x) * attn.k_norm.weight),
+                expand(attn.v_proj(x)),
+            ]
+
+        return norm, qkv, attn.o_proj, model.model.norm.weight
+    final = getattr(model.model.norm, "weight", None)
+    qkv = lambda x: [attn.q_proj(x), expand(attn.k_proj(x)), expand(attn.v_proj(x))]  # noqa: E731
+    return block.input_layernorm, qkv, attn.o_proj, final
+
+
+def brute(model, family: str) -> dict:
+    """{(layer, head): metrics} from the full vocabulary x vocabulary matrices."""
+    model = zero_biases(model).double().eval()
+    c = model.config
+    n_layers, n_heads = c.num_hidden_layers, c.num_attention_heads
+    d = c.hidden_size
+    dh = d // n_heads
+    out = {}
+    with torch.no_grad():
+        e = model.get_input_embeddings().weight
+        u = model.get_output_embeddings().weight
+        for layer in range(n_layers):
+            norm, qkv, o_proj, gain = parts(model, family, layer)
+            ug = u * gain if gain is not None else u
+            x = norm(e)
+            q, k, v = (t.view(len(x), n_heads, dh) for t in qkv(x))
+            eye_q, eye_k, eye_v = (t.view(d, n_heads, dh) for t in qkv(torch.eye(d, dtype=torch.float64)))
+            bias = o_proj(torch.zeros(1, d, dtype=torch.float64))
+            for h in range(n_heads):
+                s = (q[:, h] @ k[:, h].T / np.sqrt(dh)).numpy()
+                z = torch.zeros(len(x), n_heads, dh, dtype=torch.float64)
+                z[:, h] = v[:, h]
+                writes = o_proj(z.reshape(len(x), d)) - bias
+                logits = (writes @ ug.T).numpy()  # (input, output)
+                w_qk = (eye_q[:, h] @ eye_k[:, h].T).numpy()  # x^T W_QK y
+                ze = torch.zeros(d, n_heads, dh, dtype=torch.float64)
+                ze[:, h] = eye_v[:, h]
+                w_ov_t = (o_proj(ze.reshape(d, d)) - bias).numpy()  # row i: the write of e_i
+                own = np.diag(s)[:, None]
+                rank = (s > own).sum(1)
+                eig = np.linalg.eigvals(logits.T)  # the OV circuit: output x input
+                out[(layer, h)] = {
+                    "qk_self_rank": rank.mean() / (len(s) - 1),
+                    "qk_self_top": (rank == 0).mean(),
+                    "qk_symmetric_share": (((w_qk + w_qk.T) / 2) ** 2).sum() / (w_qk**2).sum(),
+                    "ov_copying": (logits.argmax(1) == np.arange(len(logits))).mean(),
+                    "ov_positive_eigen": eig.real.sum() / np.abs(eig).sum(),
+                    "qk_sv": np.linalg.svd(w_qk, compute_uv=False)[:dh],
+                    "ov_sv": np.linalg.svd(w_ov_t, compute_uv=False)[:dh],
+                    "qk_top": (s.max(), *np.unravel_index(s.argmax(), s.shape)),
+                    "ov_top": (logits.max(), *np.unravel_index(logits.argmax(), logits.shape)),
+                }
+    return out
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_circuits_match_brute_force(tmp_path, family):
+    cls, config, tied = FAMILIES[family]
+    path = saved(tmp_path, cls, config(), family)
+    model = cls.from_pretrained(path)
+    weights = open_weights(checkpoint(path))
+    rows, pairs = circuit_tables(weights)
+    expected = brute(model, family)
+    got = {(r.get("layer"), r.get("head"), r["metric"], r.get("rank")): r["value"] for r in rows}
+    assert got[(None, None, "tied_embeddings", None)] == float(tied)
+    assert got[(None, None, "probe_tokens", None)] == model.config.vocab_size
+    for (layer, head), want in expected.items():
+        for metric in ("qk_self_rank", "qk_self_top", "qk_symmetric_share", "ov_copying", "ov_positive_eigen"):
+            # the brute eigenvalues of the rank-d_head vocabulary x vocabulary circuit include ~1e-9 noise for its zeros
+            tolerance = 1e-6 if metric == "ov_positive_eigen" else 1e-9
+            assert got[(layer, head, metric, None)] == pytest.approx(want[metric], abs=tolerance), (layer, head, metric)
+        for name in ("qk", "ov"):
+            sv = [got[(layer, head, f"{name}_singular_value", r + 1)] for r in range(len(want[f"{name}_sv"]))]
+            np.testing.assert_allclose(sv, want[f"{name}_sv"], rtol=1e-9, atol=1e-12)
+        for kind in ("qk", "ov"):
+            top = next(p for p in pairs if (p["layer"], p["head"], p["kind"], p["rank"]) == (layer, head, kind, 1))
+            score, src, dst = want[f"{kind}_top"]
+            assert (top["score"], top["src_id"], top["dst_id"]) == (
+                pytest.approx(score, rel=1e-6),
+                src,
+                dst,
+            )  # RMSNorms run in float32
+
+
+def test_planted_copying_head_is_found(tmp_path):
+    """Layer 0 of a one-head GPT-2 made to copy (W_V = W_O = I) and to attend to itself (W_Q = W_K = I), over
+    centred unit embeddings and plain LayerNorms: every token attends most to itself and promotes itself, and the
+    OV circuit (E E^T) has only non-negative eigenvalues; layer 1, left random, does neither."""
+    config = GPT2Config(vocab_size=60, n_embd=32, n_layer=2, n_head=1, n_positions=32)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config)
+    with torch.no_grad():
+        e = torch.randn(60, 32)
+        e = e - e.mean(1, keepdim=True)
+        model.transformer.wte.weight.copy_(e / e.norm(dim=1, keepdim=True))
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.fill_(1.0)
+                module.bias.zero_()
+        attn = model.transformer.h[0].attn
+        attn.c_attn.weight.copy_(torch.eye(32).repeat(1, 3))
+        attn.c_proj.weight.copy_(torch.eye(32))
+    model.save_pretrained(tmp_path / "planted")
+    rows, _ = circuit_tables(open_weights(checkpoint(tmp_path / "planted")))
+    got = {(r.get("layer"), r["metric"]): r["value"] for r in rows if r.get("rank") is None}
+    assert got[(0, "qk_self_top")] == 1.0 and got[(0, "qk_self_rank")] == 0.0
+    assert got[(0, "ov_copying")] == 1.0
+    assert got[(0, "ov_positive_eigen")] == pytest.approx(1.0, abs=1e-9)
+    assert got[(0, "qk_symmetric_share")] == pytest.approx(1.0)
+    assert got[(1, "ov_copying")] < 0.5 and got[(1, "qk_self_top")] < 0.5
+
+
+def test_weight_measure_reads_only_the_roles_it_names(tmp_path):
+    path = saved(tmp_path, GPTNeoXForCausalLM, neox_config(), "n")
+
+    @weight_measure(tensors=["embedding"])
+    def embedding_norm(weights):
+        """Mean norm of the token embeddings."""
+        return [{"metric": "embedding_norm", "value": float(weights.embedding().norm(dim=1).mean())}]
+
+    @weight_measure(tensors=["embedding"])
+    def greedy(weights):
+        """Reads the unembedding without declaring it."""
+        return [{"metric": "x", "value": float(weights.unembedding().sum())}]
+
+    measure = measure_of(embedding_norm, "test:embedding_norm")
+    weights = open_weights(checkpoint(path), measure.tensors)
+    df = run_weight_measure(measure, checkpoint(path), weights)
+    assert df["measure"].to_list() == ["embedding_norm"] and df["step"].to_list() == [3]
+    assert weights.read == ["gpt_neox.embed_in.weight"]
+    with pytest.raises(MeasureError, match=r"greedy.*reads 'unembedding' but declares tensors=\['embedding'\]"):
+        run_weight_measure(measure_of(greedy, "test:greedy"), checkpoint(path))
+
+
+def test_weight_measure_declaration_errors():
+    def bad(weights):
+        return []
+
+    with pytest.raises(MeasureError, match=r"tensors=\['W_Q'\]: name the roles"):
+        measure_of(weight_measure(tensors=["W_Q"])(bad), "test:bad")
+    with pytest.raises(MeasureError, match=r"tensors=\[\]: name the roles"):
+        measure_of(weight_measure(bad), "test:bad")

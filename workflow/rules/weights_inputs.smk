@@ -1,0 +1,30 @@
+# The weight measures' constants and input functions (their rules: workflow/rules/weights.smk).
+from anisweep.measures.registry import BUILTIN_WEIGHT
+
+WEIGHT_MEASURES = {name: m for name, m in MEASURES.items() if m.kind == "weight"}
+WEIGHTS_CODE = code_inputs("measures.circuits", "weights.run")
+LENS_FIGURES = ("logit_lens.png",)
+if WEIGHT_MEASURES and LIVE_MODELS:
+    raise WorkflowError(
+        f"config: weight measures {sorted(WEIGHT_MEASURES)} read saved weights, which the live models {LIVE_MODELS} "
+        "have none of: sweep their saved checkpoints (live: false)"
+    )
+
+
+def has_weights(model):
+    """Whether the built-in weight measure runs for a model's checkpoints: on, and the model saved (not live)."""
+    return config["weights"]["enabled"] and model not in LIVE_MODELS
+
+
+def weight_tables(wildcards):
+    """metrics' input: the checkpoint's built-in weight measure's rows, where it has them."""
+    if not has_weights(wildcards.model):
+        return []
+    folder = f"results/{wildcards.family}/{wildcards.model}/step{wildcards.step}"
+    return [f"{folder}/weights.parquet", f"{folder}/logit_lens.parquet"]
+
+
+def weight_figures(family, model):
+    if not has_weights(model):
+        return []
+    return [f"results/{family}/{model}/figures/{name}" for name in (*BUILTIN_WEIGHT["circuits"], *LENS_FIGURES)]
