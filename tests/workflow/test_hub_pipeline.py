@@ -179,6 +179,11 @@ def write_config(world, path: Path, models: list[dict], **sections) -> Path:
         "extract": EXTRACT,
         "fetch": {"keep_weights": False, "retries": 1},
         "resources": {"extract_threads": 1},
+        # the tiny models stand for several steps each (pythia-70m step0 serves step143000's bytes, OLMo's branches
+        # main's): the audit of the grid flags them, and `keep` still analyses them, so that these tests see every
+        # family's checkpoints through extract, and the sweep's own check of extract's hashes
+        # (tests/workflow/test_audit_sweep.py runs the default, `skip`)
+        "audit": {"flagged": "keep"},
         **sections,
     }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -218,11 +223,7 @@ def sweep_run(world):
     """The workflow up to every sweep table on the hub and local models, weights temporary."""
     workdir = world["root"] / "work"
     workdir.mkdir()
-    # step0 serves step143000's bytes: the audit of the grid flags it, and `keep` still analyses it, so that the
-    # sweep's own check of the hashes extract took is tested too (tests/workflow/test_audit_sweep.py: `skip`)
-    configfile = write_config(
-        world, world["root"] / "config.yaml", HUB_MODELS + local_models(world), audit={"flagged": "keep"}
-    )
+    configfile = write_config(world, world["root"] / "config.yaml", HUB_MODELS + local_models(world))
     cache_before = tree_state(world["hf_home"])
     runs_before = tree_state(world["root"] / "runs")
     # a guard against a hung run, not a speed test: twelve checkpoints on cores that other jobs may share
@@ -408,12 +409,17 @@ def test_keep_weights_uses_the_cache_in_place(world):
 
 @pytest.mark.slow  # Snakemake runs on the offline hub
 def test_missing_revision_fails_naming_repo_and_revision(world):
-    """A revision the (offline) cache lacks stops the fetch at once; the log names repo and revision."""
+    """A revision the (offline) cache lacks stops the workflow before any job: the audit of the grid cannot see it;
+    swept unaudited, it stops the fetch at once, and the log names repo and revision."""
     workdir = world["root"] / "work-missing"
     workdir.mkdir()
-    configfile = write_config(
-        world, world["root"] / "missing.yaml", [{"family": "pythia", "name": "pythia-70m", "steps": [2000]}]
-    )
+    models = [{"family": "pythia", "name": "pythia-70m", "steps": [2000]}]
+    configfile = write_config(world, world["root"] / "missing.yaml", models)
+    done = snakemake(world, workdir, configfile, "results/pythia/pythia-70m/step2000/extract.json", timeout=300)
+    assert done.returncode != 0
+    assert "pythia/pythia-70m: steps 2000 could not be audited" in done.stdout + done.stderr
+    assert not (workdir / "logs" / "fetch").exists()
+    configfile = write_config(world, world["root"] / "missing.yaml", models, audit={"allow_unaudited": True})
     done = snakemake(world, workdir, configfile, "results/pythia/pythia-70m/step2000/extract.json", timeout=300)
     assert done.returncode != 0
     log = (workdir / "logs" / "fetch" / "pythia" / "pythia-70m" / "step2000.log").read_text()
