@@ -228,3 +228,39 @@ def test_token_kinds():
     assert kinds.describe(0, 9, False) == {"token_id": None, "token": None, "kind": "other"}
     blind = outlier_tables.TokenKinds(None, Config())
     assert blind.describe(0, 1, False)["kind"] == "other"
+
+
+@pytest.mark.parametrize("wait_free", [False, True])
+def test_vector_outlier_statistics_over_mini_batches_with_bad_tokens(wait_free):
+    """Both ways of summing (the CPU's branches, the GPU's masks): the square sums, max |x_j| and top tokens over
+    three mini-batches with padding, a NaN token, an inf token and a zero vector, against numpy on the valid finite
+    tokens; sequence numbers run on across mini-batches."""
+    from anisweep.extract.streaming import VectorStats
+
+    g = torch.Generator().manual_seed(3)
+    stats, kept, where = VectorStats(6), [], []
+    for b in range(3):
+        x = torch.randn(2, 5, 6, generator=g) * (1 + b)
+        valid = torch.rand(2, 5, generator=g) > 0.2
+        valid[:, 0] = True
+        if b == 1:
+            x[0, 2, 1], x[1, 3, 4], x[1, 1] = float("nan"), float("inf"), 0.0
+            valid[0, 2] = valid[1, 3] = valid[1, 1] = True
+        stats.add(VectorStats.partial(x, valid, wait_free=wait_free, outliers=True))
+        for seq in range(2):
+            for pos in range(5):
+                if valid[seq, pos] and torch.isfinite(x[seq, pos]).all():
+                    kept.append(x[seq, pos].double().numpy())
+                    where.append((2 * b + seq, pos))
+    kept = np.stack(kept)
+    norms = np.linalg.norm(kept, axis=1)
+    unit = kept[norms > 0] / norms[norms > 0, None]
+    np.testing.assert_allclose(stats.sum_x_sq.numpy(), (kept**2).sum(0), rtol=1e-6)
+    np.testing.assert_allclose(stats.sum_unit_sq.numpy(), (unit**2).sum(0), rtol=1e-6)
+    np.testing.assert_allclose(stats.abs_max.numpy(), np.abs(kept).max(0), rtol=1e-6)
+    top = stats.top_tokens()
+    order = np.argsort(-np.abs(kept).max(1), kind="stable")[:TOP_K]
+    np.testing.assert_allclose(top["value"], np.abs(kept).max(1)[order], rtol=1e-6)
+    assert list(zip(top["seq"], top["position"])) == [where[i] for i in order]
+    assert top["dim"] == np.abs(kept).argmax(1)[order].tolist()
+    assert top["first"] == [int(where[i][1] == 0) for i in order]
