@@ -9,10 +9,11 @@ Repositories are in memory, ``{repo_id: {branch: {filename: bytes}}}``, served u
 - ``GET  /api/models/{repo}[/revision/{revision}]``     -> the commit and the file list (``repo_info``,
   ``resolve_revision``, ``snapshot_download``)
 - ``HEAD|GET /{repo}/resolve/{revision}/{path}``        -> a file, with the Hub's headers (commit, etag = sha256 for
-  LFS files, size) (``hf_hub_download``)
+  LFS files, size) (``hf_hub_download``); a GET with ``Range: bytes=a-b`` gets those bytes alone (206)
 
 Every request is recorded (``hub.requests``: method and path), so a test can say what was downloaded and in
-which order. Use :func:`online_hub` to point huggingface_hub at it for one test::
+which order; ``hub.served`` records the bytes each GET of a file sent (path, bytes). Use :func:`online_hub` to
+point huggingface_hub at it for one test::
 
     hub = FakeHub({"EleutherAI/pythia-70m": {"step0": files_a, "main": files_b}})
     with hub.serving():
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
 import threading
 from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -68,6 +70,7 @@ class FakeHub:
         self.repos: dict[str, dict[str, dict[str, bytes]]] = {}
         self.commits: dict[str, dict[str, str]] = {}
         self.requests: list[tuple[str, str]] = []
+        self.served: list[tuple[str, int]] = []  # (path, bytes sent) of each GET on the resolve endpoint
         self._lock = threading.Lock()
         for repo_id, branches in repos.items():
             for branch, files in branches.items():
@@ -155,6 +158,9 @@ class FakeHub:
         handler.end_headers()
         if method != "HEAD":
             handler.wfile.write(payload)
+            if "/resolve/" in path:
+                with self._lock:
+                    self.served.append((path, len(payload)))
 
     def _repo_and_rest(self, path: str) -> tuple[str, str]:
         for repo_id in self.repos:
@@ -215,6 +221,11 @@ class FakeHub:
         out = {"X-Repo-Commit": commit, "ETag": f'"{etag}"', "Content-Type": "application/octet-stream"}
         if "lfs" in entry:
             out |= {"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(len(data))}
+        asked = re.fullmatch(r"bytes=(\d+)-(\d*)", (headers.get("Range") or "").strip())
+        if method == "GET" and asked:
+            start = int(asked[1])
+            stop = min(int(asked[2]) + 1 if asked[2] else len(data), len(data))
+            return 206, out | {"Content-Range": f"bytes {start}-{stop - 1}/{len(data)}"}, data[start:stop]
         return 200, out, data
 
 

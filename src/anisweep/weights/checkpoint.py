@@ -9,12 +9,15 @@ whether it is the embedding), `final_norm()`, `attention(layer)` (W_Q, W_K, W_V,
 
 from __future__ import annotations
 
+import re
 from functools import cached_property
 
 import torch
 
 from anisweep.measures.registry import MeasureError
 from anisweep.weights.layout import ROLES, Heads, Layout, Norm, Shapes, layout_for
+
+PER_LAYER = re.compile(r"\.\d+\.")  # a tensor of one layer: `...layers.3.attention...`
 
 
 class CheckpointWeights:
@@ -24,12 +27,20 @@ class CheckpointWeights:
         self.tokenizer_path = tokenizer_path
         self.identity = dict(identity or {})
         self.read: list[str] = []
+        self._kept: dict[str, torch.Tensor] = {}
         self.layout: Layout = layout_for(source.config, source.names(), self._get)
 
     def _get(self, name: str) -> torch.Tensor:
+        """One tensor from the source; those outside the layers (embeddings, final norm) kept once read, since several
+        roles read them (a layer's tensors are read once per layer)."""
+        if name in self._kept:
+            return self._kept[name]
         if name not in self.read:
             self.read.append(name)
-        return self.source.get(name)
+        tensor = self.source.get(name)
+        if not PER_LAYER.search(name):
+            self._kept[name] = tensor
+        return tensor
 
     def _allow(self, role: str) -> None:
         if self.allowed is not None and role not in self.allowed:

@@ -1,0 +1,162 @@
+"""A Hub checkpoint's tensors read by HTTP range requests, so that a weights-only sweep moves only the tensors its
+measures name.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header ({tensor: {dtype, shape,
+data_offsets}}) and the tensors' bytes: the source reads the length and the header (two range requests per file),
+then each tensor asked for by its own range, from the resolve URL of the pinned commit (huggingface_hub's endpoint,
+headers and token). config.json and the tokenizer files are downloaded (small) into the Hugging Face cache. Pickled
+``pytorch_model*.bin`` files cannot be read in part: each is downloaded whole (and cached), said once on stderr.
+Weight files the cache already holds for the commit are read there, moving nothing. `bytes_read` counts the bytes
+moved (headers included).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from pathlib import Path
+
+import torch
+
+from anisweep.checkpoints.base import Checkpoint
+from anisweep.weights.source import LocalSource, WeightsError, weight_files
+
+SMALL_FILES = (
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+    "tokenizer.model",
+)
+DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+class HubSource:
+    """The tensors of `repo_id` at `commit` (in `subfolder`), by range reads of its safetensors."""
+
+    def __init__(self, repo_id: str, commit: str, names: list[str], folder: Path, subfolder: str | None = None):
+        self.repo_id, self.commit, self.subfolder = repo_id, commit, subfolder
+        self.folder = folder  # the cache's snapshot folder holding config.json (and the tokenizer)
+        self.config = json.loads((folder / "config.json").read_text())
+        self.files = weight_files(names)
+        if not self.files:
+            raise WeightsError(f"{repo_id}@{commit}: no *.safetensors or pytorch_model*.bin weights")
+        self.bytes_read = 0
+        self._headers: dict[str, tuple[int, dict]] = {}
+        self._where: dict[str, str] | None = None
+        self._local: LocalSource | None = None
+
+    @property
+    def pickled(self) -> bool:
+        return not self.files[0].endswith(".safetensors")
+
+    def _path(self, name: str) -> str:
+        return f"{self.subfolder}/{name}" if self.subfolder else name
+
+    def _range(self, name: str, start: int, stop: int) -> bytes:
+        """Bytes [start, stop) of the file, by one range request."""
+        from huggingface_hub import get_session, hf_hub_url
+        from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+
+        url = hf_hub_url(self.repo_id, self._path(name), revision=self.commit)
+        headers = build_hf_headers() | {"Range": f"bytes={start}-{stop - 1}"}
+        response = get_session().get(url, headers=headers, follow_redirects=True)
+        hf_raise_for_status(response)
+        data = response.content
+        if response.status_code != 206 and len(data) != stop - start:
+            data = data[start:stop]  # a server that ignores ranges sent the whole file: counted as moved
+        self.bytes_read += len(response.content)
+        if len(data) != stop - start:
+            raise WeightsError(f"{self.repo_id}@{self.commit}/{self._path(name)}: short read at bytes {start}-{stop}")
+        return data
+
+    def header(self, name: str) -> tuple[int, dict]:
+        """(offset of the tensors' bytes, the JSON header) of one safetensors file."""
+        if name not in self._headers:
+            (length,) = struct.unpack("<Q", self._range(name, 0, 8))
+            self._headers[name] = (8 + length, json.loads(self._range(name, 8, 8 + length)))
+        return self._headers[name]
+
+    def _whole(self) -> LocalSource:
+        """The pickled files downloaded whole into the cache, read as a local folder."""
+        if self._local is None:
+            from huggingface_hub import hf_hub_download
+
+            print(
+                f"weights: {self.repo_id}@{self.commit} holds pickled .bin files, which cannot be read in part: "
+                "each is downloaded whole",
+                file=sys.stderr,
+            )
+            for name in self.files:
+                path = Path(hf_hub_download(self.repo_id, self._path(name), revision=self.commit))
+                self.bytes_read += path.stat().st_size
+            local = LocalSource(path.parent)
+            local._said = True  # said here, once
+            self._local = local
+        return self._local
+
+    def names(self) -> list[str]:
+        if self.pickled:
+            return self._whole().names()
+        if self._where is None:
+            self._where = {t: f for f in self.files for t in self.header(f)[1] if t != "__metadata__"}
+        return sorted(self._where)
+
+    def get(self, name: str) -> torch.Tensor:
+        if self.pickled:
+            return self._whole().get(name)
+        self.names()
+        if name not in self._where:
+            raise WeightsError(f"{self.repo_id}@{self.commit}: no tensor {name!r} in {', '.join(self.files)}")
+        file = self._where[name]
+        offset, header = self.header(file)
+        info = header[name]
+        start, stop = info["data_offsets"]
+        if info["dtype"] not in DTYPES:
+            raise WeightsError(f"{name}: safetensors dtype {info['dtype']} is not one of {sorted(DTYPES)}")
+        data = bytearray(self._range(file, offset + start, offset + stop))
+        return (
+            torch.frombuffer(data, dtype=DTYPES[info["dtype"]]).reshape(info["shape"])
+            if data
+            else torch.empty(info["shape"], dtype=DTYPES[info["dtype"]])
+        )
+
+
+def hub_source(ckpt: Checkpoint):
+    """(source, tokenizer folder) of a Hub checkpoint: its weight files read in the cache where it holds them all for
+    the commit, else by range reads; config.json and the tokenizer downloaded (small)."""
+    from huggingface_hub import HfApi, snapshot_download, try_to_load_from_cache
+
+    info = HfApi().model_info(ckpt.repo_id, revision=ckpt.commit or ckpt.revision)
+    commit = info.sha
+    sub = ckpt.subfolder
+    names = [s.rfilename for s in info.siblings or []]
+    inside = [n[len(sub) + 1 :] for n in names if n.startswith(f"{sub}/")] if sub else names
+    wanted = [p for f in SMALL_FILES for p in ((f"{sub}/{f}", f) if sub else (f,)) if p in names]
+    root = Path(snapshot_download(ckpt.repo_id, revision=commit, allow_patterns=wanted))
+    folder = root / sub if sub else root
+    if not (folder / "config.json").is_file():
+        raise WeightsError(f"{ckpt.key}: {ckpt.repo_id}@{commit} has no config.json{f' in {sub}/' if sub else ''}")
+    tokenizer = next((p for p in (folder, root) if any((p / f).is_file() for f in SMALL_FILES[1:])), None)
+    files = weight_files(inside)
+    cached = [try_to_load_from_cache(ckpt.repo_id, f"{sub}/{f}" if sub else f, revision=commit) for f in files]
+    if files and all(isinstance(c, str) for c in cached):
+        return LocalSource(Path(cached[0]).parent), tokenizer
+    return HubSource(ckpt.repo_id, commit, inside, folder, sub), tokenizer
