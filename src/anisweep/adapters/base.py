@@ -234,6 +234,9 @@ class Adapter:
     #: the `attention_mask` transformers passes the attention function is an additive score bias (BEiT's relative
     #: positions), never a padding mask
     mask_is_bias: bool = False
+    #: the attention module multiplies q by its `scaling` before the attention interface and passes scaling 1
+    #: (Whisper): the recording function divides it back out, so that q is the projection's, as for every model
+    query_prescaled: bool = False
     #: the attention implementation the model loads with: None for the recording function (`anisweep`); "eager" for
     #: a model whose attention never calls it (then `own_attention` names the modules the recorder hooks)
     attn_implementation: str | None = None

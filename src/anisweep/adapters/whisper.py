@@ -13,8 +13,8 @@ block i - 1; `ln_attn` (`self_attn_layer_norm`) and `ln_mlp` (`final_layer_norm`
 the encoder's `layer_norm` after the last block.
 
 Attention. Whisper multiplies q by d_head^-0.5 as it leaves `q_proj` and calls the attention interface with
-`scaling` 1. The model loads with `anisweep_prescaled`, which divides the scale back out of q before the recording
-function sees it: the q means and norms are `q_proj`'s output, as for every other architecture, and the scores
+`scaling` 1. The adapter says so (`query_prescaled`): the recording function divides the scale back out of q before
+it records anything: the q means and norms are `q_proj`'s output, as for every other architecture, and the scores
 q.k * d_head^-0.5 the same. The encoder's attention modules have no `layer_idx`: `attention_sites` names them.
 
 The DECODER reads the model's own greedy continuation of `<|startoftranscript|>`: `DECODER_TOKENS` tokens (at most
@@ -30,31 +30,10 @@ cross-attention (queries from the decoder's tokens, keys from the encoder's 1500
 
 from __future__ import annotations
 
-from functools import cache
-
 from anisweep.adapters.base import Adapter, AttentionSite, Geometry, LayerNormSite, ResidSite
 
-PRESCALED_ATTENTION = "anisweep_prescaled"
 DECODER_TOKENS = 32  # the decoder's positions per clip (at most the model's max_target_positions)
 DECODE_CLIPS = 4  # clips decoded together: the encoder's eager attention maps are clips x heads x 1500^2 floats
-
-
-def prescaled_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """The recording attention function for a module that scaled q itself (`module.scaling`) and passes `scaling`
-    1: q unscaled again, and the module's scale given to the recorder."""
-    from anisweep.extract.recorder import attention_forward
-
-    return attention_forward(
-        module, query / module.scaling, key, value, attention_mask, scaling=module.scaling, dropout=dropout, **kwargs
-    )
-
-
-@cache
-def register_prescaled_attention() -> str:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(PRESCALED_ATTENTION, prescaled_attention)
-    return PRESCALED_ATTENTION
 
 
 class InputOf:
@@ -73,10 +52,7 @@ class WhisperAdapter(Adapter):
     architectures = ("WhisperModel", "WhisperForConditionalGeneration")
     modality = "audio"
 
-    @property
-    def attn_implementation(self) -> str:
-        """Registered with transformers when the model is about to load (the adapters import without it)."""
-        return register_prescaled_attention()
+    query_prescaled = True  # q arrives multiplied by the module's `scaling`, the interface told scaling 1
 
     def geometry(self, config) -> Geometry:
         n_enc, n_dec = config.encoder_layers, config.decoder_layers

@@ -47,6 +47,8 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     """
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     recorder = _ACTIVE.get()
+    if recorder.query_prescaled:  # Whisper: q * module.scaling arrives, with scaling 1
+        query, scaling = query / module.scaling, module.scaling
     layer, cross = recorder.layer_of(module)
     bias = kwargs.get("position_bias")
     if bias is None and recorder.mask_is_bias:  # BEiT's relative position bias, passed as the mask
@@ -137,6 +139,7 @@ class Recorder:
     stream: StreamMeasures | None = None  # the user's stream measures (anisweep.extract.stream_measures)
     attention_sites: list = field(default_factory=list)  # the adapter's AttentionSites (Hooks sets them)
     mask_is_bias: bool = False  # the adapter's: the mask transformers passes is a score bias (BEiT); Hooks sets it
+    query_prescaled: bool = False  # the adapter's: q arrives scaled, with scaling 1 (Whisper); Hooks sets it
     #: (sequences, sample_tokens, seed) of the evaluation batch: the draw of a site on positions of its own (_grid)
     grid_sampling: tuple[int, int, int] = (0, 0, 0)
     valid: torch.Tensor = field(init=False)
@@ -423,6 +426,7 @@ class Hooks:
         self.handles = []
         recorder.attention_sites = adapter.attention_sites(base)
         recorder.mask_is_bias = adapter.mask_is_bias
+        recorder.query_prescaled = adapter.query_prescaled
         calls = {}  # per (kind, module): what each of its applications in one forward records, in order
         for site in adapter.resid_sites(base):
             recorder.reserve(site.layer, site.site, site.width)
