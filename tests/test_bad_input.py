@@ -504,15 +504,15 @@ def test_a_table_cut_short_by_an_earlier_run_is_named_with_what_to_do(tmp_path):
 
     folder = tmp_path / "results" / "toy" / "t" / "step0"
     folder.mkdir(parents=True)
-    qk = folder / "qk.parquet"
-    pl.DataFrame({"layer": [0, 1]}).write_parquet(qk)
-    assert read_parquet(qk)["layer"].to_list() == [0, 1]
-    cut_short(qk)
+    table = folder / "hidden_stats.parquet"  # the first table read: every model has one (a CNN has no q/k rows)
+    pl.DataFrame({"layer": [0, 1]}).write_parquet(table)
+    assert read_parquet(table)["layer"].to_list() == [0, 1]
+    cut_short(table)
     with pytest.raises(DamagedTable) as error:
         checkpoint_metrics(folder)
     message = str(error.value)
-    assert message.startswith(f"{qk} is not a whole Parquet file (parquet: ") and "PAR1" in message
-    assert f"Delete it (rm {qk}) and rerun" in message and "(the extract rule makes it)" in message
+    assert message.startswith(f"{table} is not a whole Parquet file (parquet: ") and "PAR1" in message
+    assert f"Delete it (rm {table}) and rerun" in message and "(the extract rule makes it)" in message
 
 
 @pytest.mark.parametrize("table", ["metrics", "sweep"])
