@@ -241,3 +241,31 @@ def test_weight_measure_declaration_errors():
         measure_of(weight_measure(tensors=["W_Q"])(bad), "test:bad")
     with pytest.raises(MeasureError, match=r"tensors=\[\]: name the roles"):
         measure_of(weight_measure(bad), "test:bad")
+
+
+def test_the_docs_weight_measure_example(tmp_path, monkeypatch):
+    """docs/measures.md's qk_norm on a grouped-query Llama: each head's ||W_Q^T W_K||_F from its own projections."""
+    import sys
+
+    from docs_measures import docs_package
+
+    from anisweep.measures.registry import load
+
+    monkeypatch.syspath_prepend(str(docs_package(tmp_path / "pkg")))
+    try:
+        measure = load("mymeasures.weights:qk_norm")
+        path = saved(tmp_path, LlamaForCausalLM, llama_config(), "llama")
+        df = run_weight_measure(measure, checkpoint(path))
+    finally:
+        for module in [m for m in sys.modules if m == "mymeasures" or m.startswith("mymeasures.")]:
+            del sys.modules[module]
+    assert (measure.kind, measure.tensors) == ("weight", ("attention",))
+    model = LlamaForCausalLM.from_pretrained(path)
+    c = model.config
+    dh, rep = c.hidden_size // c.num_attention_heads, c.num_attention_heads // c.num_key_value_heads
+    got = {(r["layer"], r["head"]): r["value"] for r in df.iter_rows(named=True)}
+    for layer, block in enumerate(model.model.layers):
+        wq, wk = block.self_attn.q_proj.weight.double(), block.self_attn.k_proj.weight.double()
+        for h in range(c.num_attention_heads):
+            q, k = wq[h * dh : (h + 1) * dh], wk[(h // rep) * dh : (h // rep + 1) * dh]
+            assert got[(layer, h)] == pytest.approx(float(torch.linalg.matrix_norm(q.T @ k)), rel=1e-12)

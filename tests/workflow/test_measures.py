@@ -86,9 +86,11 @@ def test_both_measures_land_in_the_tables_figures_and_glossary(swept):
     assert rank.height == len(STEPS) * (TINY["toy"]["toy-neox"]["n_layers"] + 1)
     n_heads, n_layers = TINY["toy"]["toy-neox"]["n_heads"], TINY["toy"]["toy-neox"]["n_layers"]
     assert norm.height == len(STEPS) * n_layers * n_heads and set(norm["site"]) == {"attention_output"}
+    qk_norm = sweep.filter(pl.col("measure") == "qk_norm")  # the weight measure, from the weights alone
+    assert qk_norm.height == len(STEPS) * n_layers * n_heads and (qk_norm["value"] > 0).all()
     metrics = pl.read_parquet(workdir / NEOX / "step8" / "metrics.parquet")
     assert {"effective_rank", "attention_output_norm", "attention"} <= set(metrics["measure"])
-    for name in ("effective_rank", "attention_output_norm"):
+    for name in ("effective_rank", "attention_output_norm", "qk_norm"):
         assert (workdir / NEOX / "figures" / f"measure_{name}.png").stat().st_size > 10_000
     glossary = (workdir / "results" / "glossary.md").read_text()
     assert (
@@ -99,6 +101,7 @@ def test_both_measures_land_in_the_tables_figures_and_glossary(swept):
         "| `attention_output_norm` | stream | `attention_output` | `measure_attention_output_norm.png` | Mean L2 norm"
         in glossary
     )
+    assert "| `qk_norm` | weight | `attention` | `measure_qk_norm.png` | Frobenius norm of each head's W_QK" in glossary
 
 
 def test_editing_a_measure_reruns_exactly_its_jobs(swept, installed):
@@ -107,20 +110,27 @@ def test_editing_a_measure_reruns_exactly_its_jobs(swept, installed):
     reruns)."""
     workdir, config = swept
     rank, heads = installed / "mymeasures" / "rank.py", installed / "mymeasures" / "heads.py"
-    original = rank.read_text(), heads.read_text()
+    weights = installed / "mymeasures" / "weights.py"
+    original = rank.read_text(), heads.read_text(), weights.read_text()
+    after_metrics = {
+        "metrics": len(STEPS),
+        "sweep": 1,
+        "plot_measure": 3,  # each measure's figure reads the sweep
+        "plot_model": 1,
+        "plot_family": 1,
+        "plot_spectra": 1,
+        "plot_survey": 1,
+        "plot_circuits": 1,
+        "plot_logit_lens": 1,
+        "glossary": 1,
+    }
     try:
         rank.write_text(original[0] + "\n# edited\n")
-        assert planned(workdir, installed, config) == {
-            "table_measure": len(STEPS),
-            "metrics": len(STEPS),
-            "sweep": 1,
-            "plot_measure": 2,  # each measure's figure reads the sweep
-            "plot_model": 1,
-            "plot_family": 1,
-            "plot_spectra": 1,
-            "plot_survey": 1,
-            "glossary": 1,
-        }
+        assert planned(workdir, installed, config) == {"table_measure": len(STEPS), **after_metrics}
+        rank.write_text(original[0])
+        weights.write_text(original[2] + "\n# edited\n")  # a weight measure: its jobs read the weights, no model runs
+        assert planned(workdir, installed, config) == {"weight_measure": len(STEPS), **after_metrics}
+        weights.write_text(original[2])
         rank.write_text(original[0])
         heads.write_text(original[1] + "\n# edited\n")
         plan = planned(workdir, installed, config)
@@ -130,6 +140,7 @@ def test_editing_a_measure_reruns_exactly_its_jobs(swept, installed):
     finally:
         rank.write_text(original[0])
         heads.write_text(original[1])
+        weights.write_text(original[2])
 
 
 def test_the_same_code_installed_elsewhere_reruns_nothing(swept, installed, tmp_path):

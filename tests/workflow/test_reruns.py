@@ -203,6 +203,11 @@ def test_growing_the_sweep_schedules_only_the_new_checkpoints(run):
         ("measures/rogue.py", {"metrics": 3, "sweep": 1, "plot_model": 1, "plot_family": 1}, ()),
         ("measures/sinks.py", {"metrics": 3, "sweep": 1, "plot_model": 1, "plot_family": 1}, ()),
         ("plots/outliers.py", {"plot_model": 1, "plot_family": 1}, ("metrics", "sweep")),
+        # the weight measures and the logit lens read the weights (never a forward pass) and extract's Parquet
+        ("measures/circuits.py", {"weights": 3, "metrics": 3, "sweep": 1, "plot_circuits": 1}, ("logit_lens",)),
+        ("weights/layout.py", {"weights": 3, "logit_lens": 3, "metrics": 3, "plot_logit_lens": 1}, ()),
+        ("measures/logit_lens.py", {"logit_lens": 3, "metrics": 3, "plot_logit_lens": 1}, ("weights",)),
+        ("plots/circuits.py", {"plot_circuits": 1, "plot_logit_lens": 1}, ("metrics", "sweep", "weights")),
     ],
 )
 def test_analysis_code_reruns_metrics_and_figures_never_extract(run, module, reruns, never):
@@ -316,6 +321,8 @@ def _set(section: str, **values):
         (_set("gradients", fit_window=[0, 8]), {"gradient_fixed_bases": 1, "gradient_fixed_shares": 1}),
         (_set("gradients", enabled=False), {"metrics": 2, "sweep": 1}),
         (_set("qk_svd", fraction=0.5), {"qk_svd": 1}),
+        (lambda c: c.update(weights={"probe_tokens": 16}), {"weights": 3, "metrics": 3, "sweep": 1}),
+        (lambda c: c.update(weights={"enabled": False}), {"metrics": 3, "sweep": 1}),
         # what changes the model runs: those checkpoints alone
         (_set("gradients", steps=[0, 8, 32]), {"fetch": 1, "extract": 1, "gradients": 1}),
         (_set("gradients", layers=[0, 1]), {"fetch": 2, "extract": 2, "gradients": 2}),
@@ -340,6 +347,8 @@ def _set(section: str, **values):
         "fit-window",
         "gradients-off",
         "qk-svd",
+        "weights-probe-tokens",
+        "weights-off",
         "new-gradient-step",
         "gradient-layers",
         "embedding-tokens",
