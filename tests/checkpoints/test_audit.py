@@ -274,3 +274,34 @@ def test_offline_the_caches_refs_come_before_the_previous_audits(hub, monkeypatc
     assert by_step(again)[3000]["commit"] == hub.commits[REPO]["step3000"] != by_step(table)[3000]["commit"]
     assert by_step(again)[3000]["status"] == "ok" and by_step(again)[3000]["source"] == "cache"
     assert by_step(again)[1000]["status"] == "partial"  # known from the previous audit, not in the cache
+
+
+def test_the_plan_of_a_run_skips_or_keeps_the_flagged_steps(hub, tmp_path):
+    import io
+
+    from anisweep.checkpoints.sweep_audit import plan
+
+    chosen = checkpoints([0, 1000, 2000, 3000])
+    out = io.StringIO()
+    skip = plan(chosen, {"flagged": "skip"}, tmp_path / "results", stderr=out)
+    assert sorted(skip.skipped) == ["pythia/pythia-70m/step0", "pythia/pythia-70m/step2000"]
+    assert skip.flagged_steps("pythia", "pythia-70m") == [0, 2000]
+    assert sorted(skip.hashes) == ["pythia/pythia-70m/step1000", "pythia/pythia-70m/step3000"]  # checked at fetch
+    assert "audit: pythia/pythia-70m: 154 published steps" in out.getvalue()
+    assert (tmp_path / "results" / "pythia" / "pythia-70m" / "grid.parquet").is_file()
+    keep = plan(chosen, {"flagged": "keep"}, tmp_path / "results", stderr=io.StringIO())
+    assert keep.skipped == {} and "pythia/pythia-70m/step0" in keep.hashes
+    assert plan(chosen, {"enabled": False}, tmp_path / "other").grids == {}
+    with pytest.raises(AuditError, match=r"pythia/pythia-70m: every step of the config is flagged .*0: duplicate"):
+        plan(checkpoints([0]), {"flagged": "skip"}, tmp_path / "results", stderr=io.StringIO())
+
+
+def test_a_job_reads_the_runs_table_and_asks_the_hub_nothing(hub, tmp_path):
+    import io
+
+    from anisweep.checkpoints.sweep_audit import plan
+
+    plan(checkpoints([0, 1000]), {}, tmp_path / "results", stderr=io.StringIO())
+    hub.requests.clear()
+    again = plan(checkpoints([0, 1000]), {}, tmp_path / "results", stderr=io.StringIO(), refresh=False)
+    assert hub.requests == [] and sorted(again.skipped) == ["pythia/pythia-70m/step0"]
