@@ -272,7 +272,7 @@ def _with_audit(sweep, grid_file: str, flagged_steps: list[int], seed: int | Non
 def cmd_audit(args) -> None:
     import yaml
 
-    from anisweep.checkpoints.audit import audit_model, grid_path, health, read_grid, write_grid
+    from anisweep.checkpoints.audit import AuditError, audit_model, grid_path, health, read_grid, write_grid
     from anisweep.checkpoints.catalogue import resolve
 
     entry = {"family": args.family, "name": args.name, "steps": "all"}
@@ -287,6 +287,11 @@ def cmd_audit(args) -> None:
         raise ValueError(f"{args.family}/{args.name} is not on the Hub: there is no published grid to audit")
     path = grid_path(args.results, args.family, args.name)
     table, notes = audit_model(checkpoints, previous=read_grid(path))
+    if set(table["status"]) == {"unchecked"}:
+        raise AuditError(
+            f"{args.family}/{args.name}: nothing of its grid could be audited ({'; '.join(notes)}): connect to the "
+            "network (HF_HUB_OFFLINE unset) and run again"
+        )
     written = write_grid(table, path) if not args.no_write else False
     print("\n".join(health(table, notes, [c.step for c in checkpoints] if args.config else None)))
     print(f"{path}: {'written' if written else 'unchanged' if path.exists() else 'not written'}")

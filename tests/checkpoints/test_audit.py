@@ -305,3 +305,13 @@ def test_a_job_reads_the_runs_table_and_asks_the_hub_nothing(hub, tmp_path):
     hub.requests.clear()
     again = plan(checkpoints([0, 1000]), {}, tmp_path / "results", stderr=io.StringIO(), refresh=False)
     assert hub.requests == [] and sorted(again.skipped) == ["pythia/pythia-70m/step0"]
+
+
+def test_the_audit_command_with_nothing_to_audit_is_an_error(monkeypatch, tmp_path, capsys):
+    from anisweep.cli import main
+
+    offline_hub(monkeypatch, tmp_path / "empty")
+    assert main(["audit", "pythia", "pythia-70m", "--results", str(tmp_path / "results")]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("AuditError: pythia/pythia-70m: nothing of its grid could be audited (HF_HUB_OFFLINE is set")
+    assert not (tmp_path / "results").exists()
