@@ -114,3 +114,30 @@ def test_pickled_bin_falls_back_to_the_whole_file_said_once(tmp_path, monkeypatc
     assert err.count("cannot be read in part") == 1, err
     local = circuit_tables(open_weights(Checkpoint("local", "m", 1000, 1, None, path=str(tmp_path / "bin"))))[0]
     assert rows == local
+
+
+@pytest.mark.parametrize("shards", [None, "60KB"], ids=["one-file", "sharded"])
+def test_offline_the_cache_is_read_in_place_and_online_shards_by_ranges(tmp_path, monkeypatch, shards):
+    """Offline (the workflow's tests, a cluster node): the Hugging Face cache's snapshot is read where it lies, with
+    its tokenizer; online, a sharded checkpoint's tensors are read by ranges of each shard. Both give the local
+    folder's numbers."""
+    from hubcache import build_hub_cache, offline_hub, save_tiny_pythia
+
+    folder = save_tiny_pythia(tmp_path / "pythia", max_shard_size=shards)
+    assert len([f for f in folder.iterdir() if f.suffix == ".safetensors"]) == (3 if shards else 1)
+    local = circuit_tables(open_weights(Checkpoint("local", "m", 1000, 1, None, path=str(folder))))
+    with monkeypatch.context() as m:
+        build_hub_cache(tmp_path / "hf", REPO, {"step1000": folder})
+        offline_hub(m, tmp_path / "hf")
+        weights = open_weights(hub_checkpoint())
+        assert type(weights.source).__name__ == "LocalSource" and weights.tokenizer_path is not None
+        assert circuit_tables(weights) == local
+        assert not weights.tokens([5])[0].startswith("#")  # the tokenizer's own string
+    hub = FakeHub({REPO: {"step1000": read_folder(folder)}})
+    with hub.serving():
+        online_hub(monkeypatch, tmp_path / "online", hub.url)
+        weights = open_weights(hub_checkpoint())
+        assert type(weights.source).__name__ == "HubSource"
+        assert circuit_tables(weights) == local
+    total = sum(len(d) for n, d in read_folder(folder).items() if n.endswith(".safetensors"))
+    assert served(hub, ".safetensors") == weights.source.bytes_read < total

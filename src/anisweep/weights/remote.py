@@ -142,8 +142,13 @@ class HubSource:
 def hub_source(ckpt: Checkpoint):
     """(source, tokenizer folder) of a Hub checkpoint: its weight files read in the cache where it holds them all for
     the commit, else by range reads; config.json and the tokenizer downloaded (small)."""
-    from huggingface_hub import HfApi, snapshot_download, try_to_load_from_cache
+    from huggingface_hub import HfApi, constants, snapshot_download, try_to_load_from_cache
 
+    if getattr(constants, "is_offline_mode", lambda: constants.HF_HUB_OFFLINE)():  # the cache alone: the checkpoint's snapshot read in place
+        root = Path(snapshot_download(ckpt.repo_id, revision=ckpt.commit or ckpt.revision, local_files_only=True))
+        folder = root / ckpt.subfolder if ckpt.subfolder else root
+        tokenizer = next((p for p in (folder, root) if any((p / f).is_file() for f in SMALL_FILES[1:])), None)
+        return LocalSource(folder), tokenizer
     info = HfApi().model_info(ckpt.repo_id, revision=ckpt.commit or ckpt.revision)
     commit = info.sha
     sub = ckpt.subfolder
