@@ -144,7 +144,9 @@ def hub_source(ckpt: Checkpoint):
     the commit, else by range reads; config.json and the tokenizer downloaded (small)."""
     from huggingface_hub import HfApi, constants, snapshot_download, try_to_load_from_cache
 
-    if getattr(constants, "is_offline_mode", lambda: constants.HF_HUB_OFFLINE)():  # the cache alone: the checkpoint's snapshot read in place
+    if getattr(
+        constants, "is_offline_mode", lambda: constants.HF_HUB_OFFLINE
+    )():  # the cache alone: the checkpoint's snapshot read in place
         root = Path(snapshot_download(ckpt.repo_id, revision=ckpt.commit or ckpt.revision, local_files_only=True))
         folder = root / ckpt.subfolder if ckpt.subfolder else root
         tokenizer = next((p for p in (folder, root) if any((p / f).is_file() for f in SMALL_FILES[1:])), None)
