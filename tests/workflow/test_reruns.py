@@ -136,7 +136,7 @@ def test_one_checkpoint_alone_then_the_sweep_tables(run):
     before = mtimes(workdir / NEOX)
     done = snakemake(workdir, configfile, f"{NEOX}/step8/metrics.parquet", "--forcerun", "extract")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert jobs(done) == {"fetch": 1, "extract": 1, "metrics": 1}
+    assert jobs(done) == {"fetch": 1, "extract": 1, "logit_lens": 1, "metrics": 1}  # the lens reads extract's samples
     after = mtimes(workdir / NEOX)
     changed = {name for name in after if after[name] != before.get(name)}
     assert {"step8/metrics.parquet", "step8/qk.parquet", "step8/extract.json"} <= changed
@@ -147,7 +147,8 @@ def test_one_checkpoint_alone_then_the_sweep_tables(run):
     assert not {"train_toy", "fetch", "extract", "metrics"} & set(planned(workdir, configfile))
     at_once = planned(workdir, configfile, "--forcerun", f"{NEOX}/step8/extract.json")  # both in one command
     per_model = {"sweep": 1, "plot_model": 1, "plot_family": 1, "qk_svd": 1, "plot_score_hist": 1, "plot_spectra": 1}
-    assert at_once == {"fetch": 1, "extract": 1, "metrics": 1, **per_model, "plot_survey": 1}
+    per_model |= {"plot_circuits": 1, "plot_logit_lens": 1}
+    assert at_once == {"fetch": 1, "extract": 1, "logit_lens": 1, "metrics": 1, **per_model, "plot_survey": 1}
 
 
 def test_results_from_before_the_outlier_tables_rerun_their_model_jobs(run, tmp_path):
@@ -294,7 +295,7 @@ def test_one_gradient_checkpoint_alone(gradient_run):
     and the backward pass), gradients and metrics, never the fit window's checkpoints."""
     target = f"{NEOX}/step32/metrics.parquet"
     plan = planned(gradient_run["workdir"], gradient_run["config"], target, "--forcerun", "extract")
-    assert plan == {"fetch": 1, "extract": 1, "gradients": 1, "metrics": 1}
+    assert plan == {"fetch": 1, "extract": 1, "gradients": 1, "logit_lens": 1, "metrics": 1}
 
 
 def _reversed(section: dict) -> dict:
