@@ -58,51 +58,55 @@ def positive_eigen_share(o: torch.Tensor, v: torch.Tensor, x: torch.Tensor, u: t
     return float(eig.real.sum()) / total if total > 0 else float("nan")
 
 
-def _top(values: torch.Tensor, k: int, best: tuple[torch.Tensor, torch.Tensor] | None, offset: int, width: int):
-    """Merge the k largest entries of a chunk (rows from `offset`) into `best`: (values, flat indices)."""
-    v, i = values.flatten().topk(min(k, values.numel()))
-    i = i + offset * width
-    if best is not None:
-        v, i = torch.cat([best[0], v]), torch.cat([best[1], i])
-        order = v.topk(min(k, v.numel())).indices
-        v, i = v[order], i[order]
-    return v, i
+def _best_per_row(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's largest entry and its column."""
+    best = values.max(1)
+    return best.values, best.indices
+
+
+def _pairs(row_max: torch.Tensor, row_arg: torch.Tensor, k: int) -> list[tuple[float, int, int]]:
+    """The k rows of largest maximum, as (value, row, its best column): each source token once."""
+    order = row_max.topk(min(k, len(row_max))).indices
+    return [(float(row_max[i]), int(i), int(row_arg[i])) for i in order]
 
 
 def qk_head(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, top: int = TOP_PAIRS) -> dict:
     """Self-attention of the probe under one head (q, k: its W_Q, W_K, d_head x d_model): the mean rank of each
     query's own key among the probe's keys (0 first, over n - 1), the share of queries whose top key is their own,
-    and the `top` largest scores x_i^T W_QK x_j / sqrt(d_head) as (score, query index, key index)."""
+    and the `top` queries of largest best score x_i^T W_QK x_j / sqrt(d_head), each with its best key, as (score,
+    query index, key index)."""
     n, d_head = x.shape[0], q.shape[0]
     queries, keys = x @ q.T / math.sqrt(d_head), x @ k.T
-    ranks, best = [], None
+    ranks, maxima, args = [], [], []
     for start in range(0, n, CHUNK):
         s = queries[start : start + CHUNK] @ keys.T
         rows = torch.arange(s.shape[0])
         ranks.append((s > s[rows, start + rows][:, None]).sum(1))
-        best = _top(s, top, best, start, n)
+        best = _best_per_row(s)
+        maxima.append(best[0])
+        args.append(best[1])
     rank = torch.cat(ranks).double()
     return {
         "self_rank": float(rank.mean()) / max(n - 1, 1),
         "self_top": float((rank == 0).double().mean()),
-        "pairs": [(float(v), int(i) // n, int(i) % n) for v, i in zip(*best, strict=True)],
+        "pairs": _pairs(torch.cat(maxima), torch.cat(args), top),
     }
 
 
 def ov_head(o: torch.Tensor, v: torch.Tensor, x: torch.Tensor, u: torch.Tensor, ids, top: int = TOP_PAIRS) -> dict:
     """What one head (o: W_O, d_model x d_head; v: W_V) writes for each probe token, read through the whole
-    unembedding: the share of probe tokens whose largest logit is their own token, and the `top` largest logits as
-    (logit, input index, output token id)."""
-    vocab = u.shape[0]
+    unembedding: the share of probe tokens whose largest logit is their own token, and the `top` inputs of largest
+    best logit, each with the output it promotes most, as (logit, input index, output token id)."""
     writes = x @ v.T @ o.T
-    copies, best = 0, None
+    maxima, args = [], []
     for start in range(0, x.shape[0], CHUNK):
-        logits = writes[start : start + CHUNK] @ u.T
-        copies += int((logits.argmax(1) == ids[start : start + CHUNK]).sum())
-        best = _top(logits, top, best, start, vocab)
+        best = _best_per_row(writes[start : start + CHUNK] @ u.T)
+        maxima.append(best[0])
+        args.append(best[1])
+    promoted = torch.cat(args)
     return {
-        "copying": copies / x.shape[0],
-        "pairs": [(float(val), int(i) // vocab, int(i) % vocab) for val, i in zip(*best, strict=True)],
+        "copying": float((promoted == ids).double().mean()),
+        "pairs": _pairs(torch.cat(maxima), promoted, top),
     }
 
 

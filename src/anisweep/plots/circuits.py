@@ -99,7 +99,8 @@ def chosen_steps(steps: list[int], n: int = 3) -> list[int]:
 
 
 def _cell(token: str) -> str:
-    token = token.replace("\n", "\\n")
+    """A token for the table: byte-level BPE's space (Ġ) and newline (Ċ) drawn as ␣ and ↵, cut at 12 characters."""
+    token = token.replace("\n", "↵").replace("Ġ", "␣").replace("Ċ", "↵")
     return token if len(token) <= 12 else token[:11] + "…"
 
 
