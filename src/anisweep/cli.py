@@ -323,13 +323,19 @@ def cmd_weights(args) -> None:
         return
     from anisweep.measures.circuits import circuit_tables, circuits
     from anisweep.measures.registry import measure_frame, measure_of
+    from anisweep.weights.layout import UnsupportedLayout
 
     measure = measure_of(circuits, "anisweep.measures.circuits:circuits", builtin=True)
-    weights = open_weights(ckpt, measure.tensors)
-    rows, pairs = circuit_tables(weights, args.probe_tokens)
+    try:
+        weights = open_weights(ckpt, measure.tensors)
+    except UnsupportedLayout as error:  # an image or audio model, an encoder-decoder: no rows, said in the log
+        print(f"weights: {ckpt.key}: {error}: circuits writes no rows", file=sys.stderr)
+        rows, pairs = [], []
+    else:
+        rows, pairs = circuit_tables(weights, args.probe_tokens)
+        print(f"weights: read {len(weights.read)} tensors, {weights.source.bytes_read} bytes", file=sys.stderr)
     write_atomic(pair_frame(identity(ckpt), pairs), args.pairs_out)
     write_atomic(measure_frame(measure, identity(ckpt), rows), args.out)
-    print(f"weights: read {len(weights.read)} tensors, {weights.source.bytes_read} bytes", file=sys.stderr)
 
 
 def cmd_logit_lens(args) -> None:
@@ -337,11 +343,18 @@ def cmd_logit_lens(args) -> None:
     from anisweep.checkpoints.base import Checkpoint
     from anisweep.corpus import read_corpus
     from anisweep.extract.model import ExtractSettings
-    from anisweep.tables import write_atomic
+    from anisweep.tables import empty_metrics, write_atomic
+    from anisweep.weights.layout import UnsupportedLayout
     from anisweep.weights.lens import logit_lens_table
     from anisweep.weights.run import open_weights
 
-    weights = open_weights(Checkpoint.from_dict(args.checkpoint))
+    ckpt = Checkpoint.from_dict(args.checkpoint)
+    try:
+        weights = open_weights(ckpt)
+    except UnsupportedLayout as error:  # an image or audio model, an encoder-decoder: no rows, said in the log
+        print(f"logit lens: {ckpt.key}: {error}: no rows", file=sys.stderr)
+        write_atomic(empty_metrics(), args.out)
+        return
     table = logit_lens_table(args.extract_dir, weights, ExtractSettings(**args.settings), read_corpus(args.texts))
     write_atomic(table, args.out)
 

@@ -15,7 +15,7 @@ import torch
 from anisweep.measures.registry import WEIGHT_ROLES as ROLES  # the roles a weight measure may name
 from anisweep.weights.source import WeightsError
 
-__all__ = ["ROLES", "Heads", "Layout", "Norm", "Shapes", "layout_for"]
+__all__ = ["ROLES", "Heads", "Layout", "Norm", "Shapes", "UnsupportedLayout", "layout_for"]
 
 
 @dataclass(frozen=True)
@@ -280,10 +280,15 @@ class GPT2(Layout):
 LAYOUTS = {"bert": Bert, "gpt_neox": GPTNeoX, "llama": Llama, "olmo": Olmo, "olmo2": Olmo2, "gpt2": GPT2}
 
 
+class UnsupportedLayout(WeightsError):
+    """An architecture whose tensors no layout names: the built-in weight measure and the logit lens write no rows
+    for it (a user's weight measure fails)."""
+
+
 def layout_for(config: dict, names: list[str], get: Callable[[str], torch.Tensor]) -> Layout:
     model_type = config.get("model_type")
     if model_type not in LAYOUTS:
-        raise WeightsError(
+        raise UnsupportedLayout(
             f"weight measures read the tensors of {sorted(LAYOUTS)}; this checkpoint's model_type is {model_type!r}"
         )
     return LAYOUTS[model_type](config, names, get)
