@@ -118,6 +118,11 @@ def qk_svd(extract_dirs: list[Path], fraction: float = DEFAULT_FRACTION, seed: i
     directions, and a seeded share of the sampled vectors per head."""
     dirs = [Path(d) for d in extract_dirs]
     means = _read([d / "qk.parquet" for d in dirs], [*IDENTITY, "layer", "head", "rope", "q_mean", "k_mean", "qk_cos"])
+    if means.is_empty():
+        return pl.DataFrame(), {"why": "the model has no attention (a convolutional network): no queries or keys"}
+    if all(scan_parquet(d / "qk_sample.parquet").select(pl.len()).collect().item() == 0 for d in dirs):
+        why = "extract keeps no q/k sample of a model whose heads change width from stage to stage (MiT, CvT)"
+        return pl.DataFrame(), {"why": why}
     if means["step"].n_unique() != len(dirs):
         raise ValueError(f"qk_svd: {len(dirs)} extract folders hold {means['step'].n_unique()} distinct steps")
     ident = {key: means[key][0] for key in ("family", "model", "seed")}

@@ -100,9 +100,19 @@ def qk_svd_figures(table: pl.DataFrame, extras: dict, heads, out_dir: Path) -> l
     paths = []
     for basis in BASES:
         path = Path(out_dir) / f"qk_svd_{basis}.png"
-        qk_svd_figure(table, extras, basis, heads, path)
+        if table.is_empty():  # nothing to decompose: the figure says why
+            nothing_to_draw(path, f"q/k SVD ({basis})", extras["why"])
+        else:
+            qk_svd_figure(table, extras, basis, heads, path)
         paths.append(path)
     return paths
+
+
+def nothing_to_draw(path: Path, what: str, why: str) -> None:
+    fig, axes = panel_grid(1, 1, size=(6.0, 2.0))
+    axes[0].text(0.5, 0.5, f"{what}:\n{why}", ha="center", va="center", wrap=True)
+    axes[0].set_axis_off()
+    save_figure(fig, path)
 
 
 def _step_ranges(runs: list[list[int]]) -> str:

@@ -273,11 +273,33 @@ PLOTTERS = {
 MODEL_FIGURES = builtin_figures()
 
 
+NO_ATTENTION = "the model has no attention (a convolutional network): no queries, keys or attention maps"
+NO_LAYERNORM = "the model has no LayerNorm on its stream (a convolutional network: BatchNorm, or none)"
+#: figures that draw a kind of metric some models lack (image models): (a metric the figure needs, what it says)
+NEEDS = {
+    "qk_alignment.png": ("qk_cos", NO_ATTENTION),
+    "qk_mean_dot.png": ("qk_mean_dot", NO_ATTENTION),
+    "qk_cos_concat.png": ("qk_cos", NO_ATTENTION),
+    "attention_entropy.png": ("entropy_mean", NO_ATTENTION),
+    "attention_softmax.png": ("entropy_mean", NO_ATTENTION),
+    "attention_sinks.png": ("sink_first_mass", NO_ATTENTION),
+    "final_layernorm.png": ("gain_mean", NO_LAYERNORM),
+    "layernorm_params.png": ("gain_mean", NO_LAYERNORM),
+    "layernorm_outliers.png": ("gain_mean", NO_LAYERNORM),
+    "norms.png": ("gain_mean", NO_LAYERNORM),
+}
+
+
 def plot_model(sweep: pl.DataFrame, out_dir: Path) -> list[Path]:
     sweep = analysed(sweep)
+    metrics = set(sweep["metric"].unique())
     paths = []
     for name in MODEL_FIGURES:
-        PLOTTERS[name](sweep, Path(out_dir) / name)
+        needed, why = NEEDS.get(name, (None, ""))
+        if needed is not None and needed not in metrics:
+            not_measured(sweep, Path(out_dir) / name, name.removesuffix(".png").replace("_", " "), why)
+        else:
+            PLOTTERS[name](sweep, Path(out_dir) / name)
         paths.append(Path(out_dir) / name)
     return paths
 
