@@ -15,15 +15,14 @@ from fakehub import FakeHub, online_hub
 
 from anisweep.checkpoints.audit import (
     AuditError,
-    HashMismatch,
     audit_model,
-    check_hashes,
     expected_hashes,
     health,
     read_grid,
     write_grid,
 )
 from anisweep.checkpoints.hub import Pythia
+from anisweep.checkpoints.weight_files import HashMismatch, check_hashes
 
 from hubcache import offline_hub
 

@@ -131,7 +131,7 @@ def _match(revision: str, branches: Iterable[str]) -> str | None:
 def _weights(names: Iterable[str]) -> tuple[list[str], str]:
     """The weight files from_pretrained loads among a branch's files (anisweep.checkpoints.fetch.select_files), and
     the name of their shard index; ValueError when there are none."""
-    from anisweep.checkpoints.fetch import select_files
+    from anisweep.checkpoints.files import select_files
 
     names = list(names)
     weights = select_files([*names, "config.json"])[1]
@@ -421,24 +421,6 @@ def expected_hashes(table: pl.DataFrame | None, step: int) -> dict[str, str]:
     if not rows or rows[0]["files_sha256"] is None or any(s is None for s in rows[0]["files_sha256"]):
         return {}
     return dict(zip(rows[0]["weight_files"], rows[0]["files_sha256"], strict=True))
-
-
-class HashMismatch(RuntimeError):
-    """A weight file's bytes (or the Hub's name for them) are not those the audit listed."""
-
-
-def check_hashes(found: Mapping[str, str | None], expected: Mapping[str, str], where: str, what: str) -> None:
-    """A HashMismatch naming every file whose sha256 in ``found`` differs from the audit's."""
-    wrong = [
-        f"{name} ({what} {found[name][:12]}, audit {sha[:12]})"
-        for name, sha in sorted(expected.items())
-        if found.get(name) not in (None, sha)
-    ]
-    if wrong:
-        raise HashMismatch(
-            f"{where}: {', '.join(wrong)}: not the bytes the audit of the grid listed (the branch was pushed again "
-            "since, or the download is corrupt): run `anisweep audit` for the model again, then the sweep"
-        )
 
 
 # ---------------------------------------------------------------------------------------------- the sweep

@@ -59,9 +59,9 @@ from huggingface_hub.utils import are_progress_bars_disabled
 from tqdm.auto import tqdm as _tqdm
 
 from anisweep.atomic import write_json
-from anisweep.checkpoints.audit import check_hashes
 from anisweep.checkpoints.base import Checkpoint
-from anisweep.checkpoints.weight_files import hub_sha256
+from anisweep.checkpoints.files import TOKENIZER_FILES, select_files, weight_files_in
+from anisweep.checkpoints.weight_files import check_hashes, hub_sha256
 
 try:  # requests is optional in huggingface_hub 1.x/2.x; catch its errors when something uses it
     import requests
@@ -90,27 +90,6 @@ log = logging.getLogger(__name__)
 MANIFEST = "checkpoint.json"
 WEIGHTS_DIR = "weights"
 
-CONFIG_FILES = ("config.json",)
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.txt",
-    "vocab.json",
-    "merges.txt",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-    "tokenizer.model",
-    # an image or audio model's processor (AutoImageProcessor / AutoFeatureExtractor / AutoProcessor): fetched with
-    # the tokenizer, before the weights, so that the preflight makes the evaluation batch with it (anisweep.media)
-    "preprocessor_config.json",
-    "processor_config.json",
-)
-_SAFETENSORS = re.compile(r"[^/]+\.safetensors")
-_SAFETENSORS_INDEX = "model.safetensors.index.json"
-_BIN = re.compile(r"pytorch_model(?:-\d+-of-\d+)?\.bin")
-_BIN_INDEX = "pytorch_model.bin.index.json"
 
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _TRANSIENT_EXC: tuple[type[BaseException], ...] = (
@@ -221,33 +200,6 @@ def _with_retries(call: Callable[[], T], *, what: str, repo_id: str, revision: s
 
 
 # ---------------------------------------------------------------------------------------------- files
-
-
-def select_files(repo_files: Iterable[str]) -> tuple[list[str], list[str]]:
-    """From a repo's file list, the files to download and, among them, the weight files.
-
-    Returns ``(wanted, weights)``: config + tokenizer files + one weight format (safetensors preferred,
-    ``pytorch_model*.bin`` only when there are no safetensors) + its index. Top-level files only.
-    Raises ValueError when the repo has no config.json or no loadable weights.
-    """
-    top = sorted({f for f in repo_files if "/" not in f})
-    weights = [f for f in top if _SAFETENSORS.fullmatch(f)]
-    index = _SAFETENSORS_INDEX
-    if not weights:
-        weights = [f for f in top if _BIN.fullmatch(f)]
-        index = _BIN_INDEX
-    if not weights:
-        raise ValueError(f"no *.safetensors or pytorch_model*.bin weights among its files: {', '.join(top) or 'none'}")
-    if "config.json" not in top:
-        raise ValueError(f"no config.json among its files: {', '.join(top)}")
-    wanted = [f for f in top if f in CONFIG_FILES or f in TOKENIZER_FILES or f == index] + weights
-    return sorted(set(wanted)), weights
-
-
-def weight_files_in(folder: Path) -> list[str]:
-    """The weight files ``from_pretrained`` loads from a local folder (same preference as :func:`select_files`)."""
-    names = [p.name for p in folder.iterdir() if p.is_file()]
-    return select_files(names)[1]
 
 
 def _has_tokenizer(folder: Path) -> bool:

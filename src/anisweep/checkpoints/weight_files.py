@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,7 +91,7 @@ class WeightFiles:
         """Hash the folder's weight files (the format `from_pretrained` picks: anisweep.checkpoints.fetch), their
         sizes and times taken first, so that a change during the read is caught too. A file the Hub named by its
         sha256 (a cache blob, a download's etag) whose bytes hash otherwise is a HashMismatch naming it."""
-        from anisweep.checkpoints.fetch import weight_files_in
+        from anisweep.checkpoints.files import weight_files_in
 
         folder = Path(folder)
         try:
@@ -103,8 +103,6 @@ class WeightFiles:
         named = {name: hub_sha256(folder / name, folder) for name in names}
         expected = {name: sha for name, sha in named.items() if sha is not None}
         if expected:  # the bytes read are those the Hub named (which fetch checked against the audit of the grid)
-            from anisweep.checkpoints.audit import check_hashes
-
             check_hashes(per_file, expected, str(folder), "read")
         return cls(folder, stats, combined, per_file)
 
@@ -132,3 +130,21 @@ class WeightFiles:
             "weight_files_sha256": self.files_sha256,
             "weights_bytes": sum(size for size, _, _ in self.stats.values()),
         }
+
+
+class HashMismatch(RuntimeError):
+    """A weight file's bytes (or the Hub's name for them) are not those the audit listed."""
+
+
+def check_hashes(found: Mapping[str, str | None], expected: Mapping[str, str], where: str, what: str) -> None:
+    """A HashMismatch naming every file whose sha256 in ``found`` differs from the audit's."""
+    wrong = [
+        f"{name} ({what} {found[name][:12]}, audit {sha[:12]})"
+        for name, sha in sorted(expected.items())
+        if found.get(name) not in (None, sha)
+    ]
+    if wrong:
+        raise HashMismatch(
+            f"{where}: {', '.join(wrong)}: not the bytes the audit of the grid listed (the branch was pushed again "
+            "since, or the download is corrupt): run `anisweep audit` for the model again, then the sweep"
+        )

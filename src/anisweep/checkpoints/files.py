@@ -1,0 +1,58 @@
+"""Which of a checkpoint's files to fetch and load: config.json, the tokenizer's or processor's files, and ONE weight
+format (safetensors preferred, ``pytorch_model*.bin`` only without them) with its shard index. Fetch, the weight
+hashes and the audit of a grid all choose the same files from here."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+CONFIG_FILES = ("config.json",)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tokenizer.model",
+    # an image or audio model's processor (AutoImageProcessor / AutoFeatureExtractor / AutoProcessor): fetched with
+    # the tokenizer, before the weights, so that the preflight makes the evaluation batch with it (anisweep.media)
+    "preprocessor_config.json",
+    "processor_config.json",
+)
+_SAFETENSORS = re.compile(r"[^/]+\.safetensors")
+_SAFETENSORS_INDEX = "model.safetensors.index.json"
+_BIN = re.compile(r"pytorch_model(?:-\d+-of-\d+)?\.bin")
+_BIN_INDEX = "pytorch_model.bin.index.json"
+
+
+def select_files(repo_files: Iterable[str]) -> tuple[list[str], list[str]]:
+    """From a repo's file list, the files to download and, among them, the weight files.
+
+    Returns ``(wanted, weights)``: config + tokenizer files + one weight format (safetensors preferred,
+    ``pytorch_model*.bin`` only when there are no safetensors) + its index. Top-level files only.
+    Raises ValueError when the repo has no config.json or no loadable weights.
+    """
+    top = sorted({f for f in repo_files if "/" not in f})
+    weights = [f for f in top if _SAFETENSORS.fullmatch(f)]
+    index = _SAFETENSORS_INDEX
+    if not weights:
+        weights = [f for f in top if _BIN.fullmatch(f)]
+        index = _BIN_INDEX
+    if not weights:
+        raise ValueError(f"no *.safetensors or pytorch_model*.bin weights among its files: {', '.join(top) or 'none'}")
+    if "config.json" not in top:
+        raise ValueError(f"no config.json among its files: {', '.join(top)}")
+    wanted = [f for f in top if f in CONFIG_FILES or f in TOKENIZER_FILES or f == index] + weights
+    return sorted(set(wanted)), weights
+
+
+def weight_files_in(folder: Path) -> list[str]:
+    """The weight files ``from_pretrained`` loads from a local folder (same preference as :func:`select_files`)."""
+    names = [p.name for p in folder.iterdir() if p.is_file()]
+    return select_files(names)[1]
