@@ -29,6 +29,7 @@ STAGES = (
     "config",
     "toy",
     "measures",
+    "weights",  # a checkpoint's tensors read without a model: the weight measures' and the logit lens's jobs
     "extract",
     "tangent",
     "mechanism",
