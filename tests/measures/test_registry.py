@@ -296,6 +296,7 @@ def test_the_registry_is_the_one_list_of_the_builtins():
     from anisweep.plots import sweep as plots
 
     assert [m.name for m in builtin_measures()] == list(registry.BUILTIN)
-    assert registry.BUILTIN_NAMES == (*registry.BUILTIN, GRADIENT_MEASURE)
+    weights = (*registry.BUILTIN_WEIGHT, registry.LOGIT_LENS_MEASURE)  # the weight measure, the logit lens
+    assert registry.BUILTIN_NAMES == (*registry.BUILTIN, *weights, GRADIENT_MEASURE)
     assert [m.tables for m in builtin_measures()] == [tables for tables, _ in registry.BUILTIN.values()]
     assert plots.MODEL_FIGURES == registry.builtin_figures() and set(plots.PLOTTERS) == set(plots.MODEL_FIGURES)
