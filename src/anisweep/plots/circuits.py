@@ -172,6 +172,10 @@ def plot_logit_lens(sweep: pl.DataFrame, path: Path) -> None:
             sweep, Path(path), "logit lens", "no logit_lens rows: weights.enabled is false, or metrics predate it"
         )
         return
+    # the angle starts at layer 1: a NaN row at layer 0 keeps each layer's colour that of the other panels
+    first = lens.filter((pl.col("metric") == "lens_prob") & (pl.col("layer") == 0))
+    padding = first.with_columns(pl.lit("lens_angle").alias("metric"), pl.lit(float("nan")).alias("value"))
+    lens = pl.concat([lens, padding])
     lines_per_layer(
         lens, Path(path), "resid", LENS_PANELS, "logit lens over training (each layer read through the head)"
     )
