@@ -80,12 +80,41 @@ def my_recordings(folder: Path) -> Path:
     return folder
 
 
+#: Section 3.2's other image architectures, tiny, under the vision config's ids: hierarchical transformers with keys
+#: shorter than queries and stages of their own widths, and a convolutional network with no attention at all
+SURVEY = {
+    "nvidia/mit-b0": (
+        transformers.SegformerForImageClassification,
+        dict(
+            depths=[1, 1, 1, 1], hidden_sizes=[8, 16, 24, 32], num_attention_heads=[1, 2, 3, 4], sr_ratios=[4, 2, 1, 1]
+        ),
+    ),
+    "microsoft/cvt-13": (
+        transformers.CvtForImageClassification,
+        dict(embed_dim=[8, 12, 16], num_heads=[1, 2, 4], depth=[1, 2, 3]),
+    ),
+    "microsoft/resnet-50": (
+        transformers.ResNetForImageClassification,
+        dict(embedding_size=8, hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1]),
+    ),
+}
+
+
+def tiny_image_model(folder: Path, cls, config: dict) -> Path:
+    """The model on 32 x 32 images, its processor resizing to them."""
+    cls(cls.config_class(**config)).save_pretrained(folder)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("media")
     hf_home = root / "hf"
     build_hub_cache(hf_home, VIT, {"main": tiny_vit(root / "models" / "vit")})
     build_hub_cache(hf_home, WAV2VEC2, {"main": tiny_wav2vec2(root / "models" / "wav2vec2")})
+    for repo, (cls, config) in SURVEY.items():
+        build_hub_cache(hf_home, repo, {"main": tiny_image_model(root / "models" / repo, cls, config)})
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
     env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
     return {"root": root, "env": env}
@@ -211,3 +240,40 @@ def test_an_image_corpus_key_reruns_the_corpus_and_the_model_runs(world, images,
 def test_an_audio_corpus_key_reruns_the_corpus_and_the_model_runs(world, recordings, change):
     jobs = planned(world, recordings, **change)
     assert {name: jobs.get(name) for name in MODEL_RUN} == MODEL_RUN
+
+
+def test_hierarchical_and_convolutional_models_sweep_my_images_into_the_survey_figures(world):
+    """MiT, CvT and ResNet through the whole workflow in one run, grouped as the Section 3.2 vision config groups
+    them: every layer's anisotropy, the attention tables where there is attention (none for ResNet), and the survey
+    figures drawn across them."""
+    folder = world["root"] / "survey_images"
+    if not folder.exists():
+        my_images(folder)
+    models = [
+        {"family": "hub", "group": "vision transformers", "name": "nvidia/mit-b0", "steps": "final"},
+        {"family": "hub", "group": "convolutional", "name": "microsoft/cvt-13", "steps": "final"},
+        {"family": "hub", "group": "convolutional", "name": "microsoft/resnet-50", "steps": "final"},
+    ]
+    config = {
+        "models": models,
+        "corpus": {"source": "images", "paths": [str(folder)]},
+        "extract": EXTRACT,
+        "untrained": {"enabled": False},
+        "resources": {"extract_threads": 1},
+    }
+    configfile = world["root"] / "survey.yaml"
+    configfile.write_text(yaml.safe_dump(config, sort_keys=False))
+    workdir = world["root"] / "survey"
+    done = snakemake(world, workdir, configfile)
+    assert done.returncode == 0, done.stderr[-6000:]
+    layers = {"nvidia/mit-b0": 4, "microsoft/cvt-13": 6, "microsoft/resnet-50": 4}
+    for repo, n_layers in layers.items():
+        results = workdir / "results" / "hub" / repo.replace("/", "--")
+        sweep = pl.read_parquet(results / "sweep.parquet")
+        resid = sweep.filter((pl.col("site") == "resid") & (pl.col("metric") == "avg_cos")).sort("layer")
+        assert resid["layer"].to_list() == list(range(n_layers + 1)), repo
+        assert resid["value"].is_finite().all(), repo
+        attention = pl.read_parquet(results / "step0" / "attention.parquet")
+        assert attention.is_empty() == (repo == "microsoft/resnet-50")
+    for figure in ("survey_layers", "survey_drift_p"):
+        assert (workdir / "results" / "figures" / f"{figure}.png").stat().st_size > 10_000
