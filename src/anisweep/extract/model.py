@@ -62,6 +62,7 @@ class LoadedModel:
     geometry: Geometry
     initialised: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()
+    trust_remote_code: bool = False  # the entry's: its repository's code may run (its tokenizer's too)
 
 
 def load_model(
@@ -98,5 +99,11 @@ def load_model(
     model = loaded.model
     model.to(device).eval()
     return LoadedModel(
-        model, adapter.base_model(model), adapter, adapter.geometry(model.config), loaded.initialised, loaded.ignored
+        model,
+        adapter.base_model(model),
+        adapter,
+        adapter.geometry(model.config),
+        loaded.initialised,
+        loaded.ignored,
+        trust_remote_code,
     )

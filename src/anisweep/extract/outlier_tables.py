@@ -68,23 +68,24 @@ def is_delimiter_text(text: str) -> bool:
 
 
 @cache
-def _tokenizer_at(folder: str):
+def _tokenizer_at(folder: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     for place in (Path(folder), Path(folder).parent):
-        try:
-            return AutoTokenizer.from_pretrained(place)
+        try:  # remote code only where the checkpoint's entry allows it, as for the model
+            return AutoTokenizer.from_pretrained(place, trust_remote_code=trust_remote_code)
         except Exception:  # no tokenizer files here (weights-only folders): try the run folder, then give up
             continue
     return None
 
 
-def token_kinds(recorder, model) -> TokenKinds:
+def token_kinds(recorder, model, trust_remote_code: bool = False) -> TokenKinds:
     """The kinds of the Recorder's batch, with the model's config and, where one loads from the model's folder (or
     its parent, a run folder), its tokenizer."""
     token_ids = getattr(recorder, "token_ids", None)
     folder = getattr(model, "name_or_path", "") or ""
-    tokenizer = _tokenizer_at(str(folder)) if folder and Path(folder).is_dir() and token_ids is not None else None
+    readable = folder and Path(folder).is_dir() and token_ids is not None
+    tokenizer = _tokenizer_at(str(folder), trust_remote_code) if readable else None
     return TokenKinds(token_ids, getattr(model, "config", None), tokenizer)
 
 

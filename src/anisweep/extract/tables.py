@@ -241,7 +241,7 @@ def tables(recorder: Recorder, loaded: LoadedModel, ident: dict) -> dict[str, pl
         "sinks": lambda: outlier_tables.sinks_table(recorder),
         "sink_keys": lambda: outlier_tables.sink_keys_table(recorder, kinds),
     }
-    kinds = outlier_tables.token_kinds(recorder, loaded.model)
+    kinds = outlier_tables.token_kinds(recorder, loaded.model, loaded.trust_remote_code)
     out = {name: with_identity(build[name](), ident) for name in EXTRACT_TABLES}
     if recorder.geometry.cross_layers:  # an encoder-decoder: its cross-attention in tables of their own
         out["cross_qk"] = with_identity(qk_table(recorder, cross=True), ident)
