@@ -463,6 +463,15 @@ def _branches(api: Any, repo_id: str, cache_dir: Path | None, *, offline: bool) 
     return sorted(p.relative_to(refs).as_posix() for p in refs.rglob("*") if p.is_file()) if refs.is_dir() else []
 
 
+def branch_of(repo_id: str, revision: str) -> str:
+    """A catalogued revision as the branch it names: a pattern (``*`` = digits, OLMo's rounded token counts) looked
+    up among the repo's branches (offline, the cache's), any other revision as it is."""
+    if "*" not in revision:
+        return revision
+    offline = hf_constants.is_offline_mode()
+    return match_branch(repo_id, revision, _branches(_hub_api(), repo_id, None, offline=offline), offline=offline)
+
+
 def match_branch(repo_id: str, pattern: str, names: Iterable[str], *, offline: bool) -> str:
     """The one branch among ``names`` that matches ``pattern`` (``*`` = digits). Suites whose branch names hold a
     rounded token count (OLMo: ``step1000-tokens4B``) are catalogued by step; the exact name is looked up here."""

@@ -613,13 +613,14 @@ METRICS: tuple[Term, ...] = (
     ),
     Term(
         "ln_bias_outliers",
-        "number of the norm's bias entries more than 3 standard deviations from the bias's mean; NaN without a bias",
+        "number of the norm's bias entries more than 3 standard deviations from the bias's mean; no row for a norm"
+        " without a bias (RMSNorm)",
         KOVALEVA,
-        NORM_SITES,
+        ("ln_embed", "ln_attn", "ln_mlp", "stage_ln", "final_ln"),
     ),
     Term(
         "ln_gain_outlier_dim_1",
-        "the gain outlier furthest from the mean (its dimension, from 0); NaN without one",
+        "the gain outlier furthest from the mean (its dimension, from 0); no row for a norm without one",
         KOVALEVA,
         NORM_SITES,
     ),

@@ -35,11 +35,13 @@ def ln_outlier_rows(layernorm: pl.DataFrame, stats: pl.DataFrame) -> list[dict]:
             continue
         gain = outliers(np.asarray(r["gain"]))
         bias = None if r["bias"] is None else outliers(np.asarray(r["bias"]))
-        values = {
-            "ln_gain_outliers": float(len(gain)),
-            "ln_bias_outliers": float("nan") if bias is None else float(len(bias)),
-            "ln_gain_outlier_dim_1": float(gain[0]) if len(gain) else float("nan"),
-        }
+        # a norm without a bias has no bias outliers to count, one without outliers no first outlier dimension: no
+        # row, rather than a NaN that would mark the checkpoint's metrics as failed
+        values = {"ln_gain_outliers": float(len(gain))}
+        if bias is not None:
+            values["ln_bias_outliers"] = float(len(bias))
+        if len(gain):
+            values["ln_gain_outlier_dim_1"] = float(gain[0])
         out = outputs.get((r["layer"], "final_ln_out" if r["site"] == "final_ln" else "resid"))
         if out is not None and out.get("sum_unit_sq") is not None and out["n"] >= 2:
             rogue = set(top_dims(out, ROGUE_TOP))

@@ -139,19 +139,37 @@ class HubSource:
         )
 
 
+def cached_snapshot(repo_id: str, revision: str, cache: str | Path) -> Path:
+    """The cache's snapshot folder of `revision` (a commit, or a branch its refs/ name), as it is: a snapshot holding
+    only the files fetch took (no other weight format, no README) is complete for the weights."""
+    repo = Path(cache) / ("models--" + repo_id.replace("/", "--"))
+    ref = repo / "refs" / revision
+    commit = ref.read_text().strip() if ref.is_file() else revision
+    root = repo / "snapshots" / commit
+    if not root.is_dir():
+        raise WeightsError(
+            f"{repo_id}@{revision} is not in the local Hugging Face cache ({repo}) and HF_HUB_OFFLINE is set: fetch it "
+            "once with the network, or unset HF_HUB_OFFLINE"
+        )
+    return root
+
+
 def hub_source(ckpt: Checkpoint):
     """(source, tokenizer folder) of a Hub checkpoint: its weight files read in the cache where it holds them all for
     the commit, else by range reads; config.json and the tokenizer downloaded (small)."""
     from huggingface_hub import HfApi, constants, snapshot_download, try_to_load_from_cache
 
+    from anisweep.checkpoints.fetch import branch_of
+
+    revision = ckpt.commit or branch_of(ckpt.repo_id, ckpt.revision or "main")  # OLMo's step*-tokens*B patterns
     if getattr(
         constants, "is_offline_mode", lambda: constants.HF_HUB_OFFLINE
     )():  # the cache alone: the checkpoint's snapshot read in place
-        root = Path(snapshot_download(ckpt.repo_id, revision=ckpt.commit or ckpt.revision, local_files_only=True))
+        root = cached_snapshot(ckpt.repo_id, revision, constants.HF_HUB_CACHE)
         folder = root / ckpt.subfolder if ckpt.subfolder else root
         tokenizer = next((p for p in (folder, root) if any((p / f).is_file() for f in SMALL_FILES[1:])), None)
         return LocalSource(folder), tokenizer
-    info = HfApi().model_info(ckpt.repo_id, revision=ckpt.commit or ckpt.revision)
+    info = HfApi().model_info(ckpt.repo_id, revision=revision)
     commit = info.sha
     sub = ckpt.subfolder
     names = [s.rfilename for s in info.siblings or []]
