@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import multiprocessing
 import os
 import re
 import time
@@ -176,7 +177,8 @@ def main(argv=None) -> int:
     configs = configurations(a.arch)
     keys = [compile_key(config) for config in configs]
     unique = {key: config for key, config in zip(keys, configs)}
-    with ProcessPoolExecutor(a.jobs, initializer=_init_worker) as pool:
+    # spawned workers: a forked one inherits locks held by the parent's threads (torch, Triton) and can wait forever
+    with ProcessPoolExecutor(a.jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker) as pool:
         compiled = dict(zip(unique, pool.map(compile_one, unique.values())))
     rows = [dict(compiled[key], **config) for key, config in zip(keys, configs)]
     seconds = time.perf_counter() - started

@@ -234,13 +234,10 @@ def fused_launch(query, key, value, scaling, valid, causal, output, rows, chosen
     return Launch(_fused_kernel, (triton.cdiv(t, chosen.block_m), h, b), args, meta)
 
 
-def scores_launch(scores, valid, rows, causal, chosen: Plan, colsum=None) -> Launch:
-    """The scores kernel's launch on (B, H, T, T) float32 scores; valid (B, T) uint8, rows (B, H, T, fields), colsum
-    (B, H, T) float32 zeros the column sums are added into (scratch where None)."""
+def scores_launch(scores, valid, rows, causal, chosen: Plan) -> Launch:
+    """The scores kernel's launch on (B, H, T, T) float32 scores; valid (B, T) uint8, rows (B, H, T, fields)."""
     b, h, t, _ = scores.shape
-    if colsum is None:
-        colsum = rows.new_zeros(rows.shape[:3])
-    args = (scores, valid, rows, colsum, t, *scores.stride(), *rows.stride(), *colsum.stride(), valid.stride(0))
+    args = (scores, valid, rows, t, *scores.stride(), *rows.stride(), valid.stride(0))
     meta = dict(CAUSAL=causal, BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n, num_warps=chosen.num_warps)
     return Launch(_scores_kernel, (triton.cdiv(t, chosen.block_m), h, b), args, meta)
 
@@ -252,7 +249,10 @@ def _from_scores(query, key, value, scaling, valid, causal, output, rows, chosen
         q, k, v = query[seqs, heads], key[seqs, heads], value[seqs, heads]
         scores = buffer[: q.shape[0] * q.shape[1] * t * t].view(q.shape[0], q.shape[1], t, t)
         torch.matmul(q.float(), k.float().transpose(-1, -2), out=scores).mul_(scaling)
-        scores_launch(scores, valid[seqs], rows[seqs, heads], causal, chosen, colsum[seqs, heads])()
+        scores_launch(scores, valid[seqs], rows[seqs, heads], causal, chosen)()
+        # column sums over the valid rows from the p the kernel wrote (in the kernel, they spill registers on sm_80)
+        row_weights = valid[seqs].to(scores.dtype)[:, None, None, :]
+        colsum[seqs, heads] = torch.matmul(row_weights, scores).squeeze(-2)
         output[seqs, heads] = torch.matmul(scores.to(v.dtype), v)  # scores now hold p
 
 
@@ -344,7 +344,6 @@ def _scores_kernel(
     s_ptr,
     valid_ptr,
     rows_ptr,
-    cs_ptr,
     T,
     ss_b,
     ss_h,
@@ -354,15 +353,12 @@ def _scores_kernel(
     sr_h,
     sr_t,
     sr_f,
-    sc_b,
-    sc_h,
-    sc_t,
     s_valid,
     CAUSAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Float32 scores in, the row statistics and column sums out, and p = e / Z written over the scores."""
+    """Float32 scores in, the row statistics out, p = e / Z written over the scores (the caller sums its columns)."""
     block, head, seq = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     keys = tl.arange(0, BLOCK_N)
@@ -373,7 +369,6 @@ def _scores_kernel(
     row_ptrs = rows_ptr + seq * sr_b + head * sr_h + rows * sr_t
     e, z, n = _softmax_sums(scores, visible, row_ptrs, rows < T, sr_f)
     tl.store(ptrs, e / z[:, None], mask=in_bounds)
-    _column_sums(e, z, valid_ptr + seq * s_valid, rows, keys, T, T, cs_ptr + seq * sc_b + head * sc_h, sc_t)
     _order_statistics(e, z, n, visible, row_ptrs, rows < T, sr_f)
 
 
