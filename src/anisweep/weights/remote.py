@@ -20,20 +20,10 @@ from pathlib import Path
 import torch
 
 from anisweep.checkpoints.base import Checkpoint
+from anisweep.checkpoints.files import CONFIG_FILES, TOKENIZER_FILES
 from anisweep.weights.source import LocalSource, WeightsError, weight_files
 
-SMALL_FILES = (
-    "config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.txt",
-    "vocab.json",
-    "merges.txt",
-    "spiece.model",
-    "tokenizer.model",
-)
+SMALL_FILES = (*CONFIG_FILES, *TOKENIZER_FILES)  # fetch's: config.json, then the tokenizer's or processor's
 DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -167,7 +157,7 @@ def hub_source(ckpt: Checkpoint):
     )():  # the cache alone: the checkpoint's snapshot read in place
         root = cached_snapshot(ckpt.repo_id, revision, constants.HF_HUB_CACHE)
         folder = root / ckpt.subfolder if ckpt.subfolder else root
-        tokenizer = next((p for p in (folder, root) if any((p / f).is_file() for f in SMALL_FILES[1:])), None)
+        tokenizer = next((p for p in (folder, root) if any((p / f).is_file() for f in TOKENIZER_FILES)), None)
         return LocalSource(folder), tokenizer
     info = HfApi().model_info(ckpt.repo_id, revision=revision)
     commit = info.sha
@@ -179,7 +169,7 @@ def hub_source(ckpt: Checkpoint):
     folder = root / sub if sub else root
     if not (folder / "config.json").is_file():
         raise WeightsError(f"{ckpt.key}: {ckpt.repo_id}@{commit} has no config.json{f' in {sub}/' if sub else ''}")
-    tokenizer = next((p for p in (folder, root) if any((p / f).is_file() for f in SMALL_FILES[1:])), None)
+    tokenizer = next((p for p in (folder, root) if any((p / f).is_file() for f in TOKENIZER_FILES)), None)
     files = weight_files(inside)
     cached = [try_to_load_from_cache(ckpt.repo_id, f"{sub}/{f}" if sub else f, revision=commit) for f in files]
     if files and all(isinstance(c, str) for c in cached):
