@@ -12,6 +12,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from anisweep.tables import EXTRACT_TABLES
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_extract.py"
 spec = importlib.util.spec_from_file_location("bench_extract", SCRIPT)
 bench = importlib.util.module_from_spec(spec)
@@ -255,16 +257,7 @@ def test_comparison_and_device_cell_on_tiny_models():
     res = bench.compare(args)
     (run32, run16) = res["shapes"][0]["runs"]
     assert run32["judged"] and not run16["judged"]
-    assert set(run32["tables"]) == {
-        "qk",
-        "attention",
-        "hidden",
-        "hidden_stats",
-        "layernorm",
-        "embeddings",
-        "qk_sample",
-        "score_hist",
-    }
+    assert set(run32["tables"]) == set(EXTRACT_TABLES)
     assert bench.max_difference(run32) == 0.0 and bench.max_difference(run16) > 0.0
     assert bench.comparison_line(res)["verdict"] == PASS
 

@@ -117,6 +117,7 @@ def test_step_0_is_the_untrained_model_and_an_unreached_step_is_warned_about(tra
     base, callback, _, _ = trained
     untrained = _untrained(callback.tokenizer)
     untrained.save_pretrained(tmp_path / "untrained")
+    callback.tokenizer.save_pretrained(tmp_path / "untrained")
     loaded = load_model(tmp_path / "untrained", device="cpu")
     recorder = extract_run.run(loaded, callback.batch, SETTINGS, progress=False)
     expected = extract_tables.tables(recorder, loaded, live_ident("run", 0, seed=0))

@@ -171,10 +171,20 @@ def resources_of(out: str, rule: str) -> list[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def cluster_run(slurm_cluster, tmp_path_factory):
+def sweep_config(tmp_path_factory) -> Path:
+    """The tiny sweep without the weight measures, which read each checkpoint on their own and would only lengthen
+    both runs (tests/workflow/test_workflow.py runs them)."""
+    config = tmp_path_factory.mktemp("config") / "tiny.yaml"
+    config.write_text(yaml.safe_dump({**yaml.safe_load(TINY.read_text()), "weights": {"enabled": False}}))
+    return config
+
+
+@pytest.fixture(scope="module")
+def cluster_run(slurm_cluster, sweep_config, tmp_path_factory):
     TIMINGS["slurm install"] = slurm_cluster.installed_s
     TIMINGS["slurm start"] = slurm_cluster.started_s
-    run = snakemake(tmp_path_factory.mktemp("slurm_run") / "work", *CLUSTER_ARGS, timeout=480, cluster=slurm_cluster)
+    workdir = tmp_path_factory.mktemp("slurm_run") / "work"
+    run = snakemake(workdir, *CLUSTER_ARGS, configfile=sweep_config, timeout=480, cluster=slurm_cluster)
     TIMINGS["tiny sweep on SLURM"] = run.seconds
     assert run.rc == 0, diagnose(run, slurm_cluster)
     return run
@@ -195,8 +205,9 @@ def failing_run(slurm_cluster, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def local_run(failing_run, tmp_path_factory):
-    run = snakemake(tmp_path_factory.mktemp("local_run") / "work", "--cores", "2", timeout=600)
+def local_run(failing_run, sweep_config, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("local_run") / "work"
+    run = snakemake(workdir, "--cores", "2", configfile=sweep_config, timeout=600)
     TIMINGS["tiny sweep locally"] = run.seconds
     assert run.rc == 0, diagnose(run)
     return run

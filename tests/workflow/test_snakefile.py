@@ -167,6 +167,7 @@ def test_several_families_get_the_cross_family_figure(tmp_path):
             {"family": "gpt2", "name": "alias-gpt2-small-x21", "steps": [0]},
         ],
         "gradients": {"enabled": False},  # the tiny config's gradient steps are the toys'
+        "audit": {"enabled": False},  # offline, with nothing cached: no grid to audit (tests/checkpoints/test_audit.py)
     }
     configfile = tmp_path / "families.yaml"
     configfile.write_text(yaml.safe_dump(config))

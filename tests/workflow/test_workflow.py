@@ -12,7 +12,9 @@ import polars as pl
 import pytest
 import yaml
 
+from anisweep.config import complete
 from anisweep.measures.gradient_metrics import GRADIENT_METRICS
+from anisweep.measures.registry import WEIGHT_FIGURES
 from anisweep.mechanism.qk_svd import FIGURES as QK_SVD_FIGURES
 from anisweep.plots.gradients import gradient_figures
 from anisweep.plots.spectra import SPECTRA_FIGURES
@@ -95,6 +97,7 @@ def test_every_contract_file_is_written(tiny_run):
             "score_hist.png",
             *gradient_figures(config["gradients"]),
             *SPECTRA_FIGURES,
+            *(WEIGHT_FIGURES if complete(dict(config))["weights"]["enabled"] else ()),
         }
         new_metrics = {"qk_mean_dot", "qk_cos_concat", "partition_isotropy_mm", "drift_avg_cos_p_exact"}
         assert new_metrics <= set(sweep["metric"])

@@ -1,9 +1,8 @@
 # The weight measures' constants and input functions (their rules: workflow/rules/weights.smk).
-from anisweep.measures.registry import BUILTIN_WEIGHT
+from anisweep.measures.registry import WEIGHT_FIGURES
 
 WEIGHT_MEASURES = {name: m for name, m in MEASURES.items() if m.kind == "weight"}
 WEIGHTS_CODE = code_inputs("measures.circuits", "weights.run")
-LENS_FIGURES = ("logit_lens.png",)
 if WEIGHT_MEASURES and LIVE_MODELS:
     raise WorkflowError(
         f"config: weight measures {sorted(WEIGHT_MEASURES)} read saved weights, which the live models {LIVE_MODELS} "
@@ -27,4 +26,4 @@ def weight_tables(wildcards):
 def weight_figures(family, model):
     if not has_weights(model):
         return []
-    return [f"results/{family}/{model}/figures/{name}" for name in (*BUILTIN_WEIGHT["circuits"], *LENS_FIGURES)]
+    return [f"results/{family}/{model}/figures/{name}" for name in WEIGHT_FIGURES]

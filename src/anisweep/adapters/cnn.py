@@ -9,15 +9,19 @@ cells' stream (BatchNorm, or ConvNeXt's LayerNorms inside its blocks), so no `fi
 from __future__ import annotations
 
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from anisweep.adapters.base import Adapter, Geometry, LayerNormSite, ResidSite
+
+if TYPE_CHECKING:  # torch at run time only: a dry run of the workflow imports the adapters
+    import torch
 
 
 def one_position_per_image(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """The batch's own positions for a network whose every site has positions of its own (its cells): one per
     image, so that extract.json's `n_valid_tokens` counts images."""
+    import torch
+
     n = batch["pixel_values"].shape[0]
     return torch.full((n, 1), -1, dtype=torch.int64), torch.ones(n, 1, dtype=torch.bool)
 

@@ -13,15 +13,19 @@ of the block before it. The classifier's LayerNorm reads the [CLS] alone: no `fi
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from anisweep.adapters.base import Adapter, Geometry, LayerNormSite, OwnAttention, ResidSite
 from anisweep.adapters.cnn import one_position_per_image
 from anisweep.adapters.stages import numbered_blocks, staged_geometry
 
+if TYPE_CHECKING:  # torch at run time only: a dry run of the workflow imports the adapters
+    import torch
+
 
 def cvt_qkv(attention):
     """q, k, v (B, heads, T, d_head) as a `CvtSelfAttention` computes them from its inputs (hidden, height, width)."""
+    import torch
 
     def qkv(args):
         hidden, height, width = args[:3]

@@ -11,11 +11,14 @@ block's layer, the last stage's is `final_ln`."""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from anisweep.adapters.base import Adapter, AttentionSite, Geometry, LayerNormSite, ResidSite
 from anisweep.adapters.cnn import one_position_per_image
 from anisweep.adapters.stages import numbered_blocks, staged_geometry
+
+if TYPE_CHECKING:  # torch at run time only: a dry run of the workflow imports the adapters
+    import torch
 
 
 class SegformerAdapter(Adapter):

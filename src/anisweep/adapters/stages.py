@@ -4,10 +4,12 @@ geometry whose heads and their width change from stage to stage."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from anisweep.adapters.base import Geometry
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 def numbered_blocks(stages: Iterable[Sequence[nn.Module]]) -> list[tuple[int, int, nn.Module]]:

@@ -8,13 +8,18 @@ its pooler normalises their mean, so it has no `final_ln` sites."""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from anisweep.adapters.base import Adapter, AttentionSite, Geometry, LayerNormSite, ResidSite
+
+if TYPE_CHECKING:  # torch at run time only: a dry run of the workflow imports the adapters
+    import torch
 
 
 def patch_positions(batch: dict[str, torch.Tensor], patch_size: int, n_special: int):
     """(ids, valid) of a patch sequence: ids -1 (no token stands at a patch), every position valid."""
+    import torch
+
     n, _, height, width = batch["pixel_values"].shape
     t = n_special + (height // patch_size) * (width // patch_size)
     return torch.full((n, t), -1, dtype=torch.int64), torch.ones(n, t, dtype=torch.bool)
@@ -57,6 +62,8 @@ class ViTAdapter(Adapter):
         return [ResidSite(0, base.embeddings)] + [ResidSite(i + 1, block) for i, block in enumerate(base.layers)]
 
     def layernorm_sites(self, base) -> list[LayerNormSite]:
+        import torch
+
         sites = []
         for i, block in enumerate(base.layers):
             sites.append(LayerNormSite(i + 1, "ln_attn", block.layernorm_before))

@@ -29,13 +29,18 @@ exactly on every valid frame. The modules have no `layer_idx`: `attention_sites`
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from anisweep.adapters.base import Adapter, AttentionSite, Geometry, LayerNormSite, ResidSite
+
+if TYPE_CHECKING:  # torch at run time only: a dry run of the workflow imports the adapters
+    import torch
 
 
 def frame_positions(base, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids -1, valid) of the frames the feature encoder emits for the padded waveforms of `batch`."""
+    import torch
+
     n, length = batch["input_values"].shape
     # the frames entering the encoder: before wav2vec2's optional adapter stack after it (HuBERT has none)
     encoder_only = {"add_adapter": False} if base.config.model_type == "wav2vec2" else {}

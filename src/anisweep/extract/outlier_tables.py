@@ -79,13 +79,14 @@ def _tokenizer_at(folder: str, trust_remote_code: bool = False):
     return None
 
 
-def token_kinds(recorder, model, trust_remote_code: bool = False) -> TokenKinds:
-    """The kinds of the Recorder's batch, with the model's config and, where one loads from the model's folder (or
-    its parent, a run folder), its tokenizer."""
+def token_kinds(recorder, model, trust_remote_code: bool = False, tokenizer=None) -> TokenKinds:
+    """The kinds of the Recorder's batch, with the model's config and the tokenizer given or, where one loads
+    from the model's folder (or its parent, a run folder), that one."""
     token_ids = getattr(recorder, "token_ids", None)
     folder = getattr(model, "name_or_path", "") or ""
     readable = folder and Path(folder).is_dir() and token_ids is not None
-    tokenizer = _tokenizer_at(str(folder), trust_remote_code) if readable else None
+    if tokenizer is None and readable:
+        tokenizer = _tokenizer_at(str(folder), trust_remote_code)
     return TokenKinds(token_ids, getattr(model, "config", None), tokenizer)
 
 

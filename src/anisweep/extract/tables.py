@@ -226,8 +226,9 @@ def embeddings_table(adapter: Adapter, model: nn.Module, initialised: tuple[str,
     return pl.DataFrame(rows, schema=EXTRACT_SCHEMAS["embeddings"])  # no rows without matrices (CANINE's hashing)
 
 
-def tables(recorder: Recorder, loaded: LoadedModel, ident: dict) -> dict[str, pl.DataFrame]:
-    """Every table of `tables.EXTRACT_TABLES`, in that order, with the identity columns."""
+def tables(recorder: Recorder, loaded: LoadedModel, ident: dict, tokenizer=None) -> dict[str, pl.DataFrame]:
+    """Every table of `tables.EXTRACT_TABLES`, in that order, with the identity columns. `tokenizer` names the
+    outlier tables' tokens; without one, the tokenizer in the model's folder does (a live model has none)."""
     build = {
         "qk": lambda: qk_table(recorder),
         "attention": lambda: attention_table(recorder),
@@ -241,7 +242,7 @@ def tables(recorder: Recorder, loaded: LoadedModel, ident: dict) -> dict[str, pl
         "sinks": lambda: outlier_tables.sinks_table(recorder),
         "sink_keys": lambda: outlier_tables.sink_keys_table(recorder, kinds),
     }
-    kinds = outlier_tables.token_kinds(recorder, loaded.model, loaded.trust_remote_code)
+    kinds = outlier_tables.token_kinds(recorder, loaded.model, loaded.trust_remote_code, tokenizer)
     out = {name: with_identity(build[name](), ident) for name in EXTRACT_TABLES}
     if recorder.geometry.cross_layers:  # an encoder-decoder: its cross-attention in tables of their own
         out["cross_qk"] = with_identity(qk_table(recorder, cross=True), ident)
