@@ -88,8 +88,8 @@ def test_every_rule_logs_the_same_way_and_repeats_its_cause(tmp_path):
         assert log, line
         assert f"tail -n 1 {log[1]}" in line and "exit $rc; }" in line, line
         assert log[1].startswith("logs/"), line
-        # fetch, extract, metrics and gradients name the checkpoint in the line themselves
-        if command not in ("fetch", "extract", "metrics", "gradients"):
+        # the per-checkpoint commands name the checkpoint in the line themselves (cli._checkpoint_key)
+        if command not in ("fetch", "extract", "metrics", "measure", "gradients", "weights", "logit-lens"):
             assert re.search(r"echo '?[a-z_]+[^\"]*'?\": \$\(tail -n 1 ", line), line
     assert any("echo 'sweep toy/toy-bert'\": $(tail -n 1 logs/sweep/toy/toy-bert.log)\"" in line for line in lines)
 
