@@ -1,8 +1,8 @@
 """Shared test helpers and markers.
 
-Markers (registered in pyproject.toml): ``slow`` for whole-DAG Snakemake runs and anything else over ~10 s,
-``slurm`` for the real SLURM cluster test. ``pytest -m "not slow and not slurm"`` is the quick subset to run
-while changing code (under two minutes on 2 cores); plain ``pytest`` runs everything.
+Markers (registered in pyproject.toml): ``slow`` for whole-DAG Snakemake runs and any test over about a second
+(its fixture's setup included), ``slurm`` for the real SLURM cluster test. ``pytest -m "not slow and not slurm"``
+is the quick subset to run while changing code; plain ``pytest`` runs everything.
 
 The tiny-model helpers below are shared by test_extract.py and test_metrics.py (``from conftest import
 ...``; pytest puts this folder on ``sys.path``, as it does for hubcache.py and slurm_cluster.py).

@@ -219,6 +219,7 @@ def not_run() -> list[Block]:
     return [b for key in NOT_RUN for b in matching(*key)]
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_every_block_is_run_or_listed():
     assert not [key for key in [*NOT_RUN, *PYTHON] if len(matching(*key)) != 1], "each entry names one block"
     unknown = [str(b) for b in blocks() if b.language not in LANGUAGES]
@@ -251,6 +252,7 @@ def test_the_adapter_walkthrough_shows_the_adapters_own_code():
 
 
 # the README's callback is asked for steps 100 and 1000, past the test's one training step: warned about
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.filterwarnings("ignore:AnisweepCallback:UserWarning")
 @pytest.mark.parametrize("key", list(PYTHON), ids=[f"{page}:{marker}" for page, marker in PYTHON])
 def test_python_block(key, tmp_path, monkeypatch):

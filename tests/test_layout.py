@@ -102,6 +102,7 @@ def test_code_inputs_follow_imports_inside_functions():
     assert "extract.model" not in closure("measures.metrics")  # editing extract reruns no metrics job
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize("module", RULE_MODULES)
 def test_a_rules_code_input_holds_every_module_its_command_imports(module):
     """Independent of the static walk: the anisweep modules a fresh interpreter has loaded after importing the

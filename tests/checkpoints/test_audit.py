@@ -240,6 +240,7 @@ def test_a_step_serving_main_outside_the_sweep_is_flagged_against_main(monkeypat
     assert rows[143000]["status"] == "ok"
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_pythia_2_8b_published_pattern_leaves_85_of_154_steps_out(monkeypatch, tmp_path):
     """EleutherAI/pythia#205's table, with tiny files: 76 steps serve `main`'s file, 10 (143000 among them) a second
     one; the rest their own. The audit flags 85 steps, each against the trusted branch it repeats, in two lines."""

@@ -93,6 +93,7 @@ def assert_matches(got, expected, valid, dtype):
     )
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize(
     "dtype, causal, d",
     [
@@ -125,6 +126,7 @@ def test_ties(dtype):
     np.testing.assert_allclose(uniform.numpy(), 1 / 11, rtol=1e-6)
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize("path", ["fused", "scores"])
 def test_row_blocks_and_score_chunks(monkeypatch, path):
     """Several blocks of query rows per head (causal: each block loads only the keys its rows see), and
@@ -144,6 +146,7 @@ def test_row_blocks_and_score_chunks(monkeypatch, path):
     )
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize("causal", [False, True])
 def test_torch_path_agrees(causal):
     """The CPU path's masked_exp_ and row_statistics give the kernel's row statistics."""
@@ -156,6 +159,7 @@ def test_torch_path_agrees(causal):
         )
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_refuses_cpu_tensors_without_interpreter():
     code = (
         "import torch; from anisweep.extract import attention_triton as a; q = torch.zeros(1, 1, 4, 16)\n"
@@ -189,6 +193,7 @@ def test_missing_triton_warns_once_and_falls_back(monkeypatch):
         recorder._triton_or_warn.cache_clear()
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize(
     "kind", ["bert", pytest.param("gpt_neox", marks=pytest.mark.slow), pytest.param("llama", marks=pytest.mark.slow)]
 )

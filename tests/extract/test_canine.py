@@ -59,6 +59,7 @@ def canine_reference(path, batch):
     )
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize("batch_size", [2, 5])
 def test_canine_deep_stack_matches_eager_reference(tmp_path, batch_size):
     path = saved(tmp_path, transformers.CanineModel, canine_config(), "canine")
@@ -83,6 +84,7 @@ def test_canine_molecules_are_masked_and_labelled_as_canine_pools_them():
     assert mol_ids[0].tolist() == [100, 100, 104, 108]
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_canine_hidden_sample_is_of_molecules(tmp_path):
     path = saved(tmp_path, transformers.CanineModel, canine_config(), "canine")
     tables, _ = run_extract(path, char_batch())

@@ -63,6 +63,7 @@ def reference_cells(path, pixel_values):
     return [h.flatten(2).transpose(1, 2).double() for h in out.hidden_states]
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize("kind", sorted(CONVNETS))
 def test_convnets_cells_match_hidden_states(tmp_path, kind):
     cls, config = CONVNETS[kind]

@@ -104,6 +104,7 @@ def t5_reference(path, batch):
 BYT5 = {"feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize(("head", "variant"), [("lm", {}), ("base", {}), ("lm", BYT5)])
 def test_t5_matches_eager_reference(tmp_path, head, variant):
     """Encoder, decoder and cross-attention statistics, residual stream and norms, with padding and mini-batches of
@@ -136,6 +137,7 @@ def test_t5_relative_bias_and_unscaled_scores_matter(tmp_path):
     assert abs(row["score_std"] - (plain / np.sqrt(q.shape[-1])).std(unbiased=False).item()) > 1e-3
 
 
+@pytest.mark.slow  # over ~1 s: the quick subset leaves it to the full run
 def test_t5_chunked_attention_matches_eager_reference(tmp_path, monkeypatch):
     """Tiny chunks and causal row blocks (the bias sliced with them), mini-batches of 3."""
     monkeypatch.setattr(attention_torch, "CHUNK_ELEMENTS", 150)

@@ -372,6 +372,7 @@ def full_batch(n=5, t=12, seed=0):
     }
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize("kind", ["bert", "gpt_neox", "llama", "olmo2", "albert"])
 @pytest.mark.parametrize("padded", [True, False])
 @pytest.mark.parametrize("threads", [1, 2])

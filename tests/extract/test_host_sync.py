@@ -178,6 +178,7 @@ def host_buffers(recorder) -> dict[int, str]:
     return {b.untyped_storage().data_ptr(): name for name, b in named}
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize("kind", sorted(MODELS))
 def test_a_whole_extract_run_never_waits_for_the_device(tmp_path, kind):
     recorder, trap = run_on_meta(tmp_path, kind)

@@ -94,6 +94,7 @@ def test_failing_launch_warns_once_and_returns_none(monkeypatch, fresh_fallbacks
     assert len(caught) == 1
 
 
+@pytest.mark.slow  # over ~1 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize(
     "why, message", [("compile_error", "PTXASError"), ("too_many_keys", "MAX_KEYS = 8"), ("dtype", "torch.float32 is")]
 )

@@ -129,6 +129,7 @@ def check_sinks(tables, ref, batch):
             )
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_outlier_tables_and_measures_match_brute_force(tmp_path, kind):
     """BERT, GPT-NeoX, Llama, OLMo, OLMo 2 and GPT-2 (padding, mini-batches of 2 sequences: the top lists merge

@@ -194,6 +194,7 @@ def frames_valid(path, batch):
     return model._get_feature_vector_attention_mask(t, batch["attention_mask"])
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize("kind", KINDS)
 def test_speech_transformers_match_eager_reference(tmp_path, kind):
     path = saved_model(tmp_path, kind)

@@ -107,6 +107,7 @@ def vision_reference(path, batch):
     return ref, t
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize("kind", sorted(VISION))
 def test_vision_transformers_match_eager_reference(tmp_path, kind):
     cls, config, n_special = VISION[kind]

@@ -79,6 +79,7 @@ def trained(tmp_path_factory):
     return base, callback, with_callback, without
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_the_callback_writes_the_chosen_steps(trained):
     base, callback, _, _ = trained
     run = base / "results" / "local" / "run"

@@ -53,6 +53,7 @@ def both(request, tmp_path_factory):
     return arch, saved, base / "live", weights, eval_texts
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_live_toy_saves_no_checkpoint_and_trains_as_the_saved_one(both):
     _, saved, live, weights, _ = both
     assert sorted(p.name for p in live.iterdir()) == sorted(
@@ -67,6 +68,7 @@ def test_live_toy_saves_no_checkpoint_and_trains_as_the_saved_one(both):
     assert len(weights) == len(STEPS)
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_live_toy_tables_equal_extracting_its_saved_checkpoints(both, tmp_path):
     _, saved, live, _, texts = both
     for step in STEPS:

@@ -120,6 +120,7 @@ def test_avg_cos_never_copies_float32_whole():
     assert abs(c) < 1e-3
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize("fn", [M.isoscore, M.partition_isotropy, M.centred_avg_cos, M.drift])
 def test_other_cloud_metrics_stream_too(fn):
     x = rng(30).standard_normal((200_000, 64), dtype=np.float32)  # 51 MB; float64 copy: 102 MB

@@ -135,6 +135,7 @@ def test_the_glossary_is_consistent():
     assert glossary.SAMPLED_SITES == SAMPLED_SITES
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_every_metric_and_site_written_is_in_the_glossary(written):
     sites_of = {term.name: set(term.sites) for term in glossary.METRICS}
     for name, metrics in written.items():
@@ -146,6 +147,7 @@ def test_every_metric_and_site_written_is_in_the_glossary(written):
         assert not misplaced, (name, misplaced)
 
 
+@pytest.mark.slow  # its fixture runs every architecture (~18 s): the quick subset leaves it to the full run
 def test_every_glossary_entry_is_written_by_some_architecture(written):
     """No stale entry: each metric, site and (metric, site) the glossary lists occurs in some metrics.parquet (but
     the sites only a stream measure sees, which test_stream_sites.py feeds)."""

@@ -81,6 +81,7 @@ def cloud(tables, layer, site):
     return np.stack(rows["vector"].to_list()).astype(np.float64)
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_isotropy_metrics_match_brute_force_on_the_kept_vectors(measured):
     tables, metrics = measured
     for layer, site in tables["hidden"].select("layer", "site").unique().iter_rows():
@@ -226,6 +227,7 @@ def test_identity_and_schema(measured):
     assert not metrics.select(list(METRIC_KEY)).is_duplicated().any()  # the key columns name every row
 
 
+@pytest.mark.slow  # over ~1 s: the quick subset leaves it to the full run
 def test_gradient_metrics_carry_their_parameters_in_columns_not_in_the_name(measured):
     tables, metrics = measured
     names = set(metrics["metric"])

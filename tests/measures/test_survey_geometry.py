@@ -41,6 +41,7 @@ def test_pair_avg_cos_without_pairs_is_nan():
     assert np.isnan(mean) and np.isnan(se) and n == 0
 
 
+@pytest.mark.slow  # over ~1 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize("d", [16, 128, 512])
 def test_the_isotropic_quantile_and_tail_match_gaussian_pairs(d):
     """Monte Carlo of 40,000 pairs of N(0, I_d) vectors (tolerances about 5 of its standard errors): the 95th

@@ -153,6 +153,7 @@ def test_fraction_outside_zero_one_is_refused():
             qk_svd.directions(x, bad, 0)
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_qk_svd_of_a_model_and_its_figures(tmp_path):
     dirs = synthetic_model(tmp_path)
     table, extras = qk_svd.qk_svd(dirs, fraction=0.5, seed=0)
@@ -170,6 +171,7 @@ def test_qk_svd_of_a_model_and_its_figures(tmp_path):
     assert [p.name for p in paths] == list(qk_svd.FIGURES) and all(p.stat().st_size > 10_000 for p in paths)
 
 
+@pytest.mark.slow  # over ~1 s: the quick subset leaves it to the full run
 def test_score_hist_figure(tmp_path):
     rows = []
     for step in (0, 10):

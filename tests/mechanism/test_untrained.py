@@ -551,6 +551,7 @@ def _avg_cos_in_out(rows: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_the_norms_caption_says_what_the_tables_show(tmp_path):
     """untrained_norms.rst's claims against tables computed here: at initialisation the output avg_cos follows
     the input's within the caption's bound at every N, above or below (no `at or above`), both rise toward 1;

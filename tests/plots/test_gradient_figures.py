@@ -172,6 +172,7 @@ def test_with_fixed_subspaces_only_the_figures_draw_the_fixed_fit(drawn, tmp_pat
     np.testing.assert_allclose(frequent.get_ydata(), [0.26, 0.56, 0.56, 0.56])
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_every_gradient_figure_is_written(tmp_path):
     names = gp.gradient_figures({"subspaces": "both", "embedding_change": True})
     written = gp.plot_gradients(sweep_table(), tmp_path, names)

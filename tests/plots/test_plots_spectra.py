@@ -71,6 +71,7 @@ def _synthetic(steps=(0, 1, 10, 100, 1000), d=16, d_head=4, n=120, n_layers=3, h
     return pl.concat(tables)
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_spectra_figure_is_written_from_a_synthetic_table(tmp_path):
     spectra = _synthetic()
     assert [p[:2] for p in hidden_panels(spectra)] == [
@@ -86,6 +87,7 @@ def test_spectra_figure_is_written_from_a_synthetic_table(tmp_path):
     assert [p[:2] for p in hidden_panels(no_final)] == [(0, "resid"), (2, "resid"), (3, "resid")]
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_cli_plot_spectra(tmp_path):
     spectra = _synthetic(steps=(0, 5))
     paths = []

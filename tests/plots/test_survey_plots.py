@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pytest
 
 from anisweep.measures import geometry
 from anisweep.plots import survey
@@ -50,6 +51,7 @@ def test_each_model_at_its_last_analysed_step():
     }
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_every_survey_figure_is_written(tmp_path):
     survey.plot_survey(sweeps(), tmp_path)
     for name in survey.FIGURES:

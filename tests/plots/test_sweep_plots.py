@@ -121,6 +121,7 @@ def outlier_rows(step: int) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize(
     "steps",
     [pytest.param([0, 1, 2, 4, 64, 512], marks=pytest.mark.slow), [0, 100, 200, 300]],
@@ -157,6 +158,7 @@ def test_comparison_figures_put_every_model_on_one_unit(tmp_path, monkeypatch, w
         pyplot().close(figures[-1])
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_families_figure_compares_one_site_per_panel(tmp_path):
     """Each panel's rows come from the one site it names (final_ln_in differs from final_ln_out in the fake
     values below), per-layer values are averaged over layers, duplicates are left out."""
@@ -214,6 +216,7 @@ def test_family_figure_compares_the_same_named_site_and_rotary_variant(tmp_path,
     assert lines == {"neox qk_pre": ({4.0}, "-"), "neox qk_post": ({5.0}, "--"), "bert qk_pre": ({4.5}, "-")}
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_drift_figure_shows_p_against_005_and_qk_figures_show_each_metric(tmp_path, monkeypatch):
     import anisweep.plots.kit as kit
     import anisweep.plots.sweep as plots
@@ -315,6 +318,7 @@ def test_the_sign_free_partition_isotropy_is_primary_and_the_other_labelled_solv
             assert other.get_linewidth() < primary.get_linewidth() and other.get_alpha() < 1
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_figures_label_axes_in_words_and_keep_legends_off_the_data(tmp_path, monkeypatch):
     """Issue 25 item 11: no raw metric name as an axis label; every legend of these figures sits in a panel
     without data (a spare one of the grid) or outside the panels."""

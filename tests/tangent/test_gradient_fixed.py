@@ -205,6 +205,7 @@ def hidden_frame(x: np.ndarray, layer: int, site: str) -> pl.DataFrame:
     )
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_fixed_bases_equal_a_direct_fit_on_the_pooled_sample():
     rng = np.random.default_rng(5)
     d = 10
@@ -267,6 +268,7 @@ def test_the_fixed_bases_file_names_its_window_and_the_rows_carry_it(tmp_path):
     assert not any(r.get("window") for r in rows if r.get("fit") != "fixed")
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_analyse_with_fixed_bases_equal_to_its_own_gives_the_same_shares(tmp_path):
     model, adapter, batch = tiny_neox_lm(tmp_path)
     lm = causal_lm_batch(batch["input_ids"], batch["attention_mask"].bool())

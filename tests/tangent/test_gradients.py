@@ -71,6 +71,7 @@ def test_shares_against_brute_force():
     assert sums.n[0] == 300
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize(("d", "k"), [(12, 3), (32, 4), pytest.param(64, 16, marks=pytest.mark.slow)])
 def test_the_exact_null_equals_many_random_subspaces(d, k):
     """null_moments against 20,000 Haar-random rank-k projectors (QR of Gaussian matrices), for a spread-out and
@@ -182,6 +183,7 @@ def reference_gradients(model, lm: LMBatch):
     return float(loss.detach()), [h.grad for h in out.hidden_states]
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize("arch", ["bert", "neox"])
 def test_per_token_gradients_equal_full_backward(tmp_path, arch):
     cls, cfg = (BertForMaskedLM, bert_config()) if arch == "bert" else (GPTNeoXForCausalLM, neox_config())
@@ -291,6 +293,7 @@ def test_default_sites_read_the_last_layer_once():
     assert [(s.layer, s.site) for s in sites] == [(0, "resid"), (1, "resid"), (2, "resid")]
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_gradient_sweep_and_figures_from_checkpoint_tables(tmp_path):
     from anisweep.plots.gradients import GRADIENT_FIGURES, plot_gradients
     from anisweep.tables import with_identity, write_atomic

@@ -55,6 +55,7 @@ def test_the_schema_default_cap_is_the_solvers():
     assert GradientSettings().max_iter == MAX_ITER
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_the_default_fit_reaches_the_planted_optimum_and_subspace():
     # the toys' shape (d_model 64, rank 16); fails on the multiplicative updates at 100 or 200 updates (1.14x the
     # noise floor at 200, 2.1x at 100, against 0.86x converged)
@@ -78,6 +79,7 @@ def test_the_default_fit_recovers_an_exact_factorisation():
     np.testing.assert_allclose(fit.error, relative_error(x, fit))
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_multiplicative_updates_at_the_old_caps_are_not_converged():
     x, _, floor = planted(n=1000, d=64, k=16, noise=0.01)
     converged = semi_nmf(x, 16, seed=0)
@@ -88,6 +90,7 @@ def test_multiplicative_updates_at_the_old_caps_are_not_converged():
         assert old.error >= 1.05 * converged.error
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize("n, d, seed", [(1024, 64, 0), (512, 64, 1), (1024, 128, 2)])
 def test_the_default_fit_of_activation_like_data_converges_within_the_default_cap(n, d, seed):
     x = activation_like(n, d, seed)
@@ -209,6 +212,7 @@ def test_the_default_solver_takes_the_same_steps_as_scipys_nnls():
     assert fast.error == pytest.approx(reference.error, rel=1e-10)
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_extrapolation_reaches_the_same_fit_in_fewer_sweeps():
     x = activation_like(1024, 64, 0)
     fast, plain = semi_nmf(x, 16, seed=0), semi_nmf(x, 16, seed=0, extrapolate=False)

@@ -35,6 +35,7 @@ def runs(request, tmp_path_factory):
     return arch, a, b
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 def test_the_training_corpus_token_counts_are_written_beside_the_checkpoints(runs):
     """token_counts.parquet is the count of every token id in the training stream (the gradient analysis's strata
     read it: anisweep.tangent.batch.read_token_counts, from a checkpoint folder's run folder)."""

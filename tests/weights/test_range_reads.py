@@ -116,6 +116,7 @@ def test_pickled_bin_falls_back_to_the_whole_file_said_once(tmp_path, monkeypatc
     assert rows == local
 
 
+@pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize("shards", [None, "60KB"], ids=["one-file", "sharded"])
 def test_offline_the_cache_is_read_in_place_and_online_shards_by_ranges(tmp_path, monkeypatch, shards):
     """Offline (the workflow's tests, a cluster node): the Hugging Face cache's snapshot is read where it lies, with
