@@ -104,7 +104,13 @@ def results_folder(tmp_path: Path):
         rows = []
         for step in (0, 64):
             ident = {"family": "toy", "model": model, "seed": 0, "step": step, "tokens_seen": step * 1024}
-            frame = pl.DataFrame([{**ident, "layer": 0, "metric": m, "value": 0.5} for m in ("avg_cos", "isoscore")])
+            values = {"avg_cos": 0.5, "isoscore": 0.5, "massive_dim_1": 7.0 if model == "toy-bert" else float(step)}
+            frame = pl.DataFrame(
+                [
+                    {**ident, "layer": 0, "site": "resid", "head": None, "metric": m, "value": v}
+                    for m, v in values.items()
+                ]
+            )
             (tmp_path / f"results/toy/{model}/step{step}").mkdir(parents=True)
             frame.write_parquet(tmp_path / f"results/toy/{model}/step{step}/metrics.parquet")
             rows.append(frame.with_columns(status=pl.lit("ok")))
@@ -112,7 +118,8 @@ def results_folder(tmp_path: Path):
 
     def check(namespace):
         assert namespace["avg_cos"].height == 4 and set(namespace["avg_cos"]["metric"]) == {"avg_cos"}
-        assert namespace["sweeps"].height == 8
+        assert namespace["sweeps"].height == 12
+        assert namespace["identity"]["dim"].to_list() == [7, 7] and namespace["identity"]["same_as_last"].all()
 
     return {}, check
 
