@@ -280,7 +280,17 @@ GRADIENT_JOBS = {"gradients", "gradient_fixed_shares", "gradients_sweep", "sweep
     [
         (
             "plots/kit.py",
-            {"plot_model", "plot_family", "plot_spectra", "plot_score_hist", "qk_svd", "plot_gradients", "plot_survey"},
+            {
+                "plot_model",
+                "plot_family",
+                "plot_spectra",
+                "plot_score_hist",
+                "qk_svd",
+                "plot_gradients",
+                "plot_survey",
+                "plot_circuits",
+                "plot_logit_lens",
+            },
         ),
         ("mechanism/qk_svd.py", {"qk_svd", "plot_score_hist"}),
         ("tangent/sweep.py", {"gradients_sweep", "plot_gradients"}),
