@@ -88,7 +88,7 @@ rule plot_logit_lens:
         sweep="results/{family}/{model}/sweep.parquet",
         code=code_inputs("plots.circuits"),
     output:
-        **model_figures(WEIGHT_FIGURES[-1:]),
+        **model_figures(LENS_FIGURES),
     log:
         "logs/plot_logit_lens/{family}/{model}.log",
     conda:
@@ -107,7 +107,7 @@ rule plot_circuits:
         pairs=per_checkpoint("weight_pairs.parquet"),
         code=code_inputs("plots.circuits"),
     output:
-        **model_figures(WEIGHT_FIGURES[:-1]),
+        **model_figures(BUILTIN_WEIGHT["circuits"]),
     log:
         "logs/plot_circuits/{family}/{model}.log",
     conda:

@@ -1,5 +1,5 @@
 # The weight measures' constants and input functions (their rules: workflow/rules/weights.smk).
-from anisweep.measures.registry import WEIGHT_FIGURES
+from anisweep.measures.registry import BUILTIN_WEIGHT, LENS_FIGURES, WEIGHT_FIGURES
 
 WEIGHT_MEASURES = {name: m for name, m in MEASURES.items() if m.kind == "weight"}
 WEIGHTS_CODE = code_inputs("measures.circuits", "weights.run")

@@ -70,8 +70,10 @@ BUILTIN = {
 GRADIENT_MEASURE = "gradients"  # the `measure` of the gradient analysis's rows (anisweep.tangent)
 #: The built-in weight measures (anisweep.measures.circuits): name -> the figures of each model that draw its rows.
 BUILTIN_WEIGHT = {"circuits": ("qk_circuits.png", "ov_circuits.png", "circuit_pairs.png")}
+#: The logit lens's figures (anisweep.plots.circuits).
+LENS_FIGURES = ("logit_lens.png",)
 #: The figures of a model whose weights are read (config `weights.enabled`): the circuits' and the logit lens's.
-WEIGHT_FIGURES = (*BUILTIN_WEIGHT["circuits"], "logit_lens.png")
+WEIGHT_FIGURES = (*BUILTIN_WEIGHT["circuits"], *LENS_FIGURES)
 #: The roles of a checkpoint's tensors a weight measure may name (anisweep.weights.layout resolves them per
 #: architecture): the token embedding, the unembedding (an encoder's MLM decoder), the final norm (an encoder's MLM
 #: transform LayerNorm), every layer's W_Q, W_K, W_V, W_O, and the norm before each layer's attention.
