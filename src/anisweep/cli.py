@@ -360,10 +360,16 @@ def cmd_logit_lens(args) -> None:
 
 
 def cmd_plot_circuits(args) -> None:
-    from anisweep.plots.circuits import plot_circuits
-    from anisweep.tables import read_parquet
+    import polars as pl
 
-    plot_circuits(read_parquet(args.sweep), args.pairs, args.qk, args.ov, args.pairs_figure)
+    from anisweep.plots.circuits import plot_circuits
+    from anisweep.tables import METRIC_SCHEMA, read_parquet
+
+    weights = pl.concat([read_parquet(path) for path in args.weights])
+    if weights.height == 0:  # no layout reads the architecture: the figures say so, under the model's name
+        family, model = Path(args.weights[0]).parts[-4:-2]  # results/{family}/{model}/step{N}/weights.parquet
+        weights = pl.DataFrame([{"family": family, "model": model}], schema=METRIC_SCHEMA)
+    plot_circuits(weights, args.pairs, args.qk, args.ov, args.pairs_figure)
 
 
 def cmd_plot_logit_lens(args) -> None:
@@ -603,8 +609,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(run=cmd_logit_lens)
 
-    p = sub.add_parser("plot-circuits", help="the circuits' figures of one model's sweep (weight measure)")
-    p.add_argument("--sweep", required=True)
+    p = sub.add_parser("plot-circuits", help="the circuits' figures of one model (its weights.parquet tables)")
+    p.add_argument("--weights", nargs="+", required=True, help="weights.parquet of each checkpoint")
     p.add_argument("--qk", required=True, help="qk_circuits.png")
     p.add_argument("--ov", required=True, help="ov_circuits.png")
     p.add_argument("--pairs-figure", required=True, help="circuit_pairs.png")

@@ -284,7 +284,7 @@ def make_batch(
     *,
     margin: float = 2.0,
     shuffle_documents: bool = True,
-) -> dict[str, torch.Tensor]:
+) -> dict:
     """A fixed evaluation batch: ``input_ids`` and ``attention_mask``, int64, ``(n_sequences, seq_len)``, and
     ``unknown_mask``, bool, True where the tokenizer's unknown token stands for text it could not read (never a
     separator or special token that shares its id, as ``<|endoftext|>`` does in byte-level BPE tokenizers).
@@ -294,7 +294,8 @@ def make_batch(
     tokenized); ``n_sequences`` non-overlapping windows of ``seq_len - n_special`` tokens are taken
     at seeded random offsets (uniform over all non-overlapping placements) and wrapped in the
     tokenizer's special tokens. Every position is a real token: the attention mask is all ones.
-    The same tokenizer, texts and seed always give the same batch.
+    The same tokenizer, texts and seed always give the same batch. A tokenizer with a mask token adds
+    ``mask_token_id`` and ``special_ids`` (mask_token_of), which the model never takes.
     """
     if int(n_sequences) < 1:
         raise ValueError(f"n_sequences must be >= 1, got {n_sequences}")
@@ -335,7 +336,17 @@ def make_batch(
     input_ids = torch.cat(parts, dim=1).contiguous()
     unknown_mask = torch.zeros_like(input_ids, dtype=torch.bool)
     unknown_mask[:, len(prefix) : len(prefix) + content_len] = unknown
-    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "unknown_mask": unknown_mask}
+    batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "unknown_mask": unknown_mask}
+    return batch | mask_token_of(tokenizer)
+
+
+def mask_token_of(tokenizer) -> dict:
+    """`mask_token_id` and `special_ids` of a tokenizer with a mask token (an MLM's: extract's masked pass,
+    anisweep.extract.masked), else nothing."""
+    mask = getattr(tokenizer, "mask_token_id", None)
+    if mask is None:
+        return {}
+    return {"mask_token_id": int(mask), "special_ids": tuple(int(i) for i in tokenizer.all_special_ids)}
 
 
 def _unknown_in(tokenizer, tokens: torch.Tensor, separators: list[int]) -> torch.Tensor:

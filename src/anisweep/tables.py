@@ -61,6 +61,15 @@ EXTRACT_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
         "token_id": pl.Int64,
         "vector": _F32_LIST,
     },
+    # an encoder's residual stream at the masked tokens of its masked pass (anisweep.extract.masked): the logit
+    # lens's states; no rows for a model without a mask token
+    "masked_resid": {
+        "layer": pl.Int64,
+        "seq": pl.Int64,
+        "position": pl.Int64,
+        "token_id": pl.Int64,
+        "vector": _F32_LIST,
+    },
     "hidden_stats": {
         "layer": pl.Int64,
         "site": pl.String,

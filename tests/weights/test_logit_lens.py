@@ -1,7 +1,7 @@
 """The logit lens from extract's samples against Hugging Face's own hidden states and heads: every layer's
 states of a tiny decoder (GPT-NeoX: its final norm then embed_out, the last layer its own logits) and a tiny encoder
-(BERT: its MLM head on every layer), the ranks, probabilities, KL to the last layer and angles recomputed with numpy
-over the sampled tokens."""
+(BERT: its MLM head on every layer, over its masked pass: Hugging Face's forward of the batch with those tokens
+masked), the ranks, probabilities, KL to the last layer and angles recomputed with numpy over the lens's tokens."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from anisweep.weights.lens import lens_from_hidden
 from anisweep.weights.source import LocalSource
 
 from conftest import bert_config, gpt2_config, llama_config, neox_config, padded_batch, run_extract, saved
+
+MASK = 4  # padded_batch's tokens are 5..59, its padding 0
 
 
 def hf_layer_logits(model, batch, encoder: bool) -> list[np.ndarray]:
@@ -49,20 +51,31 @@ def hf_states(model, batch) -> list[np.ndarray]:
 def test_logit_lens_matches_hugging_face(tmp_path, cls, config, encoder):
     path = saved(tmp_path, cls, config(), "m")
     model = cls.from_pretrained(path).eval()
-    batch = padded_batch()
+    batch = padded_batch() | ({"mask_token_id": MASK, "special_ids": (0, 1, 2, 3, MASK)} if encoder else {})
     tables, _ = run_extract(path, batch)
     source = LocalSource(path)
     layout = layout_for(source.config, source.names(), source.get)
-    rows = lens_from_hidden(tables["hidden"], batch["input_ids"], batch["attention_mask"], layout)
+    rows = lens_from_hidden(
+        tables["hidden"], batch["input_ids"], batch["attention_mask"], layout, tables["masked_resid"]
+    )
     got = {(r.get("layer"), r["metric"]): r["value"] for r in rows}
 
-    sample = tables["hidden"].filter((tables["hidden"]["site"] == "resid") & (tables["hidden"]["layer"] == 0))
-    sample = sample.sort("seq", "position")
-    seq, pos = sample["seq"].to_numpy(), sample["position"].to_numpy()
     ids, mask = batch["input_ids"].numpy(), batch["attention_mask"].numpy()
     if encoder:
+        sample = tables["masked_resid"].filter(tables["masked_resid"]["layer"] == 0).sort("seq", "position")
+        seq, pos = sample["seq"].to_numpy().copy(), sample["position"].to_numpy().copy()
+        first = np.zeros_like(ids, dtype=bool)
+        first[seq, pos] = True
+        assert seq.max() < 2 and first[:2].sum() == len(seq)  # the first mini-batch (batch_size 2) only
+        assert mask[seq, pos].all() and (ids[seq, pos] >= 5).all()  # text tokens, never padding or special
         keep, target = np.ones(len(seq), bool), ids[seq, pos]
+        masked = batch["input_ids"][:2].clone()
+        masked[seq, pos] = MASK
+        batch = {"input_ids": masked, "attention_mask": batch["attention_mask"][:2]}
     else:
+        sample = tables["hidden"].filter((tables["hidden"]["site"] == "resid") & (tables["hidden"]["layer"] == 0))
+        sample = sample.sort("seq", "position")
+        seq, pos = sample["seq"].to_numpy(), sample["position"].to_numpy()
         nxt = np.minimum(pos + 1, ids.shape[1] - 1)
         keep = (pos + 1 < ids.shape[1]) & (mask[seq, nxt] == 1)
         target = ids[seq, nxt]

@@ -182,3 +182,25 @@ def test_several_families_get_the_cross_family_figure(tmp_path):
     single = snakemake(tmp_path, "--configfile", str(tmp_path / "tiny.yaml"), "-n", "--printshellcmds")
     assert single.returncode == 0, single.stderr[-3000:]
     assert " plot-families " not in single.stdout + single.stderr
+
+
+def job_counts(done: subprocess.CompletedProcess) -> dict[str, int]:
+    """Snakemake's `Job stats` of a dry run, without the target rule's own line."""
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = {}
+    for line in (done.stdout + done.stderr).split("Job stats:", 1)[1].splitlines()[3:]:
+        name, count = line.split()
+        if name == "total":
+            return counts
+        counts[name] = int(count)
+    return counts
+
+
+@pytest.mark.slow  # snakemake parses the whole workflow
+def test_a_weights_only_sweep_runs_no_model(tmp_path):
+    """`snakemake weights_only`: every checkpoint's weight measure and the circuit figures, and nothing that runs a
+    model (no fetch, no extract, no logit lens, no metrics)."""
+    configfile = tmp_path / "tiny.yaml"
+    configfile.write_text(yaml.safe_dump(TINY))
+    done = snakemake(tmp_path, "--configfile", str(configfile), "-n", "weights_only")
+    assert job_counts(done) == {"plot_circuits": 2, "train_toy": 2, "weights": 6, "weights_only": 1}

@@ -56,11 +56,13 @@ rule weight_measure:
 
 
 # The logit lens (anisweep.measures.logit_lens): extract's sampled residual states read through the checkpoint's own
-# head, against the batch's next tokens (an encoder's own tokens). Its head's weights are read, never run forward.
+# head, against the batch's next tokens (an encoder's: its states at masked tokens, against the token masked). Its
+# head's weights are read, never run forward.
 rule logit_lens:
     input:
         toy_checkpoints_dir,
         hidden="results/{family}/{model}/step{step}/hidden.parquet",
+        masked="results/{family}/{model}/step{step}/masked_resid.parquet",
         info="results/{family}/{model}/step{step}/extract.json",
         texts=rules.corpus.output[0],
         code=code_inputs("weights.lens"),
@@ -100,10 +102,11 @@ rule plot_logit_lens:
 
 
 # The circuits over training: QK patterns and copying heads forming, per layer and head; the top token pairs of the
-# heads that end most self-attending and most copying, at three steps.
+# heads that end most self-attending and most copying, at three steps. From the weight tables alone, never a sweep:
+# a weights-only sweep draws them too.
 rule plot_circuits:
     input:
-        sweep="results/{family}/{model}/sweep.parquet",
+        weights=per_checkpoint("weights.parquet"),
         pairs=per_checkpoint("weight_pairs.parquet"),
         code=code_inputs("plots.circuits"),
     output:
@@ -114,9 +117,17 @@ rule plot_circuits:
         CONDA_ENV
     shell:
         figure_command(
-            "plot-circuits --sweep {input.sweep:q} --qk {output.qk_circuits:q} --ov {output.ov_circuits:q} "
+            "plot-circuits --weights {input.weights:q} --qk {output.qk_circuits:q} --ov {output.ov_circuits:q} "
             "--pairs-figure {output.circuit_pairs:q} {input.pairs:q}",
             "plot_circuits",
             "family",
             "model",
         )
+
+
+# A sweep of the weights alone, `snakemake weights_only`: every saved checkpoint's weight measures (the built-in
+# circuits and the user's) and the circuit figures, without fetch or any forward pass; a Hub checkpoint's named
+# tensors are read by range requests. The logit lens and the sweep tables need extract: the default target.
+rule weights_only:
+    input:
+        weights_only_outputs(),

@@ -27,3 +27,17 @@ def weight_figures(family, model):
     if not has_weights(model):
         return []
     return [f"results/{family}/{model}/figures/{name}" for name in WEIGHT_FIGURES]
+
+
+def weights_only_outputs():
+    """The target `weights_only`: each saved model's weight tables and circuit figures, nothing that runs a model."""
+    outputs = []
+    for family, model in MODELS:
+        if model in LIVE_MODELS:
+            continue
+        folders = [f"results/{c.key}" for c in model_checkpoints(family, model)]
+        if has_weights(model):
+            outputs += [f"{f}/{name}.parquet" for f in folders for name in ("weights", "weight_pairs")]
+            outputs += [f"results/{family}/{model}/figures/{name}" for name in BUILTIN_WEIGHT["circuits"]]
+        outputs += [f"{f}/measures/{name}.parquet" for f in folders for name in WEIGHT_MEASURES]
+    return outputs

@@ -240,6 +240,9 @@ class Adapter:
     #: the attention implementation the model loads with: None for the recording function (`anisweep`); "eager" for
     #: a model whose attention never calls it (then `own_attention` names the modules the recorder hooks)
     attn_implementation: str | None = None
+    #: a masked language model whose `output_hidden_states` are its residual stream: extract adds the masked pass
+    #: (anisweep.extract.masked) that the logit lens of an encoder reads
+    masked_lm: bool = False
 
     def geometry(self, config) -> Geometry:
         raise NotImplementedError

@@ -8,6 +8,7 @@ from anisweep.adapters.base import Adapter, Geometry, LayerNormSite, ResidSite
 class BertAdapter(Adapter):
     model_types = ("bert",)
     architectures = ("BertModel", "BertForPreTraining", "BertForMaskedLM", "BertLMHeadModel")
+    masked_lm = True
 
     def geometry(self, config) -> Geometry:
         d_head = config.hidden_size // config.num_attention_heads

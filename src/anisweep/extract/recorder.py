@@ -17,6 +17,7 @@ from torch import nn
 from anisweep.adapters import Adapter, Geometry
 from anisweep.extract import attention_torch
 from anisweep.extract.attention_torch import Scratch, Workers, row_blocks
+from anisweep.extract.masked import MaskedStates
 from anisweep.extract.qk_sample import QKSample
 from anisweep.extract.score_hist import ScoreHistogram
 from anisweep.extract.stream_measures import StreamMeasures, attention_maps
@@ -142,6 +143,7 @@ class Recorder:
     query_prescaled: bool = False  # the adapter's: q arrives scaled, with scaling 1 (Whisper); Hooks sets it
     #: (sequences, sample_tokens, seed) of the evaluation batch: the draw of a site on positions of its own (_grid)
     grid_sampling: tuple[int, int, int] = (0, 0, 0)
+    masked: MaskedStates | None = None  # an MLM's masked pass (anisweep.extract.masked), after the forward
     valid: torch.Tensor = field(init=False)
     scratch: Scratch = field(init=False, default_factory=Scratch)
 

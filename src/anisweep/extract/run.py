@@ -23,6 +23,7 @@ from anisweep.checkpoints import preflight
 from anisweep.checkpoints.weight_files import WeightFiles
 from anisweep.corpus import unknown_token_share
 from anisweep.extract.attention_torch import Workers
+from anisweep.extract.masked import masked_pass
 from anisweep.extract.model import ExtractSettings, LoadedModel, load_model
 from anisweep.extract.qk_sample import QKSample
 from anisweep.extract.recorder import Hooks, Recorder, Sample, attention_kernel, recording
@@ -94,6 +95,8 @@ def run(
                 recorder.begin_batch(to_device(covered[rows], device), start, host_valid=covered[rows])
                 loaded.adapter.forward_batch(loaded.base, chunk)  # the base model, no KV cache to fill
             recorder.finish()
+        if loaded.adapter.masked_lm and not g.causal:  # an MLM's states at masked tokens (extract.masked)
+            recorder.masked = masked_pass(loaded.base, batch, settings.batch_size, settings.seed, device)
     finally:
         workers.close()
     return recorder

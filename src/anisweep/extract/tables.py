@@ -134,6 +134,25 @@ def hidden_table(recorder: Recorder) -> pl.DataFrame:
     return pl.concat(frames)
 
 
+def masked_resid_table(recorder: Recorder) -> pl.DataFrame:
+    """The masked pass's residual states, one row per (layer, masked token); none without one."""
+    masked = recorder.masked
+    if masked is None:
+        return pl.DataFrame(schema=EXTRACT_SCHEMAS["masked_resid"])
+    n = len(masked.seq)
+    return pl.concat(
+        pl.DataFrame(
+            {
+                "layer": np.full(n, layer, dtype=np.int64),
+                "seq": masked.seq,
+                "position": masked.position,
+                "token_id": masked.token_id,
+            }
+        ).with_columns(pl.Series("vector", states.astype(np.float32)).cast(pl.List(pl.Float32)))
+        for layer, states in sorted(masked.states.items())
+    )
+
+
 def _by_head(x: np.ndarray) -> np.ndarray:
     """(tokens, heads, d) -> (heads * tokens, d), head-major."""
     return x.transpose(1, 0, 2).reshape(-1, x.shape[2]).astype(np.float32)
@@ -233,6 +252,7 @@ def tables(recorder: Recorder, loaded: LoadedModel, ident: dict, tokenizer=None)
         "qk": lambda: qk_table(recorder),
         "attention": lambda: attention_table(recorder),
         "hidden": lambda: hidden_table(recorder),
+        "masked_resid": lambda: masked_resid_table(recorder),
         "hidden_stats": lambda: hidden_stats_table(recorder),
         "layernorm": lambda: layernorm_table(loaded.adapter, loaded.base),
         "embeddings": lambda: embeddings_table(loaded.adapter, loaded.model, loaded.initialised),

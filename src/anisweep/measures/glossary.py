@@ -658,8 +658,9 @@ _PROBE = (
     "the probe tokens' embeddings normalised by the norm before block `layer`'s attention (anisweep.measures.circuits)"
 )
 _LENS = (
-    "over extract's sampled tokens with a target (a decoder's next token, an encoder's own token), each layer's"
-    " residual state read through the model's own head (final norm and unembedding; an encoder's MLM head)"
+    "each layer's residual state read through the model's own head (final norm and unembedding; an encoder's MLM"
+    " head): a decoder's over extract's sampled tokens, the target the next token; an encoder's over the masked"
+    " tokens of its masked pass (15% of the first mini-batch's text tokens masked), the target the token masked"
 )
 #: The built-in weight measure `circuits` (site `weights`) and the logit lens (site `resid`).
 WEIGHT_METRICS: tuple[Term, ...] = (
@@ -736,12 +737,12 @@ WEIGHT_METRICS: tuple[Term, ...] = (
     ),
     Term(
         "lens_angle",
-        "mean angle (radians) between a sampled token's centred residual states at layer - 1 and layer: its step"
+        "mean angle (radians) between a lens token's centred residual states at layer - 1 and layer: its step"
         " on LayerNorm's hypersphere into the layer",
         MOLINA,
         ("resid",),
     ),
-    Term("lens_tokens", "how many sampled tokens have a target (layer null)", LOGIT_LENS, ("resid",)),
+    Term("lens_tokens", "how many tokens the lens read that have a target (layer null)", LOGIT_LENS, ("resid",)),
 )
 METRICS = (*METRICS, *WEIGHT_METRICS)
 
@@ -889,7 +890,8 @@ def glossary_markdown(measures=()) -> str:
         "What computes the rows (column `measure`; `gradients`: the gradient analysis), and the figures of each model",
         "(`results/{family}/{model}/figures/`) that draw them. A table measure reads the checkpoint's extract tables;",
         "a stream measure listens at sites of the forward pass; a weight measure reads the checkpoint's weights alone",
-        "(docs/measures.md). The logit lens reads extract's sampled residual states through the checkpoint's own head.",
+        "(docs/measures.md). The logit lens reads extract's sampled residual states (an encoder's at masked tokens)",
+        "through the checkpoint's own head.",
         "",
         *_table(
             ("measure", "kind", "reads", "figures", "definition", "from"),

@@ -1,13 +1,14 @@
 """The logit lens over the layers (nostalgebraist 2020; the journey of Molina 2023, "Traveling Words"), from
-extract's samples and the checkpoint's own head: no forward pass.
+extract's states and the checkpoint's own head: no forward pass of its own.
 
-extract keeps the residual stream of a seeded sample of the evaluation batch's tokens at every layer
-(hidden.parquet, site `resid`: 0 the embeddings, l the output of block l). Each sampled state is read through the
-model's own head (anisweep.weights.layout: the final norm then the unembedding; an encoder's whole MLM head),
-and compared with the token it should predict: a decoder's next token (the batch, rebuilt from the corpus and the
-tokenizer exactly as extract built it, gives it; a sampled token at the end of its sequence has none and is left
-out), an encoder's own token at its position (the batch is not masked: BERT's MLM objective also asks for the
-unmasked tokens it keeps, so this is the lens of a token the model sees, not of a masked one). Per layer:
+A decoder's states: extract keeps the residual stream of a seeded sample of the evaluation batch's tokens at every
+layer (hidden.parquet, site `resid`: 0 the embeddings, l the output of block l), and the target is the next token
+(the batch, rebuilt from the corpus and the tokenizer exactly as extract built it, gives it; a sampled token at the
+end of its sequence has none and is left out). An encoder's: extract's masked pass (anisweep.extract.masked) masks
+15% of the first mini-batch's text tokens and keeps every layer's state at them (masked_resid.parquet), and the
+target is the token masked, what an MLM is trained to predict (an unmasked token would only be copied). Each state
+is read through the model's own head (anisweep.weights.layout: the final norm then the unembedding; an encoder's
+whole MLM head). Per layer:
 
 - `lens_rank`: mean rank of the target among the vocabulary (0: the top logit), `lens_top1`: the share at rank 0,
   `lens_log_rank`: mean log(1 + rank);
