@@ -23,6 +23,11 @@ base-model forward (sdpa attention, no hooks) on the same batch:
     one thread extract's statistics run inline), plus the weights; unlike RSS it ignores the allocator's
     retained free memory.
 
+* the outlier statistics' cost (`--parts outliers`): extract against extract without what it measures of rogue
+  dimensions, massive activations and attention sinks (without_outlier_statistics: no per-dimension squares or top
+  tokens at the sampled sites, no column sums in the attention pass), both interleaved with the plain forward in
+  one process (median of 11 repetitions): the drop of extract's speed ratio, the median of the paired differences.
+
 On a GPU (`--device cuda`, one call, under 10 minutes on one H100; it stops at once where torch sees no GPU), in
 this order, each part in fresh processes without TRITON_INTERPRET, so that Triton compiles its kernels:
 
@@ -77,6 +82,7 @@ in the same process.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import functools
 import gc
@@ -260,6 +266,26 @@ def make_batch(shape: str, n: int, seq_len: int) -> dict:
 # --------------------------------------------------------------------------------------- variants
 
 
+@contextlib.contextmanager
+def without_outlier_statistics():
+    """extract without what it measures of the few directions and keys that carry the anisotropy: no per-dimension
+    squares or top tokens at the sampled sites (rogue dimensions, massive activations), no column sums in the
+    attention pass (attention sinks). The statistics' cost is extract's speed ratio with them against without."""
+    from anisweep.extract import attention_torch, streaming
+
+    attend, update, partial = attention_torch.attend, streaming.SinkStats.update, streaming.VectorStats.partial
+    attention_torch.attend = lambda *args, **kw: attend(*args, **{**kw, "valid": None})
+    streaming.SinkStats.update = lambda self, colsum, *args, **kw: None
+    streaming.VectorStats.partial = staticmethod(
+        lambda x, valid, wait_free=None, outliers=False: partial(x, valid, wait_free)
+    )
+    try:
+        yield
+    finally:
+        attention_torch.attend, streaming.SinkStats.update = attend, update
+        streaming.VectorStats.partial = staticmethod(partial)
+
+
 def variants_for(shape: str, names: list[str], device="cpu", dtype=torch.float32) -> dict:
     """name -> (run(batch) -> kept outputs). HF variants share one model, switching its attention."""
     runs = {}
@@ -298,6 +324,12 @@ def variants_for(shape: str, names: list[str], device="cpu", dtype=torch.float32
                 return run(parts, batch, settings, progress=False)
 
             runs["extract"] = run_extract
+
+            def run_extract_without_outliers(batch):
+                with without_outlier_statistics():
+                    return run_extract(batch)
+
+            runs["extract_without_outliers"] = run_extract_without_outliers
     if "tl" in names:
         tl = tl_model(shape)
 
@@ -765,6 +797,8 @@ def drive(a) -> None:
         out["rows"] = [row for shape in a.shapes for t in a.seq_lens for row in ratio_rows(a, shape, t)]
     if "flat" in a.parts:
         out["flat"] = [f for shape in a.shapes for f in flat_rows(a, shape, out["rows"])]
+    if "outliers" in a.parts:
+        out["outlier_cost"] = [outlier_cost(a, shape, t) for shape in a.shapes for t in a.seq_lens]
     part_s = {}
     for part, key, measure in (
         ("tests", "kernel_tests", kernel_tests),
@@ -787,6 +821,34 @@ def drive(a) -> None:
     out_path.with_suffix(".md").write_text(text + "\n")
     print(text)
     print(f"wrote {a.out} and {out_path.with_suffix('.md')}")
+
+
+def outlier_cost(a, shape: str, t: int) -> dict:
+    """extract's speed ratio to the plain forward with and without the outlier statistics, interleaved in one
+    process: the drop is the median over repetitions of the paired difference."""
+    print(f"[{shape} {a.batch}x{t}] outlier statistics' cost ...", flush=True)
+    sp = spawn(
+        sys.executable,
+        "speed",
+        shape=shape,
+        seq_len=t,
+        repeat=a.repeat or 11,
+        variants=["plain", "extract", "extract_without_outliers"],
+        threads=a.threads,
+        batch=a.batch,
+    )
+    with_, without = sp["extract"], sp["extract_without_outliers"]
+    drops = [w - x for w, x in zip(without["speed_ratios"], with_["speed_ratios"])]
+    return {
+        "shape": shape,
+        "batch": a.batch,
+        "seq_len": t,
+        "with": with_["speed_ratio"],
+        "without": without["speed_ratio"],
+        "drop": statistics.median(drops),
+        "drops": drops,
+        "added_seconds": statistics.median(w - x for w, x in zip(with_["seconds"], without["seconds"])),
+    }
 
 
 def ratio_rows(a, shape: str, t: int) -> list[dict]:
@@ -1034,6 +1096,17 @@ def summary(out: dict) -> str:
             lines.append(
                 f"| {f['shape']} | {f['n_sequences']}x{f['seq_len']} | {f['memory']['rss_hwm_mb']:.0f} | "
                 f"{f['rss_ratio']:.2f}x | {f['memory']['live_peak_mb']:.0f} |"
+            )
+    if out.get("outlier_cost"):
+        lines += [
+            "",
+            "| model | batch x seq | extract vs plain | without the outlier statistics | drop (median of pairs) |",
+            "|---|---|---|---|---|",
+        ]
+        for c in out["outlier_cost"]:
+            lines.append(
+                f"| {c['shape']} | {c['batch']}x{c['seq_len']} | {c['with']:.3f}x | {c['without']:.3f}x | "
+                f"{c['drop']:.3f} ({c['added_seconds'] * 1e3:.0f} ms per batch) |"
             )
     if out.get("checkpoint"):
         lines += [
@@ -1339,7 +1412,7 @@ def main(argv=None):
     ap.add_argument(
         "--parts",
         nargs="+",
-        choices=["ratios", "flat", "checkpoint", "tests", "compare", "device"],
+        choices=["ratios", "flat", "outliers", "checkpoint", "tests", "compare", "device"],
         help="what to (re)measure, the rest of --out is kept; default ratios flat checkpoint on the "
         "CPU, tests compare device checkpoint elsewhere (run in that order)",
     )
@@ -1361,7 +1434,7 @@ def main(argv=None):
     ap.add_argument("--tl-env", action="store_true", help="load transformer_lens instead of anisweep (memory)")
     a = ap.parse_args(argv)
     on_cpu = a.device == "cpu"
-    a.parts = a.parts or (["ratios", "flat", "checkpoint"] if on_cpu else ["tests", "compare", "device", "checkpoint"])
+    a.parts = a.parts or (["ratios", "flat", "outliers", "checkpoint"] if on_cpu else ["tests", "compare", "device", "checkpoint"])
     a.budget = a.budget if a.budget is not None or on_cpu else BUDGET_S
     a.out = a.out or str(HERE.parent / "out" / ("extract.json" if on_cpu else f"extract_{a.device}.json"))
     if a.mode == "drive":

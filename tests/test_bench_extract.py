@@ -11,6 +11,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+import torch
 
 from anisweep.tables import EXTRACT_TABLES
 
@@ -266,3 +267,17 @@ def test_comparison_and_device_cell_on_tiny_models():
     assert row["attention"] == "torch" and row["extract"]["memory_ratio"] is None
     assert bench.cell_checks(row)["memory"] == (None, NOT_RUN)
     assert columns(bench.device_summary([row])[2]) == columns(bench.device_summary([row])[0])
+
+
+@pytest.mark.slow  # builds and runs a model twice
+def test_the_outlier_statistics_are_off_only_in_their_variant():
+    """The outlier statistics' cost is extract with them against without: the variant without takes none (no top
+    tokens at the sampled sites, no column sums), and extract after it takes them again."""
+    runs = bench.variants_for("bert-tiny", ["plain", "extract", "extract_without_outliers"])
+    batch = bench.make_batch("bert-tiny", 2, 16)
+    with torch.inference_mode():
+        without = runs["extract_without_outliers"](batch)
+        with_ = runs["extract"](batch)
+    resid = (1, "resid")
+    assert not without.vectors[resid].has_outliers and without.sinks[0].n_rows == 0
+    assert with_.vectors[resid].has_outliers and with_.sinks[0].n_rows == 2 * 16

@@ -136,7 +136,7 @@ def test_workflow_with_a_live_toy_runs_to_figures_and_equals_the_saved_toy(tmp_p
         for name in [*EXTRACT_TABLES, "metrics"]:
             live = pl.read_parquet(results / "live-neox" / f"step{step}" / f"{name}.parquet")
             saved = pl.read_parquet(results / "toy-neox" / f"step{step}" / f"{name}.parquet")
-            assert set(live["model"].unique()) == {"live-neox"}
+            assert set(live["model"].unique()) == ({"live-neox"} if saved.height else set())  # masked_resid: none
             assert_tables_equal(live.drop("model"), saved.drop("model"), f"step{step}/{name}")
     sweeps = [pl.read_parquet(results / m / "sweep.parquet").drop("model") for m in MODELS]
     assert_tables_equal(sweeps[0].drop("weights_sha256"), sweeps[1].drop("weights_sha256"), "sweep", rtol=1e-4)

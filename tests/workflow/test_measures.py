@@ -120,7 +120,6 @@ def test_editing_a_measure_reruns_exactly_its_jobs(swept, installed):
         "plot_family": 1,
         "plot_spectra": 1,
         "plot_survey": 1,
-        "plot_circuits": 1,
         "plot_logit_lens": 1,
         "glossary": 1,
     }
