@@ -1434,7 +1434,8 @@ def main(argv=None):
     ap.add_argument("--tl-env", action="store_true", help="load transformer_lens instead of anisweep (memory)")
     a = ap.parse_args(argv)
     on_cpu = a.device == "cpu"
-    a.parts = a.parts or (["ratios", "flat", "outliers", "checkpoint"] if on_cpu else ["tests", "compare", "device", "checkpoint"])
+    cpu_parts, device_parts = ["ratios", "flat", "outliers", "checkpoint"], ["tests", "compare", "device", "checkpoint"]
+    a.parts = a.parts or (cpu_parts if on_cpu else device_parts)
     a.budget = a.budget if a.budget is not None or on_cpu else BUDGET_S
     a.out = a.out or str(HERE.parent / "out" / ("extract.json" if on_cpu else f"extract_{a.device}.json"))
     if a.mode == "drive":
