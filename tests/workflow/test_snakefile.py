@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_reruns import jobs
 
 from conftest import snakemake_command
 
@@ -184,18 +185,6 @@ def test_several_families_get_the_cross_family_figure(tmp_path):
     assert " plot-families " not in single.stdout + single.stderr
 
 
-def job_counts(done: subprocess.CompletedProcess) -> dict[str, int]:
-    """Snakemake's `Job stats` of a dry run, without the target rule's own line."""
-    assert done.returncode == 0, done.stderr[-3000:]
-    counts = {}
-    for line in (done.stdout + done.stderr).split("Job stats:", 1)[1].splitlines()[3:]:
-        name, count = line.split()
-        if name == "total":
-            return counts
-        counts[name] = int(count)
-    return counts
-
-
 @pytest.mark.slow  # snakemake parses the whole workflow
 def test_a_weights_only_sweep_runs_no_model(tmp_path):
     """`snakemake weights_only`: every checkpoint's weight measure and the circuit figures, and nothing that runs a
@@ -203,4 +192,5 @@ def test_a_weights_only_sweep_runs_no_model(tmp_path):
     configfile = tmp_path / "tiny.yaml"
     configfile.write_text(yaml.safe_dump(TINY))
     done = snakemake(tmp_path, "--configfile", str(configfile), "-n", "weights_only")
-    assert job_counts(done) == {"plot_circuits": 2, "train_toy": 2, "weights": 6, "weights_only": 1}
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert jobs(done) == {"plot_circuits": 2, "train_toy": 2, "weights": 6, "weights_only": 1}
