@@ -11,6 +11,7 @@ The tiny-model helpers below are shared by test_extract.py and test_metrics.py (
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -199,6 +200,22 @@ def run_extract(path, batch, **settings):
     recorder = run(parts, batch, settings, progress=False)
     ident = {"family": "test", "model": "m", "seed": 0, "step": 3, "tokens_seen": 30}
     return extract_tables.tables(recorder, parts, ident), parts
+
+
+def job_stats(done: subprocess.CompletedProcess) -> dict[str, int]:
+    """Snakemake's `Job stats` table (what a run or a dry run schedules), without `all` and `total`."""
+    text = done.stdout + done.stderr
+    if "Job stats:" not in text:
+        assert "Nothing to be done" in text, text[-3000:]
+        return {}
+    counts = {}
+    for line in text.split("Job stats:", 1)[1].splitlines()[3:]:
+        name, count = line.split()
+        if name == "total":
+            break
+        counts[name] = int(count)
+    counts.pop("all", None)
+    return counts
 
 
 def snakemake_command(workdir: Path, *args: str) -> list[str]:

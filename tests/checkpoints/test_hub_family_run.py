@@ -21,7 +21,7 @@ import polars as pl
 import pytest
 import yaml
 
-from conftest import snakemake_command
+from conftest import job_stats, snakemake_command
 from hubcache import build_hub_cache, save_tiny_bert, save_tiny_pythia
 
 pytestmark = pytest.mark.slow  # Snakemake runs on the offline hub
@@ -97,17 +97,7 @@ def planned(env, workdir: Path, configfile: Path) -> dict[str, int]:
     """The jobs a dry run schedules (Snakemake's `Job stats`), without `all` and `total`."""
     done = snakemake(env, workdir, configfile, "-n")
     assert done.returncode == 0, done.stderr[-3000:]
-    text = done.stdout + done.stderr
-    if "Job stats:" not in text:
-        assert "Nothing to be done" in text, text[-3000:]
-        return {}
-    counts = {}
-    for line in text.split("Job stats:", 1)[1].splitlines()[3:]:
-        name, count = line.split()
-        if name == "total":
-            break
-        counts[name] = int(count)
-    return counts
+    return job_stats(done)
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,8 @@ import polars as pl
 import pytest
 import yaml
 from docs_measures import PYPROJECT, docs_package
-from test_reruns import jobs
 
-from conftest import snakemake_command
+from conftest import job_stats, snakemake_command
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text())
@@ -65,7 +64,7 @@ def snakemake(workdir: Path, site: Path, config: Path, *args: str) -> subprocess
 def planned(workdir: Path, site: Path, config: Path) -> dict[str, int]:
     done = snakemake(workdir, site, config, "-n")
     assert done.returncode == 0, done.stderr[-3000:]
-    return jobs(done)
+    return job_stats(done)
 
 
 @pytest.fixture(scope="module")

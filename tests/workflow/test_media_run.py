@@ -22,7 +22,7 @@ import transformers
 import yaml
 from PIL import Image
 
-from conftest import snakemake_command
+from conftest import job_stats, snakemake_command
 from hubcache import build_hub_cache
 
 pytestmark = pytest.mark.slow  # two whole workflows
@@ -151,18 +151,7 @@ def planned(world, run: dict, **corpus) -> dict[str, int]:
     configfile = write_config(world, f"{run['name']}-changed", run["repo"], {**run["corpus"], **corpus})
     done = snakemake(world, run["workdir"], configfile, "-n")
     assert done.returncode == 0, done.stderr[-3000:]
-    text = done.stdout + done.stderr
-    if "Job stats:" not in text:
-        assert "Nothing to be done" in text, text[-3000:]
-        return {}
-    counts = {}
-    for line in text.split("Job stats:", 1)[1].splitlines()[3:]:
-        name, count = line.split()
-        if name == "total":
-            break
-        counts[name] = int(count)
-    counts.pop("all", None)
-    return counts
+    return job_stats(done)
 
 
 @pytest.fixture(scope="module")

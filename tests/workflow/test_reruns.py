@@ -25,7 +25,7 @@ from anisweep import cli
 from anisweep.measures.sweep import aggregate, analysed
 from anisweep.tables import EXTRACT_TABLES
 
-from conftest import snakemake_command
+from conftest import job_stats, snakemake_command
 
 
 def extract_outputs(folder: Path) -> list[Path]:
@@ -64,27 +64,10 @@ def command(workdir: Path, configfile: Path, *args: str) -> list[str]:
     return snakemake_command(workdir, "--configfile", str(configfile), "--cores", "2", *args)
 
 
-def jobs(done: subprocess.CompletedProcess) -> dict[str, int]:
-    """Snakemake's `Job stats` table (what a run or a dry run schedules), without `all` and `total`."""
-    text = done.stdout + done.stderr
-    if "Job stats:" not in text:
-        assert "Nothing to be done" in text, text[-3000:]
-        return {}
-    table = text.split("Job stats:", 1)[1].splitlines()[3:]
-    counts = {}
-    for line in table:
-        name, count = line.split()
-        if name == "total":
-            break
-        counts[name] = int(count)
-    counts.pop("all", None)
-    return counts
-
-
 def planned(workdir: Path, configfile: Path, *args: str) -> dict[str, int]:
     done = snakemake(workdir, configfile, "-n", *args, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return jobs(done)
+    return job_stats(done)
 
 
 def mtimes(folder: Path) -> dict[str, int]:
@@ -144,7 +127,8 @@ def test_one_checkpoint_alone_then_the_sweep_tables(run):
     before = mtimes(workdir / NEOX)
     done = snakemake(workdir, configfile, f"{NEOX}/step8/metrics.parquet", "--forcerun", "extract")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert jobs(done) == {"fetch": 1, "extract": 1, "logit_lens": 1, "metrics": 1}  # the lens reads extract's samples
+    # the lens reads extract's samples
+    assert job_stats(done) == {"fetch": 1, "extract": 1, "logit_lens": 1, "metrics": 1}
     after = mtimes(workdir / NEOX)
     changed = {name for name in after if after[name] != before.get(name)}
     assert {"step8/metrics.parquet", "step8/qk.parquet", "step8/extract.json"} <= changed

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_reruns import jobs
 
-from conftest import snakemake_command
+from conftest import job_stats, snakemake_command
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text())
@@ -193,4 +192,4 @@ def test_a_weights_only_sweep_runs_no_model(tmp_path):
     configfile.write_text(yaml.safe_dump(TINY))
     done = snakemake(tmp_path, "--configfile", str(configfile), "-n", "weights_only")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert jobs(done) == {"plot_circuits": 2, "train_toy": 2, "weights": 6, "weights_only": 1}
+    assert job_stats(done) == {"plot_circuits": 2, "train_toy": 2, "weights": 6, "weights_only": 1}
