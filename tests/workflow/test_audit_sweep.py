@@ -22,7 +22,7 @@ import pytest
 import yaml
 from fakehub import FakeHub, read_folder
 
-from conftest import snakemake_command
+from conftest import job_stats, snakemake_command
 from hubcache import save_tiny_pythia
 
 pytestmark = pytest.mark.slow  # fetch, extract and metrics of three tiny checkpoints through Snakemake
@@ -146,17 +146,7 @@ def planned(world) -> tuple[dict[str, int], str]:
     """What a dry run would do: Snakemake's job counts (without `all`), and its output."""
     done = snakemake(world, "-n", "results/pythia/pythia-70m/sweep.parquet", timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
-    text = done.stdout + done.stderr
-    if "Job stats:" not in text:
-        return {}, text
-    counts = {}
-    for line in text.split("Job stats:", 1)[1].splitlines()[3:]:
-        name, count = line.split()
-        if name == "total":
-            break
-        counts[name] = int(count)
-    counts.pop("all", None)
-    return counts, text
+    return job_stats(done), done.stdout + done.stderr
 
 
 def test_a_branch_pushed_again_reruns_that_checkpoint_alone(swept, world):

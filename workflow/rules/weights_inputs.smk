@@ -35,9 +35,8 @@ def weights_only_outputs():
     for family, model in MODELS:
         if model in LIVE_MODELS:
             continue
-        folders = [f"results/{c.key}" for c in model_checkpoints(family, model)]
-        if has_weights(model):
-            outputs += [f"{f}/{name}.parquet" for f in folders for name in ("weights", "weight_pairs")]
+        if has_weights(model):  # the figures read every checkpoint's weights.parquet and weight_pairs.parquet
             outputs += [f"results/{family}/{model}/figures/{name}" for name in BUILTIN_WEIGHT["circuits"]]
-        outputs += [f"{f}/measures/{name}.parquet" for f in folders for name in WEIGHT_MEASURES]
+        checkpoints = model_checkpoints(family, model)
+        outputs += [f"results/{c.key}/measures/{name}.parquet" for c in checkpoints for name in WEIGHT_MEASURES]
     return outputs
