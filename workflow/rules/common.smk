@@ -1,4 +1,5 @@
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from anisweep.tables import UNTRAINED_TABLES
 from anisweep.plots.untrained import UNTRAINED_FIGURES
 from anisweep.mechanism import untrained_inits
 from anisweep.errors import ConfigError
+from anisweep.worker import address as worker_address
 from anisweep.job_failure import failure_suffix, failure_suffix_template
 from anisweep.measures.registry import InstalledMeasureError, MeasureError, user_measures
 from anisweep.measures.stale import record_code_identities, remove_stale_measure_outputs
@@ -36,6 +38,11 @@ if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
     if not (SOURCE / "anisweep" / "__init__.py").is_file():
         raise WorkflowError(f"--sdm conda runs the package from its source checkout, but {SOURCE} has none")
     ANISWEEP = f"PYTHONPATH={shlex.quote(str(SOURCE))} python -m anisweep"
+
+# A local run hands its commands to a warm worker that imports torch and transformers once and forks a process per
+# job (anisweep.worker; ANISWEEP_WORKER=off turns it off). A cluster's jobs, each on its own node, never use one.
+if workflow.is_main_process and workflow.local_exec and not workflow.touch:
+    worker_address.offer(os.environ)
 
 # The config validated against the package's schema and completed with its defaults, and every checkpoint it
 # names resolved from the catalogues, before any work.

@@ -1,0 +1,106 @@
+"""The command's side of the worker: hand the command to the run's worker, starting it if need be, and take its
+status. Standard library only, so that a job's process costs milliseconds to start."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+from anisweep.worker import address
+
+CONNECT_SECONDS = 60  # for a worker just started to bind its socket (it imports after that, while jobs queue)
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def run(argv: list[str]) -> int | None:
+    """Run `anisweep argv` in the run's worker and return its exit status (a job killed by a signal kills this
+    process with the same signal), or None where there is no worker to use: none was asked for, or it could
+    not be reached before the command started (then the caller runs the command itself)."""
+    owner = address.owner_pid()
+    if owner is None:
+        return None
+    try:
+        path = address.socket_path(owner)
+        connection = _connect(path, owner)
+    except (OSError, address.Unsafe):
+        return None
+    if connection is None:
+        return None
+    with connection:
+        reply = connection.makefile("rb")
+        try:
+            _send(connection, argv)
+            started = reply.readline()
+        except OSError:
+            return None
+        if not started:  # the worker closed before forking: nothing ran
+            return None
+        job = json.loads(started)["pid"]
+        for sig in FORWARDED:
+            signal.signal(sig, lambda number, _frame: _forward(job, number))
+        finished = reply.readline()  # a forwarded signal's handler runs and the read resumes (PEP 475)
+    if not finished:
+        print(f"anisweep: the worker ended while running job {job}; its status is unknown", file=sys.stderr)
+        return 1
+    return _exit_status(json.loads(finished)["status"])
+
+
+def _connect(path: str, owner: int) -> socket.socket | None:
+    """A connection to the worker at `path`, starting one where none listens."""
+    started = None
+    deadline = time.monotonic() + CONNECT_SECONDS
+    while True:
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            connection.connect(path)
+            return connection
+        except (FileNotFoundError, ConnectionRefusedError):
+            connection.close()
+        if started is None:
+            started = _start(path, owner)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.02)
+
+
+def _start(path: str, owner: int) -> subprocess.Popen:
+    """Start a worker for `owner` at `path` (one that finds another already there exits at once)."""
+    with open(path[: -len(".sock")] + ".log", "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "anisweep.worker.server", str(owner), path],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def _send(connection: socket.socket, argv: list[str]) -> None:
+    """The command, its working directory and environment, and this process's standard streams."""
+    payload = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+    socket.send_fds(connection, [struct.pack("!I", len(payload))], [0, 1, 2])
+    connection.sendall(payload)
+
+
+def _forward(job: int, number: int) -> None:
+    try:
+        os.kill(job, number)
+    except ProcessLookupError:
+        pass
+
+
+def _exit_status(status: int) -> int:
+    """The job's wait status as this process's own: its exit code, or death by its signal."""
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+        return 128 + number
+    return os.waitstatus_to_exitcode(status)

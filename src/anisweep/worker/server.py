@@ -1,0 +1,264 @@
+"""The worker: imports what the commands need once, then forks a child per command handed to its socket.
+
+`python -m anisweep.worker.server OWNER SOCKET`, started by the first client of a run (anisweep.worker.client).
+One process, one thread, never running a tensor operation itself, so that a fork inherits no thread pool and no
+lock held by another thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+import traceback
+
+IDLE_SECONDS = 300  # with no job in flight and none asked for: the worker exits (its owner's end also ends it)
+KILL_AFTER_SECONDS = 10  # a job whose client went away gets SIGTERM, then SIGKILL after this long
+PRELOAD = (
+    "torch",
+    "transformers",
+    "transformers.modeling_utils",
+    "transformers.models.auto.modeling_auto",
+    "polars",
+    "pyarrow.parquet",
+    "scipy.stats",
+    "matplotlib.pyplot",
+    "anisweep.cli",
+    "anisweep.checkpoints.fetch",
+    "anisweep.extract.run",
+    "anisweep.measures.metrics",
+    "anisweep.measures.sweep",
+    "anisweep.weights.run",
+    "anisweep.weights.lens",
+    "anisweep.plots.sweep",
+)
+
+
+class Job:
+    def __init__(self, pid: int, connection: socket.socket):
+        self.pid, self.connection = pid, connection
+        self.pidfd = os.pidfd_open(pid)
+        self.kill_at: float | None = None
+
+
+class Worker:
+    """A listening socket, the owner it serves, and the jobs in flight."""
+
+    def __init__(self, owner_fd: int, listener: socket.socket, path: str, lock):
+        self.owner_fd, self.listener, self.path, self.lock = owner_fd, listener, path, lock
+        self.jobs: dict[int, Job] = {}  # by pidfd
+        self.clients: dict[int, Job] = {}  # by the fd of the client's connection, while it is connected
+        self.idle_since = time.monotonic()
+
+    @property
+    def open(self) -> bool:
+        return self.listener is not None
+
+    def step(self, timeout: float) -> None:
+        """Wait up to `timeout` s for a request, a job's end or the owner's, and handle what came."""
+        watched = [*self.jobs, *self.clients] + ([self.listener, self.owner_fd] if self.open else [])
+        ready, _, _ = select.select(watched, [], [], timeout)
+        now = time.monotonic()
+        if self.open and (self.owner_fd in ready or (not self.jobs and now - self.idle_since > IDLE_SECONDS)):
+            self.close()
+            return
+        if self.open and self.listener in ready:
+            inherited = [self.lock, self.listener, self.owner_fd, *self.jobs]
+            job = _accept(self.listener, inherited + [job.connection for job in self.jobs.values()])
+            if job is not None:
+                self.jobs[job.pidfd] = self.clients[job.connection.fileno()] = job
+        for fd in [fd for fd in ready if fd in self.clients]:
+            job = self.clients.pop(fd)  # a client sends nothing after its request: this is its end
+            _signal(job, signal.SIGTERM)
+            job.kill_at = now + KILL_AFTER_SECONDS
+        for fd in [fd for fd in ready if fd in self.jobs]:
+            self.finish(self.jobs.pop(fd))
+            self.idle_since = now
+        for job in self.jobs.values():
+            if job.kill_at is not None and now > job.kill_at:
+                _signal(job, signal.SIGKILL)
+                job.kill_at = None
+
+    def finish(self, job: Job) -> None:
+        self.clients.pop(job.connection.fileno(), None)
+        _, status = os.waitpid(job.pid, 0)
+        os.close(job.pidfd)
+        _reply(job.connection, {"status": status})
+        job.connection.close()
+
+    def close(self) -> None:
+        """Take no new job (those in flight finish and report)."""
+        self.listener.close()
+        os.unlink(self.path)
+        os.close(self.owner_fd)
+        self.listener = None
+
+
+def serve(owner: int, path: str) -> None:
+    lock = open(path[: -len(".sock")] + ".lock", "w")  # held for the worker's life
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return  # another worker serves this owner already
+    try:
+        owner_fd = os.pidfd_open(owner)
+    except ProcessLookupError:
+        return
+    if os.path.exists(path):
+        os.unlink(path)  # a dead worker's
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    previous = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(previous)
+    listener.listen(128)
+    worker = Worker(owner_fd, listener, path, lock)
+    for module in PRELOAD:  # a job asked for meanwhile forks from what is imported so far
+        preload(module)
+        worker.step(0)
+        if not worker.open:
+            break
+    while worker.open or worker.jobs:
+        worker.step(1.0)
+
+
+def preload(module: str) -> None:
+    if module == "matplotlib.pyplot":
+        import matplotlib
+
+        matplotlib.use("Agg")
+    try:
+        importlib.import_module(module)
+    except Exception:  # an optional module missing: a job that needs it fails on it itself, as it would have
+        traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def _accept(listener: socket.socket, inherited) -> Job | None:
+    """Take one request and fork its job; None where the peer is another user or the request is broken."""
+    connection, _ = listener.accept()
+    try:
+        _, uid, _ = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if uid != os.getuid():
+            connection.close()
+            return None
+        connection.settimeout(10)
+        request, fds = _receive(connection)
+        connection.settimeout(None)
+    except (OSError, ValueError):
+        connection.close()
+        return None
+    pid = os.fork()
+    if pid == 0:
+        _run_job(request, fds, [*inherited, connection])
+    for fd in fds:
+        os.close(fd)
+    job = Job(pid, connection)
+    _reply(connection, {"pid": pid})
+    return job
+
+
+def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
+    header, fds, _, _ = socket.recv_fds(connection, 4, 3)
+    if len(fds) != 3:
+        raise ValueError(f"expected 3 file descriptors, got {len(fds)}")
+    while len(header) < 4:
+        more = connection.recv(4 - len(header))
+        if not more:
+            raise ValueError("the request ended early")
+        header += more
+    (size,) = struct.unpack("!I", header)
+    payload = bytearray()
+    while len(payload) < size:
+        more = connection.recv(min(1 << 16, size - len(payload)))
+        if not more:
+            raise ValueError("the request ended early")
+        payload += more
+    return json.loads(payload), fds
+
+
+def _reply(connection: socket.socket, message: dict) -> None:
+    try:
+        connection.sendall(json.dumps(message).encode() + b"\n")
+    except OSError:  # the client has gone: its end was or will be handled
+        pass
+
+
+def _signal(job: Job, number: int) -> None:
+    try:
+        os.kill(job.pid, number)
+    except ProcessLookupError:
+        pass
+
+
+def _run_job(request: dict, fds: list[int], inherited) -> None:
+    """In the forked child: become the command's process, as `python -m anisweep ARGV` in the client's working
+    directory, environment and standard streams; never returns."""
+    status = 1
+    try:
+        for item in inherited:
+            item.close() if hasattr(item, "close") else os.close(item)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        if sys.path and sys.path[0] == os.getcwd():  # `python -m` looks first where it was started
+            sys.path[0] = request["cwd"]
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        _apply_threads()
+        sys.argv = [sys.argv[0], *request["argv"]]
+        from anisweep.cli import main
+
+        status = main(request["argv"])
+    except SystemExit as error:
+        status = error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
+        if not isinstance(error.code, int | None):
+            print(error.code, file=sys.stderr)
+    except KeyboardInterrupt:  # as Python itself ends on one: the traceback, then death by SIGINT
+        traceback.print_exc()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(status)
+
+
+def _apply_threads() -> None:
+    """Snakemake gives each job OMP_NUM_THREADS (its threads); torch read it when the worker imported it."""
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+def main(owner: int, path: str) -> None:
+    base = path[: -len(".sock")]
+    try:
+        serve(owner, path)
+    finally:
+        for leftover in (base + ".log", base + ".lock"):
+            if leftover.endswith(".lock") or os.path.getsize(leftover) == 0:
+                os.unlink(leftover)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), sys.argv[2])

@@ -1,0 +1,165 @@
+"""The warm worker (anisweep.worker): a command handed to it behaves as the command in its own process (output,
+exit status, signals), it serves its owner's user only, and it ends with its owner."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from anisweep.worker import address, client
+
+pytestmark = pytest.mark.slow  # the worker imports torch and transformers once per owner
+
+CONFIG = Path(__file__).parent / "configs" / "tiny.yaml"
+
+
+def wait_for(condition, seconds: float = 120, what: str = "") -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def workers_of(owner: int) -> list[int]:
+    """The pids of the worker processes serving `owner` (not their jobs, forks with the same command line)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"anisweep.worker.server" in words and str(owner).encode() in words:
+            found[int(entry.name)] = parent
+    return [pid for pid, parent in found.items() if parent not in found]
+
+
+def children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+@pytest.fixture(scope="module")
+def runtime_dir():
+    folder = tempfile.mkdtemp(prefix="aw", dir="/tmp")  # short: a socket's path has at most 107 bytes
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def owner(runtime_dir):
+    """A stand-in for the Snakemake process that asked for the worker."""
+    process = subprocess.Popen(["sleep", "600"])
+    yield process.pid
+    process.kill()
+    process.wait()
+
+
+def environment(runtime_dir: str, owner: int | str | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != address.OWNER_VARIABLE}
+    env["XDG_RUNTIME_DIR"] = runtime_dir
+    if owner is not None:
+        env[address.OWNER_VARIABLE] = str(owner)
+    return env
+
+
+def anisweep(*args: str, env: dict, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "anisweep", *args], env=env, capture_output=True, text=True, **kwargs)
+
+
+def test_a_command_in_the_worker_prints_and_exits_as_in_its_own_process(tmp_path, runtime_dir, owner):
+    for args in (["checkpoints", "--configfile", str(CONFIG)], ["checkpoints", "--configfile", "no-such.yaml"]):
+        alone = anisweep(*args, env=environment(runtime_dir, None), cwd=tmp_path)
+        warm = anisweep(*args, env=environment(runtime_dir, owner), cwd=tmp_path)
+        assert (warm.returncode, warm.stdout, warm.stderr) == (alone.returncode, alone.stdout, alone.stderr)
+    assert alone.returncode == 1 and "no-such.yaml" in alone.stderr
+    assert len(workers_of(owner)) == 1, "the commands above ran in a worker"
+    usage = anisweep("no-such-command", env=environment(runtime_dir, owner))
+    assert usage.returncode == 2 and "invalid choice" in usage.stderr
+
+
+def test_the_worker_runs_the_command_where_it_was_started(tmp_path, runtime_dir, owner):
+    (tmp_path / "here.yaml").write_text(CONFIG.read_text())
+    warm = anisweep("checkpoints", "--configfile", "here.yaml", env=environment(runtime_dir, owner), cwd=tmp_path)
+    assert warm.returncode == 0, warm.stderr
+    assert '"toy-neox"' in warm.stdout
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_command_reaches_its_job(tmp_path, runtime_dir, owner, number):
+    """A job blocked on opening a FIFO (no writer) until its signal comes."""
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    env = environment(runtime_dir, owner)
+    anisweep("checkpoints", "--configfile", str(CONFIG), env=env)  # the worker is up
+    (worker,) = workers_of(owner)
+    before = set(children(worker))
+    command = subprocess.Popen([sys.executable, "-m", "anisweep", "checkpoints", "--configfile", str(fifo)], env=env)
+    wait_for(lambda: set(children(worker)) - before, what="the job's fork")
+    (job,) = set(children(worker)) - before
+    command.send_signal(number)
+    assert command.wait(timeout=30) == -number
+    wait_for(lambda: job not in children(worker), 30, "the job's end")
+
+
+def test_a_killed_command_takes_its_job_with_it(tmp_path, runtime_dir, owner):
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    env = environment(runtime_dir, owner)
+    anisweep("checkpoints", "--configfile", str(CONFIG), env=env)
+    (worker,) = workers_of(owner)
+    before = set(children(worker))
+    command = subprocess.Popen([sys.executable, "-m", "anisweep", "checkpoints", "--configfile", str(fifo)], env=env)
+    wait_for(lambda: set(children(worker)) - before, what="the job's fork")
+    (job,) = set(children(worker)) - before
+    command.kill()
+    command.wait()
+    wait_for(lambda: job not in children(worker), 30, "the job's end")
+
+
+def test_the_worker_ends_with_its_owner(runtime_dir):
+    owner = subprocess.Popen(["sleep", "600"])
+    env = environment(runtime_dir, owner.pid)
+    assert anisweep("checkpoints", "--configfile", str(CONFIG), env=env).returncode == 0
+    (worker,) = workers_of(owner.pid)
+    sockets = list(Path(runtime_dir, f"anisweep-worker-{os.getuid()}").glob(f"{owner.pid}-*.sock"))
+    assert len(sockets) == 1
+    owner.kill()
+    owner.wait()
+    wait_for(lambda: not workers_of(owner.pid), 30, "the worker's end")
+    assert not sockets[0].exists()
+    assert not list(sockets[0].parent.glob(f"{owner.pid}-*")), "the worker leaves no lock or empty log behind"
+
+
+def test_no_worker_without_an_owner_or_where_others_could_open_its_socket(tmp_path, monkeypatch):
+    monkeypatch.delenv(address.OWNER_VARIABLE, raising=False)
+    assert client.run(["--help"]) is None
+    for value in address.OFF:
+        monkeypatch.setenv(address.OWNER_VARIABLE, value)
+        assert client.run(["--help"]) is None
+    shared = tempfile.mkdtemp(prefix="aw", dir="/tmp")
+    try:
+        os.mkdir(Path(shared, f"anisweep-worker-{os.getuid()}"), 0o755)
+        os.chmod(Path(shared, f"anisweep-worker-{os.getuid()}"), 0o755)
+        monkeypatch.setenv("XDG_RUNTIME_DIR", shared)
+        monkeypatch.setenv(address.OWNER_VARIABLE, str(os.getpid()))
+        with pytest.raises(address.Unsafe):
+            address.folder()
+        assert client.run(["--help"]) is None
+        assert not workers_of(os.getpid())
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_offer_names_the_asking_process_unless_turned_off():
+    env = {}
+    assert address.offer(env) and env[address.OWNER_VARIABLE] == str(os.getpid())
+    env = {address.OWNER_VARIABLE: "off"}
+    assert not address.offer(env) and env[address.OWNER_VARIABLE] == "off"
