@@ -1,3 +1,4 @@
+import os
 import sys
 
 from anisweep.worker import client
@@ -7,4 +8,8 @@ if status is None:
     from anisweep.cli import main
 
     status = main()
+if os.environ.get("ANISWEEP_TIMINGS"):  # benchmarks/bench_workflow.py: each command's wall time
+    from anisweep.worker.timing import record
+
+    record(os.environ["ANISWEEP_TIMINGS"], sys.argv[1:], status)
 raise SystemExit(status)
