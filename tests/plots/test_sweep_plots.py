@@ -378,3 +378,42 @@ def test_saved_figures_have_readable_tick_labels(tmp_path):
         kit.readable_ticks = original
     assert seen["sizes"] and min(size for _, _, size in seen["sizes"]) >= MIN_TICK_LABEL_SIZE
     assert max(size for ax, axis, size in seen["sizes"] if axis is axes[1].yaxis) == 12  # larger ones are kept
+
+
+def tick_gaps(ax) -> tuple[float, float]:
+    """(display distance from 0 to the next labelled tick, the smallest distance between two labelled powers of
+    ten) on the x axis of `ax`."""
+    ticks = sorted(t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1])
+    x = [ax.transData.transform((t, 0))[0] for t in ticks]
+    decades = [b - a for a, b in zip(x[1:], x[2:])]
+    return x[1] - x[0], min(decades) if decades else float("inf")
+
+
+def test_step_zero_keeps_its_distance_from_the_next_tick(tmp_path, monkeypatch):
+    """Issue 43: on a symlog step axis whose linear part ends at 64, 10 sat a sixth of a decade from 0, their labels
+    on top of each other. Every labelled tick is now at least half a decade's width from 0, on the steps below and
+    the tokens seen above, in the per-model figures and in the comparison across models (by tokens seen)."""
+    import anisweep.plots.sweep as plots
+
+    sweep = analysed(aggregate([fake_checkpoint(tmp_path, s, str(s)) for s in (0, 64, 512, 1000)]))
+    figures = drawn_figures(monkeypatch)
+    plots.isotropy(sweep, tmp_path / "isotropy.png")
+    plots.plot_family(pl.concat([sweep, sweep.with_columns(model=pl.lit("n"))]), tmp_path / "compare.png")
+    axes = [ax for fig in figures.values() for ax in fig.axes if ax.get_visible() and ax.get_xscale() == "symlog"]
+    assert len(axes) >= 10 and {ax.get_xlabel() for ax in axes} >= {"optimizer step", "tokens seen"}
+    for ax in axes:
+        ax.figure.canvas.draw()
+        first, decade = tick_gaps(ax)
+        assert first >= 0.5 * decade - 1e-6, (ax.get_xlabel(), ax.get_xticks())
+        labels = [t.get_window_extent() for t in ax.get_xticklabels() if t.get_text()]
+        assert all(a.x1 < b.x0 for a, b in zip(labels, labels[1:])), ax.get_xlabel()
+    pyplot().close("all")
+
+
+def test_symlog_ticks_are_0_and_the_powers_of_ten_half_a_decade_from_it():
+    from anisweep.plots.kit import symlog_ticks
+
+    assert symlog_ticks(1, 1150) == [0, 1, 10, 100, 1000]
+    assert symlog_ticks(16, 1150) == [0, 10, 100, 1000]  # 10 at 10/16 of a decade from 0
+    assert symlog_ticks(64, 1150) == [0, 100, 1000]  # not 10, at 10/64
+    assert symlog_ticks(6400, 115000) == [0, 10_000, 100_000]
