@@ -60,3 +60,36 @@ def test_every_survey_figure_is_written(tmp_path):
 
 def test_the_isotropic_curve_is_the_exact_quantile():
     assert geometry.isotropic_cos_quantile(768) < geometry.isotropic_cos_quantile(16) < 0.5
+
+
+@pytest.fixture
+def drawn(monkeypatch) -> dict:
+    """The survey's figures, by file name, instead of saved."""
+    figures = {}
+    monkeypatch.setattr(survey, "save_figure", lambda fig, path: figures.update({path.name: fig}))
+    yield figures
+    for fig in figures.values():
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def test_each_layer_sits_at_its_own_width(drawn, tmp_path):
+    """Issue 43: a CNN's stage of width 8 was drawn at the model's widest width (32), against the isotropic level
+    of d = 32, so narrow stages looked anisotropic. Each layer now sits at its own width, and the diamonds are the
+    means of the layers of one width."""
+    widths, cos = [8, 8, 16, 32], [0.54, 0.5, 0.3, 0.2]
+    rows = [
+        {"family": "hub", "model": "resnet", "seed": 0, "step": 0, "tokens_seen": None, "status": "ok"}
+        | {"layer": layer, "head": None, "site": "resid", "metric": metric, "value": value}
+        for layer, (d, c) in enumerate(zip(widths, cos))
+        for metric, value in (("dim", float(d)), ("avg_cos", c))
+    ]
+    survey.plot_isotropic(pl.DataFrame(rows), tmp_path / "survey_isotropic.png")
+    ax = drawn["survey_isotropic.png"].axes[0]
+    points = next(line for line in ax.get_lines() if line.get_marker() == "o")
+    assert sorted(zip(points.get_xdata(), points.get_ydata())) == sorted(zip(widths, cos))
+    diamonds = next(line for line in ax.get_lines() if line.get_marker() == "D")
+    assert list(diamonds.get_xdata()) == [8, 16, 32]
+    assert list(diamonds.get_ydata()) == pytest.approx([0.52, 0.3, 0.2])
+    assert geometry.isotropic_cos_quantile(8) > 0.54  # at its own width, the stage is within isotropic reach

@@ -7,7 +7,7 @@
   drift_norm and avg_cos across layers: the exact permutation p (bars) and the t-test p the paper reports (dots),
   against p = 0.05.
 - `survey_isotropic.png` (Fig. 18): the 95th percentile of the cosine of two isotropic Gaussian vectors against
-  their dimension, and each model's layers' avg_cos at its width.
+  their dimension, and each model's layers' avg_cos, each layer at its own width.
 """
 
 from __future__ import annotations
@@ -114,8 +114,16 @@ def _value(rows: pl.DataFrame, family: str, model: str, metric: str) -> float:
     return float(found["value"][0]) if found.height else float("nan")
 
 
+def layer_widths(rows: pl.DataFrame) -> pl.DataFrame:
+    """(depth, width, value) of one model's residual layers: each layer's avg_cos beside its own width (a CNN's
+    stages and MiT's widen layer by layer), layers without a width left out."""
+    width = depth_rows(rows, "dim").rename({"value": "width"})
+    return width.join(depth_rows(rows, "avg_cos"), on="depth").sort("depth")
+
+
 def plot_isotropic(rows: pl.DataFrame, path: Path) -> None:
-    """Fig. 18: the isotropic 95th percentile against d, each model's layers at its width."""
+    """Fig. 18: the isotropic 95th percentile against d, each layer of each model at its own width, and the mean of
+    a model's layers of one width."""
     from anisweep.measures.geometry import isotropic_cos_quantile  # scipy: only in the plotting job
 
     fig, axes = panel_grid(1, 1, size=(6.0, 4.0))
@@ -128,19 +136,17 @@ def plot_isotropic(rows: pl.DataFrame, path: Path) -> None:
         label="isotropic Gaussians: 95th percentile",
     )
     for i, (family, model, step) in enumerate(models_of(rows)):
-        own = rows.filter((pl.col("family") == family) & (pl.col("model") == model))
-        width = depth_rows(own, "dim")
-        levels = depth_rows(own, "avg_cos")
-        if not width.height or not levels.height:
+        layers = layer_widths(rows.filter((pl.col("family") == family) & (pl.col("model") == model)))
+        if not layers.height:
             continue
-        d = float(width["value"].max())
         colour = f"C{i % 10}"
-        ax.plot([d] * levels.height, levels["value"], "o", ms=3, alpha=0.35, color=colour)
-        ax.plot([d], [levels["value"].mean()], "D", ms=6, color=colour, label=f"{model_label(family, model, step)}")
+        ax.plot(layers["width"], layers["value"], "o", ms=3, alpha=0.35, color=colour)
+        means = layers.group_by("width").agg(pl.col("value").mean()).sort("width")
+        ax.plot(means["width"], means["value"], "D", ms=6, color=colour, label=model_label(family, model, step))
     ax.set_xscale("log")
-    ax.set_xlabel("dimension d")
+    ax.set_xlabel("dimension d (each layer's own width)")
     ax.set_ylabel("cosine similarity")
-    ax.set_title("faint: each layer's avg_cos; diamond: their mean", fontsize=9)
+    ax.set_title("faint: each layer's avg_cos; diamond: the mean of a model's layers of one width", fontsize=9)
     legend_beside(fig, axes, source=ax, fontsize=8)
     fig.suptitle("The cosines isotropic vectors reach, and the models' (Godey et al. 2024, Fig. 18)")
     save_figure(fig, path)
