@@ -1,8 +1,10 @@
 """Godey et al. 2024, Section 3, across the models of a config, each at its last analysed step (results/figures/):
 
 - `survey_layers.png` (their Fig. 1 and 2): the residual stream's avg_cos layer by layer, a line per model; the
-  paper's estimate from uniformly drawn pairs as points with two standard errors. An encoder-decoder model's
-  decoder layers follow its encoder's (its layers are numbered so), as the paper concatenates T5's.
+  paper's estimate from uniformly drawn pairs as points with two standard errors. Layer 0 is the stream entering
+  the first block, whatever made it (token embeddings, CANINE's molecule convolution, a ViT's patches, a CNN's
+  stem). An encoder-decoder model's decoder layers follow its encoder's (its layers are numbered so), as the paper
+  concatenates T5's; a dashed line in the model's colour marks where its decoder starts.
 - `survey_drift_p.png` (Fig. 5 and 16): per model, the p-value of the Spearman and of the Pearson correlation of
   drift_norm and avg_cos across layers: the exact permutation p (bars) and the t-test p the paper reports (dots),
   against p = 0.05.
@@ -45,6 +47,13 @@ def depth_rows(rows: pl.DataFrame, metric: str) -> pl.DataFrame:
     return picked.select(pl.col("layer").alias("depth"), "value").sort("depth")
 
 
+def decoder_start(rows: pl.DataFrame) -> int | None:
+    """The residual layer of an encoder-decoder model's first decoder block output (its `decoder_embed` site sits
+    at the encoder's last layer, Le; decoder block j's output is Le + 1 + j); None for a model without a decoder."""
+    decoder = rows.filter(pl.col("site") == "decoder_embed")["layer"].drop_nulls()
+    return int(decoder.min()) + 1 if decoder.len() else None
+
+
 def models_of(rows: pl.DataFrame) -> list[tuple[str, str, int]]:
     return sorted(set(rows.select("family", "model", "step").iter_rows()))
 
@@ -63,12 +72,15 @@ def plot_layers(rows: pl.DataFrame, path: Path, groups: dict[str, str] | None = 
         exact, pairs, se = (depth_rows(own, m) for m in ("avg_cos", "avg_cos_pairs", "avg_cos_pairs_se"))
         colour = f"C{i % 10}"
         ax.plot(exact["depth"], exact["value"], color=colour, label=model_label(family, model, step))
+        decoder = decoder_start(own)
+        if decoder is not None:
+            ax.axvline(decoder - 0.5, color=colour, ls="--", lw=0.8, label=f"{model}: decoder from layer {decoder}")
         if pairs.height and pairs.height == se.height:
             ax.errorbar(
                 pairs["depth"], pairs["value"], yerr=2 * se["value"], fmt="o", ms=3, color=colour, capsize=2, alpha=0.7
             )
     for ax, panel in zip(axes, panels):
-        ax.set_xlabel("layer (0 = embeddings; a decoder's layers follow its encoder's)")
+        ax.set_xlabel("layer (0: the stream entering the first block; a decoder's follow its encoder's)")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_ylabel("mean pairwise cosine of the residual stream")
         ax.set_title(panel or "lines: exact over every token; points: uniform pairs, ±2 SE", fontsize=9)
