@@ -111,7 +111,7 @@ def outlier_rows(step: int) -> list[dict]:
             values = {"rogue_top1_share": 0.2 + step / 1000, "rogue_top3_share": 0.5, "rogue_top10_share": 0.9}
             values |= {"rogue_dims_90": 10, "avg_cos_standardised": 0.01, "avg_cos_sample": 0.3, "massive_ratio": 50}
             values |= {"massive_max": 5.0, "massive_dim_1": 3 + (step > 0), "massive_top_first_share": 0.5}
-            values |= {"massive_top_delimiter_share": 0.25}
+            values |= {"massive_top_delimiter_share": 0.25, "rogue_dim_1": 10 * layer + step % 7}
             rows += [{"layer": layer, "site": site, "metric": m, "value": v} for m, v in values.items()]
         for head in range(2):
             for metric in ("sink_first_mass", "sink_row_max_mass"):
@@ -417,3 +417,21 @@ def test_symlog_ticks_are_0_and_the_powers_of_ten_half_a_decade_from_it():
     assert symlog_ticks(16, 1150) == [0, 10, 100, 1000]  # 10 at 10/16 of a decade from 0
     assert symlog_ticks(64, 1150) == [0, 100, 1000]  # not 10, at 10/64
     assert symlog_ticks(6400, 115000) == [0, 10_000, 100_000]
+
+
+def test_rogue_dimensions_figure_names_the_rogue_dimension(tmp_path, monkeypatch):
+    """Issue 43: rogue_dimensions.png drew the shares of the top dimensions and never said which dimension is the
+    rogue one. The legend names each residual layer's top dimension at the last step (rogue_dim_1: 10 * layer +
+    step % 7 in the fake rows, 2, 12, 22 at step 100), the final-norm panels theirs."""
+    import anisweep.plots.outliers as outliers
+
+    sweep = analysed(aggregate([fake_checkpoint(tmp_path, s, str(s)) for s in (0, 10, 100)]))
+    figures = {}
+    monkeypatch.setattr(outliers, "save_figure", lambda fig, path: figures.update({path.name: fig}))
+    outliers.rogue_dimensions(sweep, tmp_path / "rogue_dimensions.png")
+    fig = figures["rogue_dimensions.png"]
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert texts[:3] == ["layer 0: dim 2", "layer 1: dim 12", "layer 2: dim 22"]
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title().startswith(("before", "after"))]
+    assert titles == [f"{where} final norm, top 1 / 3 / 10\ntop: dim 22" for where in ("before", "after")]
+    pyplot().close(fig)

@@ -145,13 +145,18 @@ def set_progress_scale(ax, rows: pl.DataFrame, column: str, label: str) -> None:
     ax.set_xlabel(label)
 
 
-def lines_by(ax, rows: pl.DataFrame, by: str, label_fmt: str, cmap: str = "viridis") -> None:
+def lines_by(
+    ax, rows: pl.DataFrame, by: str, label_fmt: str, cmap: str = "viridis", labels: dict | None = None
+) -> None:
+    """A line per value of `by` against the step, labelled `label_fmt` with the value or, where `labels` has it,
+    that label."""
     plt = pyplot()
     groups = sorted(rows[by].unique().drop_nulls().to_list())
     colours = plt.get_cmap(cmap)(np.linspace(0, 0.9, max(len(groups), 1)))
     for colour, group in zip(colours, groups):
         part = rows.filter(pl.col(by) == group).sort("step")
-        ax.plot(part["step"], part["value"], marker=".", color=colour, label=label_fmt.format(group))
+        label = (labels or {}).get(group, label_fmt.format(group))
+        ax.plot(part["step"], part["value"], marker=".", color=colour, label=label)
 
 
 def sweep_title(sweep: pl.DataFrame) -> str:

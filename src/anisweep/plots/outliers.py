@@ -31,16 +31,26 @@ def _has(sweep: pl.DataFrame, metric: str) -> bool:
     return sweep.filter(pl.col("metric") == metric).height > 0
 
 
+def rogue_dim_at_last_step(sweep: pl.DataFrame, site: str) -> dict[int, int]:
+    """layer -> the dimension with the largest share of avg_cos (`rogue_dim_1`) at `site`, at the last step that
+    names one."""
+    rows = select_rows(sweep, "rogue_dim_1", site).filter(pl.col("value").is_finite())
+    last = rows.filter(pl.col("step") == rows["step"].max())
+    return {int(layer): int(dim) for layer, dim in last.select("layer", "value").iter_rows()}
+
+
 def rogue_dimensions(sweep: pl.DataFrame, path: Path) -> None:
     """Per residual layer, the share of avg_cos the top 1 / 3 / 10 dimensions make, and how many make 90%, over
-    training; the same shares before and after the final norm."""
+    training; the same shares before and after the final norm. The legend and the final-norm panels' titles name
+    each layer's top dimension at the last step."""
     if not _has(sweep, "rogue_top1_share"):
         not_measured(sweep, path, "rogue dimensions")
         return
     panels = [*SHARES.items(), ("rogue_dims_90", "dimensions that make 90%")]
+    named = {layer: f"layer {layer}: dim {dim}" for layer, dim in rogue_dim_at_last_step(sweep, "resid").items()}
     fig, axes = panel_grid(len(panels) + 2, 3)
     for ax, (metric, label) in zip(axes, panels):
-        lines_by(ax, select_rows(sweep, metric, "resid"), "layer", "layer {}")
+        lines_by(ax, select_rows(sweep, metric, "resid"), "layer", "layer {}", labels=named)
         if metric != "rogue_dims_90":
             ax.set_ylim(-0.05, 1.05)
             ax.set_ylabel(f"share of avg_cos, {label} dims")
@@ -55,7 +65,8 @@ def rogue_dimensions(sweep: pl.DataFrame, path: Path) -> None:
             ax.plot(rows["step"], rows["value"], style, marker=".", color="black")
         ax.set_ylim(-0.05, 1.05)
         ax.set_ylabel("share of avg_cos")
-        ax.set_title(f"{where}, top 1 / 3 / 10", fontsize=9)
+        top = rogue_dim_at_last_step(sweep, site)
+        ax.set_title(f"{where}, top 1 / 3 / 10" + (f"\ntop: dim {max(top.items())[1]}" if top else ""), fontsize=9)
         step_axis(ax, sweep)
     from matplotlib.lines import Line2D
 
@@ -65,7 +76,10 @@ def rogue_dimensions(sweep: pl.DataFrame, path: Path) -> None:
         for (_, label), style in zip(SHARES.items(), STYLES)
     ]
     fig.legend(handles=handles, loc="outside right center", fontsize=8)
-    fig.suptitle(f"{sweep_title(sweep)}: how much of avg_cos the few largest dimensions make (rogue dimensions)")
+    fig.suptitle(
+        f"{sweep_title(sweep)}: how much of avg_cos the few largest dimensions make (rogue dimensions; dim: the top"
+        " one at the last step)"
+    )
     save_figure(fig, path)
 
 
