@@ -435,3 +435,37 @@ def test_rogue_dimensions_figure_names_the_rogue_dimension(tmp_path, monkeypatch
     titles = [ax.get_title() for ax in fig.axes if ax.get_title().startswith(("before", "after"))]
     assert titles == [f"{where} final norm, top 1 / 3 / 10\ntop: dim 22" for where in ("before", "after")]
     pyplot().close(fig)
+
+
+def test_layernorm_outliers_shows_every_norm_even_where_their_counts_are_equal(tmp_path, monkeypatch):
+    """Issue 43: a line per norm, nine norms with the same counts drawn on top of each other, showed one. The
+    figure is a heat map per count, a row per norm and layer and a column per checkpoint, the count written in each
+    cell; a norm without a bias has a blank row in the bias panel."""
+    import anisweep.plots.outliers as outliers
+
+    norms = [(site, layer) for layer in (1, 2, 3, 4) for site in ("ln_attn", "ln_mlp")] + [("final_ln", 4)]
+    ident = {"family": "fam", "model": "m", "seed": 0, "tokens_seen": None, "head": None, "status": "ok"}
+    rows = [
+        ident | {"step": step, "layer": layer, "site": site, "metric": metric, "value": value}
+        for step in (0, 10, 100)
+        for site, layer in norms
+        for metric, value in (("ln_gain_outliers", 2.0), ("ln_bias_outliers", 0.0), ("ln_outliers_in_rogue", 1.0))
+        if not (site == "final_ln" and metric == "ln_bias_outliers")  # no bias: no row (measures.ln_outliers)
+    ]
+    figures = {}
+    monkeypatch.setattr(outliers, "save_figure", lambda fig, path: figures.update({path.name: fig}))
+    outliers.layernorm_outliers(pl.DataFrame(rows), tmp_path / "layernorm_outliers.png")
+    panels = [ax for ax in figures["layernorm_outliers.png"].axes if ax.get_images()]
+    assert [ax.get_title().split()[0] for ax in panels] == ["gain", "bias", "outlier"]
+    names = ["ln_attn 1", "ln_mlp 1", "ln_attn 2", "ln_mlp 2", "ln_attn 3", "ln_mlp 3", "ln_attn 4", "ln_mlp 4"]
+    for ax, value in zip(panels, (2.0, 0.0, 1.0)):
+        grid = np.asarray(ax.get_images()[0].get_array().filled(np.nan))
+        assert grid.shape == (9, 3)
+        assert [t.get_text() for t in ax.get_yticklabels()] == [*names, "final_ln 4"]
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "10", "100"]
+        expected = np.full((9, 3), value)
+        if value == 0.0:
+            expected[-1] = np.nan  # the final norm has no bias
+        np.testing.assert_array_equal(grid, expected)
+        assert sorted(t.get_text() for t in ax.texts) == [f"{value:.0f}"] * int(np.isfinite(expected).sum())
+    pyplot().close("all")
