@@ -2,8 +2,11 @@
 largest activations at each hidden site (massive.parquet), the attention each key position receives per head
 (sinks.parquet) and the keys that receive the most (sink_keys.parquet). Each token is named by its sequence and
 position in the evaluation batch, its id where the Recorder holds the batch's ids (`token_ids`), and its kind:
-`first` (its sequence's first valid token), `delimiter` (a special token of the model's config, or a token whose
-text is punctuation or whitespace only, where the tokenizer loads from the model's folder) or `other`."""
+`first` (its sequence's first valid token), `delimiter` (a special token of the model's config or of its tokenizer,
+or a token whose text is punctuation or whitespace only, where the tokenizer loads from the model's folder) or
+`other`. The tokenizer's special tokens count because a config often names none of them: BERT's config.json has no
+sep_token_id, and [SEP], the sink of Clark et al. (2019), would be `other`; its unknown and mask tokens do not count
+(unless they are also its bos, eos, sep, cls or pad token, as GPT-NeoX's <|endoftext|> is all of them)."""
 
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ class TokenKinds:
             for token in value if isinstance(value, (list, tuple)) else [value]:
                 if isinstance(token, int):
                     self.special.add(token)
+        self.special |= tokenizer_delimiters(tokenizer)
         self.tokenizer = tokenizer
 
     def token_id(self, seq: int, position: int) -> int | None:
@@ -60,6 +64,17 @@ class TokenKinds:
         token_id = self.token_id(seq, position)
         text = self.text(token_id)
         return {"token_id": token_id, "token": text, "kind": self.kind(first, token_id, text)}
+
+
+def tokenizer_delimiters(tokenizer) -> set[int]:
+    """The ids of `tokenizer`'s special tokens (all_special_ids: [CLS], [SEP], [PAD], Whisper's task tokens, ...)
+    but its unknown and mask tokens, unless one is also its bos, eos, sep, cls or pad token."""
+    if tokenizer is None:
+        return set()
+    named = {getattr(tokenizer, key, None) for key in SPECIAL_TOKEN_KEYS}
+    not_delimiters = {getattr(tokenizer, "unk_token_id", None), getattr(tokenizer, "mask_token_id", None)} - named
+    special = set(getattr(tokenizer, "all_special_ids", None) or ())
+    return {int(token) for token in special - not_delimiters if isinstance(token, int)}
 
 
 def is_delimiter_text(text: str) -> bool:
