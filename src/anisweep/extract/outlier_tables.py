@@ -25,10 +25,12 @@ KINDS = ("first", "delimiter", "other")
 
 
 class TokenKinds:
-    """Token ids and kinds of (seq, position) pairs of the evaluation batch."""
+    """Token ids and kinds of (seq, position) pairs of the evaluation batch: of `token_ids`' sequence, or of another
+    of T positions whose ids `other_ids` holds under T (Whisper's decoder tokens)."""
 
-    def __init__(self, token_ids: torch.Tensor | None, config=None, tokenizer=None):
+    def __init__(self, token_ids: torch.Tensor | None, config=None, tokenizer=None, other_ids=None):
         self.token_ids = token_ids
+        self.other_ids = other_ids or {}
         self.special = set()
         for key in SPECIAL_TOKEN_KEYS:
             value = getattr(config, key, None)
@@ -38,8 +40,11 @@ class TokenKinds:
         self.special |= tokenizer_delimiters(tokenizer)
         self.tokenizer = tokenizer
 
-    def token_id(self, seq: int, position: int) -> int | None:
+    def token_id(self, seq: int, position: int, length: int | None = None) -> int | None:
+        """The id at (seq, position) of the sequence of `length` positions (None: `token_ids`' own)."""
         ids = self.token_ids
+        if length is not None and (ids is None or length != ids.shape[1]):
+            ids = self.other_ids.get(length)
         if ids is None or seq >= ids.shape[0] or position >= ids.shape[1]:
             return None
         token = int(ids[seq, position])
@@ -60,8 +65,8 @@ class TokenKinds:
             return "delimiter"
         return "other"
 
-    def describe(self, seq: int, position: int, first: bool) -> dict:
-        token_id = self.token_id(seq, position)
+    def describe(self, seq: int, position: int, first: bool, length: int | None = None) -> dict:
+        token_id = self.token_id(seq, position, length)
         text = self.text(token_id)
         return {"token_id": token_id, "token": text, "kind": self.kind(first, token_id, text)}
 
@@ -102,7 +107,8 @@ def token_kinds(recorder, model, trust_remote_code: bool = False, tokenizer=None
     readable = folder and Path(folder).is_dir() and token_ids is not None
     if tokenizer is None and readable:
         tokenizer = _tokenizer_at(str(folder), trust_remote_code)
-    return TokenKinds(token_ids, getattr(model, "config", None), tokenizer)
+    other_ids = getattr(recorder, "grid_token_ids", None)
+    return TokenKinds(token_ids, getattr(model, "config", None), tokenizer, other_ids)
 
 
 def massive_table(recorder, kinds: TokenKinds) -> pl.DataFrame:
@@ -111,6 +117,7 @@ def massive_table(recorder, kinds: TokenKinds) -> pl.DataFrame:
     rows = []
     for (layer, site), stats in sorted(recorder.vectors.items()):
         top = stats.top_tokens()
+        length = getattr(recorder, "site_lengths", {}).get((layer, site))  # a site on a sequence of its own
         for rank, (value, seq, position, dim, first) in enumerate(
             zip(top["value"], top["seq"], top["position"], top["dim"], top["first"])
         ):
@@ -121,7 +128,7 @@ def massive_table(recorder, kinds: TokenKinds) -> pl.DataFrame:
                     "rank": rank,
                     "seq": seq,
                     "position": position,
-                    **kinds.describe(seq, position, bool(first)),
+                    **kinds.describe(seq, position, bool(first), length),
                     "dim": dim,
                     "value": value,
                 }
@@ -159,6 +166,7 @@ def sink_keys_table(recorder, kinds: TokenKinds) -> pl.DataFrame:
     rows = []
     for layer, stats in sorted(recorder.sinks.items()):
         top = stats.top_keys()
+        length = int(stats.key_counts.numel())  # the layer's key positions (Whisper's decoder: its own tokens)
         for head in range(stats.n_heads):
             for rank, (received, n_rows, seq, position, first) in enumerate(
                 zip(*(top[name][head] for name in ("received", "rows", "seq", "position", "first")))
@@ -170,7 +178,7 @@ def sink_keys_table(recorder, kinds: TokenKinds) -> pl.DataFrame:
                         "rank": rank,
                         "seq": seq,
                         "position": position,
-                        **kinds.describe(seq, position, bool(first)),
+                        **kinds.describe(seq, position, bool(first), length),
                         "received": received,
                         "share": received / n_rows if n_rows else None,
                     }
