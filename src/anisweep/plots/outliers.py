@@ -222,7 +222,9 @@ def _count_grid(ax, fig, rows: pl.DataFrame, norms: list[tuple[str, int]], steps
     ax.set_yticks(range(len(norms)), [f"{site} {layer}" for site, layer in norms], fontsize=8)
     ax.set_xlabel("optimizer step (checkpoints, evenly spaced)")
     ax.set_title(title, fontsize=9)
-    fig.colorbar(image, ax=ax)
+    from matplotlib.ticker import MaxNLocator
+
+    fig.colorbar(image, ax=ax).ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts
 
 
 #: a grid with more checkpoints than this has no room for the counts in its cells: the colour alone says them
