@@ -119,7 +119,11 @@ def results_folder(tmp_path: Path):
     def check(namespace):
         assert namespace["avg_cos"].height == 4 and set(namespace["avg_cos"]["metric"]) == {"avg_cos"}
         assert namespace["sweeps"].height == 12
-        assert namespace["identity"]["dim"].to_list() == [7, 7] and namespace["identity"]["same_as_last"].all()
+        identity = namespace["identity"]  # issue 43: model by model, not the two models' rows mixed per layer
+        bert, neox = (identity.filter(pl.col("model") == m).sort("step") for m in ("toy-bert", "toy-neox"))
+        assert bert["dim"].to_list() == [7, 7] and bert["same_as_last"].all()
+        assert neox["dim"].to_list() == [0, 64] and neox["same_as_last"].to_list() == [False, True]
+        assert identity.height == 4 and identity["share_as_last"].sort().to_list() == [0.5, 0.5, 1.0, 1.0]
 
     return {}, check
 

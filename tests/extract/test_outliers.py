@@ -265,3 +265,34 @@ def test_vector_outlier_statistics_over_mini_batches_with_bad_tokens(wait_free):
     assert list(zip(top["seq"], top["position"])) == [where[i] for i in order]
     assert top["dim"] == np.abs(kept).argmax(1)[order].tolist()
     assert top["first"] == [int(where[i][1] == 0) for i in order]
+
+
+def test_bert_special_tokens_are_delimiters_from_its_tokenizer(tmp_path):
+    """Issue 43: a BERT's config.json names no sep_token_id (BertConfig has pad_token_id only), so its [SEP], the
+    key Clark et al. (2019) find heads attending to, counted as `other` in sink_keys and massive. The tokenizer's
+    special tokens are delimiters now: every [SEP] named in either table is one; [UNK] and [MASK] are not."""
+    from transformers import BertConfig, BertModel
+
+    from anisweep.toy.tokenizers import build_bert_tokenizer
+
+    tokenizer = build_bert_tokenizer(["the cat sat on the mat. a dog ran in the park, and sat"], vocab_size=80)
+    config = BertConfig(
+        vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32
+    )
+    assert getattr(config, "sep_token_id", None) is None
+    path = saved(tmp_path, BertModel, config, "bert")
+    tokenizer.save_pretrained(path)
+    words = tokenizer(["the cat sat", "a dog ran"], ["on the mat", "in the park"], padding=True, return_tensors="pt")
+    batch = {"input_ids": words["input_ids"], "attention_mask": words["attention_mask"]}
+    tables = extract(path, batch)
+    sep = tokenizer.sep_token_id
+    assert (batch["input_ids"] == sep).sum() == 4
+    named = pl.concat([tables[name].select("token_id", "kind") for name in ("sink_keys", "massive")])
+    seps = named.filter(pl.col("token_id") == sep)
+    assert seps.height and set(seps["kind"]) == {"delimiter"}
+    kinds = outlier_tables.TokenKinds(None, config, tokenizer)
+    assert {tokenizer.cls_token_id, sep, tokenizer.pad_token_id} <= kinds.special
+    assert not {tokenizer.unk_token_id, tokenizer.mask_token_id} & kinds.special
+    # GPT-NeoX's <|endoftext|> is its bos, eos, unk and pad token at once: a delimiter, as its eos
+    neox = type("Tokenizer", (), {"all_special_ids": [0], "unk_token_id": 0, "eos_token_id": 0, "bos_token_id": 0})
+    assert outlier_tables.tokenizer_delimiters(neox()) == {0}

@@ -93,3 +93,26 @@ def test_whisper_encoder_and_decoder_match_eager_reference(tmp_path):
         unit = x / x.norm(dim=-1, keepdim=True)
         np.testing.assert_allclose(row["sum_unit"], unit.sum(0).numpy(), atol=TOL * x.shape[0])
     assert torch.equal(out.encoder_last_hidden_state, got[("norm", 0)])
+
+
+def test_whisper_decoder_rows_name_the_tokens_the_decoder_reads(tmp_path):
+    """Issue 43: the decoder's rows in hidden.parquet had token_id -1, as the encoder's frames have, though tokens
+    stand there. Each decoder row names the token the decoder reads at its position (decoder_input_ids: the start
+    token, then the model's greedy tokens), in hidden.parquet and in the outlier tables; the frames stay -1."""
+    path = saved_model(tmp_path, "whisper")
+    batch = audio_batch("whisper", waveforms())
+    tables, _ = run_extract(path, batch, batch_size=2, sample_tokens=64)
+    ids = batch["decoder_input_ids"].numpy()
+    hidden = tables["hidden"]
+    decoder = hidden.filter(pl.col("layer") > N_ENC)
+    encoder = hidden.filter(pl.col("layer") <= N_ENC)
+    assert decoder.height and encoder.height
+    assert decoder["token_id"].to_list() == ids[decoder["seq"].to_numpy(), decoder["position"].to_numpy()].tolist()
+    assert set(encoder["token_id"]) == {-1}
+    assert (decoder.filter(pl.col("position") == 0)["token_id"] == int(ids[0, 0])).all()  # the start token
+    for name in ("massive", "sink_keys"):
+        rows = tables[name].filter(pl.col("layer") >= (N_ENC + 1 if name == "massive" else N_ENC))
+        assert rows.height and rows["token_id"].null_count() == 0, name
+        assert rows["token_id"].to_list() == ids[rows["seq"].to_numpy(), rows["position"].to_numpy()].tolist()
+        frames = tables[name].filter(pl.col("layer") < N_ENC)
+        assert frames["token_id"].null_count() == frames.height, name

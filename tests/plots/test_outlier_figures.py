@@ -69,3 +69,23 @@ def test_dimension_identity_over_training(sweep):
     assert identity["same_as_previous"].to_list() == [None, False, True]
     assert identity["share_as_last"][0] == pytest.approx(2 / 3)
     assert json.dumps(dimension_identity(sweep.filter(pl.col("metric") == "avg_cos")).columns)  # empty: its columns
+
+
+def test_dimension_identity_takes_a_frame_of_several_models_model_by_model():
+    """Issue 43: on every model's sweep together (the README's `scan(root, "sweep")`), the rows of two models at one
+    layer were compared with each other: model b's step 10 was "the previous step" of model a's step 100. Each model
+    is now its own sequence of checkpoints, its identity columns kept."""
+    rows = [
+        {"family": "f", "model": model, "seed": 0, "step": step, "layer": 0, "head": None, "site": "resid"}
+        | {"metric": "massive_dim_1", "value": float(dim)}
+        for model, dims in (("a", {0: 5, 10: 7, 100: 7}), ("b", {0: 3, 10: 3, 50: 9}))
+        for step, dim in dims.items()
+    ]
+    identity = dimension_identity(pl.DataFrame(rows))
+    assert identity.columns[:3] == ["family", "model", "seed"]
+    a, b = (identity.filter(pl.col("model") == m).sort("step") for m in "ab")
+    assert a["dim"].to_list() == [5, 7, 7] and b["dim"].to_list() == [3, 3, 9]
+    assert a["same_as_last"].to_list() == [False, True, True] and b["same_as_last"].to_list() == [False, False, True]
+    assert a["same_as_previous"].to_list() == [None, False, True]
+    assert b["same_as_previous"].to_list() == [None, True, False]
+    assert a["share_as_last"][0] == pytest.approx(2 / 3) and b["share_as_last"][0] == pytest.approx(1 / 3)

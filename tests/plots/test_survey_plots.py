@@ -60,3 +60,56 @@ def test_every_survey_figure_is_written(tmp_path):
 
 def test_the_isotropic_curve_is_the_exact_quantile():
     assert geometry.isotropic_cos_quantile(768) < geometry.isotropic_cos_quantile(16) < 0.5
+
+
+@pytest.fixture
+def drawn(monkeypatch) -> dict:
+    """The survey's figures, by file name, instead of saved."""
+    figures = {}
+    monkeypatch.setattr(survey, "save_figure", lambda fig, path: figures.update({path.name: fig}))
+    yield figures
+    for fig in figures.values():
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def test_each_layer_sits_at_its_own_width(drawn, tmp_path):
+    """Issue 43: a CNN's stage of width 8 was drawn at the model's widest width (32), against the isotropic level
+    of d = 32, so narrow stages looked anisotropic. Each layer now sits at its own width, and the diamonds are the
+    means of the layers of one width."""
+    widths, cos = [8, 8, 16, 32], [0.54, 0.5, 0.3, 0.2]
+    rows = [
+        {"family": "hub", "model": "resnet", "seed": 0, "step": 0, "tokens_seen": None, "status": "ok"}
+        | {"layer": layer, "head": None, "site": "resid", "metric": metric, "value": value}
+        for layer, (d, c) in enumerate(zip(widths, cos))
+        for metric, value in (("dim", float(d)), ("avg_cos", c))
+    ]
+    survey.plot_isotropic(pl.DataFrame(rows), tmp_path / "survey_isotropic.png")
+    ax = drawn["survey_isotropic.png"].axes[0]
+    points = next(line for line in ax.get_lines() if line.get_marker() == "o")
+    assert sorted(zip(points.get_xdata(), points.get_ydata())) == sorted(zip(widths, cos))
+    diamonds = next(line for line in ax.get_lines() if line.get_marker() == "D")
+    assert list(diamonds.get_xdata()) == [8, 16, 32]
+    assert list(diamonds.get_ydata()) == pytest.approx([0.52, 0.3, 0.2])
+    assert geometry.isotropic_cos_quantile(8) > 0.54  # at its own width, the stage is within isotropic reach
+
+
+def test_the_layer_axis_says_what_layer_0_is_for_every_model_and_marks_a_decoder(drawn, tmp_path):
+    """Issue 43: the x label said "0 = embeddings", which CANINE's molecule convolution (or a CNN's stem) is not,
+    and T5's line did not show where its decoder starts. Layer 0 is now named by what it is for every model (the
+    stream entering the first block), and a dashed line in the model's colour marks its first decoder layer: after
+    the encoder's last layer, the layer of its `decoder_embed` site (docs/adapters.md)."""
+    rows = model_rows("hub", "canine-s", [0], 4, 32) + model_rows("hub", "t5-base", [7], 7, 16)
+    t5 = {"family": "hub", "model": "t5-base", "seed": 0, "step": 7, "tokens_seen": None, "status": "ok"}
+    rows.append(t5 | {"layer": 3, "head": None, "site": "decoder_embed", "metric": "avg_cos", "value": 0.4})
+    survey.plot_layers(pl.DataFrame(rows, infer_schema_length=None), tmp_path / "survey_layers.png")
+    fig = drawn["survey_layers.png"]
+    ax = next(a for a in fig.axes if a.get_lines())
+    assert "embeddings" not in ax.get_xlabel() and "0: the stream entering the first block" in ax.get_xlabel()
+    marks = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert [(m.get_label(), list(m.get_xdata())) for m in marks] == [("t5-base: decoder from layer 4", [3.5, 3.5])]
+    t5_line = next(line for line in ax.get_lines() if line.get_label() == "t5-base (step 7)")
+    assert marks[0].get_color() == t5_line.get_color()
+    legend = fig.legends[0] if fig.legends else ax.get_legend()
+    assert "t5-base: decoder from layer 4" in [t.get_text() for t in legend.get_texts()]

@@ -111,7 +111,7 @@ def outlier_rows(step: int) -> list[dict]:
             values = {"rogue_top1_share": 0.2 + step / 1000, "rogue_top3_share": 0.5, "rogue_top10_share": 0.9}
             values |= {"rogue_dims_90": 10, "avg_cos_standardised": 0.01, "avg_cos_sample": 0.3, "massive_ratio": 50}
             values |= {"massive_max": 5.0, "massive_dim_1": 3 + (step > 0), "massive_top_first_share": 0.5}
-            values |= {"massive_top_delimiter_share": 0.25}
+            values |= {"massive_top_delimiter_share": 0.25, "rogue_dim_1": 10 * layer + step % 7}
             rows += [{"layer": layer, "site": site, "metric": m, "value": v} for m, v in values.items()]
         for head in range(2):
             for metric in ("sink_first_mass", "sink_row_max_mass"):
@@ -378,3 +378,94 @@ def test_saved_figures_have_readable_tick_labels(tmp_path):
         kit.readable_ticks = original
     assert seen["sizes"] and min(size for _, _, size in seen["sizes"]) >= MIN_TICK_LABEL_SIZE
     assert max(size for ax, axis, size in seen["sizes"] if axis is axes[1].yaxis) == 12  # larger ones are kept
+
+
+def tick_gaps(ax) -> tuple[float, float]:
+    """(display distance from 0 to the next labelled tick, the smallest distance between two labelled powers of
+    ten) on the x axis of `ax`."""
+    ticks = sorted(t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1])
+    x = [ax.transData.transform((t, 0))[0] for t in ticks]
+    decades = [b - a for a, b in zip(x[1:], x[2:])]
+    return x[1] - x[0], min(decades) if decades else float("inf")
+
+
+def test_step_zero_keeps_its_distance_from_the_next_tick(tmp_path, monkeypatch):
+    """Issue 43: on a symlog step axis whose linear part ends at 64, 10 sat a sixth of a decade from 0, their labels
+    on top of each other. Every labelled tick is now at least half a decade's width from 0, on the steps below and
+    the tokens seen above, in the per-model figures and in the comparison across models (by tokens seen)."""
+    import anisweep.plots.sweep as plots
+
+    sweep = analysed(aggregate([fake_checkpoint(tmp_path, s, str(s)) for s in (0, 64, 512, 1000)]))
+    figures = drawn_figures(monkeypatch)
+    plots.isotropy(sweep, tmp_path / "isotropy.png")
+    plots.plot_family(pl.concat([sweep, sweep.with_columns(model=pl.lit("n"))]), tmp_path / "compare.png")
+    axes = [ax for fig in figures.values() for ax in fig.axes if ax.get_visible() and ax.get_xscale() == "symlog"]
+    assert len(axes) >= 10 and {ax.get_xlabel() for ax in axes} >= {"optimizer step", "tokens seen"}
+    for ax in axes:
+        ax.figure.canvas.draw()
+        first, decade = tick_gaps(ax)
+        assert first >= 0.5 * decade - 1e-6, (ax.get_xlabel(), ax.get_xticks())
+        labels = [t.get_window_extent() for t in ax.get_xticklabels() if t.get_text()]
+        assert all(a.x1 < b.x0 for a, b in zip(labels, labels[1:])), ax.get_xlabel()
+    pyplot().close("all")
+
+
+def test_symlog_ticks_are_0_and_the_powers_of_ten_half_a_decade_from_it():
+    from anisweep.plots.kit import symlog_ticks
+
+    assert symlog_ticks(1, 1150) == [0, 1, 10, 100, 1000]
+    assert symlog_ticks(16, 1150) == [0, 10, 100, 1000]  # 10 at 10/16 of a decade from 0
+    assert symlog_ticks(64, 1150) == [0, 100, 1000]  # not 10, at 10/64
+    assert symlog_ticks(6400, 115000) == [0, 10_000, 100_000]
+
+
+def test_rogue_dimensions_figure_names_the_rogue_dimension(tmp_path, monkeypatch):
+    """Issue 43: rogue_dimensions.png drew the shares of the top dimensions and never said which dimension is the
+    rogue one. The legend names each residual layer's top dimension at the last step (rogue_dim_1: 10 * layer +
+    step % 7 in the fake rows, 2, 12, 22 at step 100), the final-norm panels theirs."""
+    import anisweep.plots.outliers as outliers
+
+    sweep = analysed(aggregate([fake_checkpoint(tmp_path, s, str(s)) for s in (0, 10, 100)]))
+    figures = {}
+    monkeypatch.setattr(outliers, "save_figure", lambda fig, path: figures.update({path.name: fig}))
+    outliers.rogue_dimensions(sweep, tmp_path / "rogue_dimensions.png")
+    fig = figures["rogue_dimensions.png"]
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert texts[:3] == ["layer 0: dim 2", "layer 1: dim 12", "layer 2: dim 22"]
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title().startswith(("before", "after"))]
+    assert titles == [f"{where} final norm, top 1 / 3 / 10\ntop: dim 22" for where in ("before", "after")]
+    pyplot().close(fig)
+
+
+def test_layernorm_outliers_shows_every_norm_even_where_their_counts_are_equal(tmp_path, monkeypatch):
+    """Issue 43: a line per norm, nine norms with the same counts drawn on top of each other, showed one. The
+    figure is a heat map per count, a row per norm and layer and a column per checkpoint, the count written in each
+    cell; a norm without a bias has a blank row in the bias panel."""
+    import anisweep.plots.outliers as outliers
+
+    norms = [(site, layer) for layer in (1, 2, 3, 4) for site in ("ln_attn", "ln_mlp")] + [("final_ln", 4)]
+    ident = {"family": "fam", "model": "m", "seed": 0, "tokens_seen": None, "head": None, "status": "ok"}
+    rows = [
+        ident | {"step": step, "layer": layer, "site": site, "metric": metric, "value": value}
+        for step in (0, 10, 100)
+        for site, layer in norms
+        for metric, value in (("ln_gain_outliers", 2.0), ("ln_bias_outliers", 0.0), ("ln_outliers_in_rogue", 1.0))
+        if not (site == "final_ln" and metric == "ln_bias_outliers")  # no bias: no row (measures.ln_outliers)
+    ]
+    figures = {}
+    monkeypatch.setattr(outliers, "save_figure", lambda fig, path: figures.update({path.name: fig}))
+    outliers.layernorm_outliers(pl.DataFrame(rows), tmp_path / "layernorm_outliers.png")
+    panels = [ax for ax in figures["layernorm_outliers.png"].axes if ax.get_images()]
+    assert [ax.get_title().split()[0] for ax in panels] == ["gain", "bias", "outlier"]
+    names = ["ln_attn 1", "ln_mlp 1", "ln_attn 2", "ln_mlp 2", "ln_attn 3", "ln_mlp 3", "ln_attn 4", "ln_mlp 4"]
+    for ax, value in zip(panels, (2.0, 0.0, 1.0)):
+        grid = np.asarray(ax.get_images()[0].get_array().filled(np.nan))
+        assert grid.shape == (9, 3)
+        assert [t.get_text() for t in ax.get_yticklabels()] == [*names, "final_ln 4"]
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "10", "100"]
+        expected = np.full((9, 3), value)
+        if value == 0.0:
+            expected[-1] = np.nan  # the final norm has no bias
+        np.testing.assert_array_equal(grid, expected)
+        assert sorted(t.get_text() for t in ax.texts) == [f"{value:.0f}"] * int(np.isfinite(expected).sum())
+    pyplot().close("all")

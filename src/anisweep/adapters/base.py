@@ -281,6 +281,12 @@ class Adapter:
         layers see (ids -1: no token stands there)."""
         return self.recorded_positions(base.config, batch["input_ids"], batch["attention_mask"].bool())
 
+    def other_token_ids(self, batch: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """The (N, T') token ids of a sequence of T' positions that some sites run on beside `positions`' (Whisper's
+        decoder, on its own tokens), by T', read after `positions`: the tables name those sites' tokens by them.
+        Empty where every site runs on `positions`' sequence or on positions without tokens (an image's cells)."""
+        return {}
+
     def forward_batch(self, base: nn.Module, inputs: dict[str, torch.Tensor]) -> None:
         """Run the base model on one mini-batch of the evaluation batch's model inputs (`input_ids` and
         `attention_mask` for text; the processor's tensors for images and audio)."""

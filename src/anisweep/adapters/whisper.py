@@ -20,7 +20,9 @@ q.k * d_head^-0.5 the same. The encoder's attention modules have no `layer_idx`:
 The DECODER reads the model's own greedy continuation of `<|startoftranscript|>`: `DECODER_TOKENS` tokens (at most
 `max_target_positions`) per clip, decoded before the recording pass with eager attention, the logits from the tied
 token embedding, and nothing stopping at end-of-text, so that every clip's decoder has as many positions, all valid.
-It is then run teacher-forced on them. Its layers are counted after the encoder's, as T5's are: decoder block j is
+It is then run teacher-forced on them, and its rows in the tables (hidden.parquet's `token_id`, massive's and
+sink_keys') name the token it reads at each position (`other_token_ids`): the start token at position 0, then the
+greedy tokens. Its layers are counted after the encoder's, as T5's are: decoder block j is
 layer n_encoder + j; `decoder_embed` (its token and position embedding) and the encoder's final norm
 (`encoder_final_ln`) sit at layer n_encoder, the decoder's final norm is `final_ln`. Self-attention is causal;
 cross-attention (queries from the decoder's tokens, keys from the encoder's 1500 frames) goes to its own tables
@@ -83,6 +85,11 @@ class WhisperAdapter(Adapter):
             [greedy_tokens(base, features[i : i + DECODE_CLIPS]) for i in range(0, n, DECODE_CLIPS)]
         )
         return torch.full((n, t), -1, dtype=torch.int64), torch.ones(n, t, dtype=torch.bool)
+
+    def other_token_ids(self, batch):
+        """The decoder's tokens, by their number: `decoder_start_token_id`, then the greedy ones (`positions`)."""
+        ids = batch["decoder_input_ids"]
+        return {ids.shape[1]: ids}
 
     def forward_batch(self, base, inputs) -> None:
         features = inputs["input_features"].to(base.dtype)  # the extractor's float32, in the model's dtype

@@ -2,8 +2,11 @@
 largest activations at each hidden site (massive.parquet), the attention each key position receives per head
 (sinks.parquet) and the keys that receive the most (sink_keys.parquet). Each token is named by its sequence and
 position in the evaluation batch, its id where the Recorder holds the batch's ids (`token_ids`), and its kind:
-`first` (its sequence's first valid token), `delimiter` (a special token of the model's config, or a token whose
-text is punctuation or whitespace only, where the tokenizer loads from the model's folder) or `other`."""
+`first` (its sequence's first valid token), `delimiter` (a special token of the model's config or of its tokenizer,
+or a token whose text is punctuation or whitespace only, where the tokenizer loads from the model's folder) or
+`other`. The tokenizer's special tokens count because a config often names none of them: BERT's config.json has no
+sep_token_id, and [SEP], the sink of Clark et al. (2019), would be `other`; its unknown and mask tokens do not count
+(unless they are also its bos, eos, sep, cls or pad token, as GPT-NeoX's <|endoftext|> is all of them)."""
 
 from __future__ import annotations
 
@@ -22,20 +25,26 @@ KINDS = ("first", "delimiter", "other")
 
 
 class TokenKinds:
-    """Token ids and kinds of (seq, position) pairs of the evaluation batch."""
+    """Token ids and kinds of (seq, position) pairs of the evaluation batch: of `token_ids`' sequence, or of another
+    of T positions whose ids `other_ids` holds under T (Whisper's decoder tokens)."""
 
-    def __init__(self, token_ids: torch.Tensor | None, config=None, tokenizer=None):
+    def __init__(self, token_ids: torch.Tensor | None, config=None, tokenizer=None, other_ids=None):
         self.token_ids = token_ids
+        self.other_ids = other_ids or {}
         self.special = set()
         for key in SPECIAL_TOKEN_KEYS:
             value = getattr(config, key, None)
             for token in value if isinstance(value, (list, tuple)) else [value]:
                 if isinstance(token, int):
                     self.special.add(token)
+        self.special |= tokenizer_delimiters(tokenizer)
         self.tokenizer = tokenizer
 
-    def token_id(self, seq: int, position: int) -> int | None:
+    def token_id(self, seq: int, position: int, length: int | None = None) -> int | None:
+        """The id at (seq, position) of the sequence of `length` positions (None: `token_ids`' own)."""
         ids = self.token_ids
+        if length is not None and (ids is None or length != ids.shape[1]):
+            ids = self.other_ids.get(length)
         if ids is None or seq >= ids.shape[0] or position >= ids.shape[1]:
             return None
         token = int(ids[seq, position])
@@ -56,10 +65,21 @@ class TokenKinds:
             return "delimiter"
         return "other"
 
-    def describe(self, seq: int, position: int, first: bool) -> dict:
-        token_id = self.token_id(seq, position)
+    def describe(self, seq: int, position: int, first: bool, length: int | None = None) -> dict:
+        token_id = self.token_id(seq, position, length)
         text = self.text(token_id)
         return {"token_id": token_id, "token": text, "kind": self.kind(first, token_id, text)}
+
+
+def tokenizer_delimiters(tokenizer) -> set[int]:
+    """The ids of `tokenizer`'s special tokens (all_special_ids: [CLS], [SEP], [PAD], Whisper's task tokens, ...)
+    but its unknown and mask tokens, unless one is also its bos, eos, sep, cls or pad token."""
+    if tokenizer is None:
+        return set()
+    named = {getattr(tokenizer, key, None) for key in SPECIAL_TOKEN_KEYS}
+    not_delimiters = {getattr(tokenizer, "unk_token_id", None), getattr(tokenizer, "mask_token_id", None)} - named
+    special = set(getattr(tokenizer, "all_special_ids", None) or ())
+    return {int(token) for token in special - not_delimiters if isinstance(token, int)}
 
 
 def is_delimiter_text(text: str) -> bool:
@@ -87,7 +107,8 @@ def token_kinds(recorder, model, trust_remote_code: bool = False, tokenizer=None
     readable = folder and Path(folder).is_dir() and token_ids is not None
     if tokenizer is None and readable:
         tokenizer = _tokenizer_at(str(folder), trust_remote_code)
-    return TokenKinds(token_ids, getattr(model, "config", None), tokenizer)
+    other_ids = getattr(recorder, "grid_token_ids", None)
+    return TokenKinds(token_ids, getattr(model, "config", None), tokenizer, other_ids)
 
 
 def massive_table(recorder, kinds: TokenKinds) -> pl.DataFrame:
@@ -96,6 +117,7 @@ def massive_table(recorder, kinds: TokenKinds) -> pl.DataFrame:
     rows = []
     for (layer, site), stats in sorted(recorder.vectors.items()):
         top = stats.top_tokens()
+        length = getattr(recorder, "site_lengths", {}).get((layer, site))  # a site on a sequence of its own
         for rank, (value, seq, position, dim, first) in enumerate(
             zip(top["value"], top["seq"], top["position"], top["dim"], top["first"])
         ):
@@ -106,7 +128,7 @@ def massive_table(recorder, kinds: TokenKinds) -> pl.DataFrame:
                     "rank": rank,
                     "seq": seq,
                     "position": position,
-                    **kinds.describe(seq, position, bool(first)),
+                    **kinds.describe(seq, position, bool(first), length),
                     "dim": dim,
                     "value": value,
                 }
@@ -144,6 +166,7 @@ def sink_keys_table(recorder, kinds: TokenKinds) -> pl.DataFrame:
     rows = []
     for layer, stats in sorted(recorder.sinks.items()):
         top = stats.top_keys()
+        length = int(stats.key_counts.numel())  # the layer's key positions (Whisper's decoder: its own tokens)
         for head in range(stats.n_heads):
             for rank, (received, n_rows, seq, position, first) in enumerate(
                 zip(*(top[name][head] for name in ("received", "rows", "seq", "position", "first")))
@@ -155,7 +178,7 @@ def sink_keys_table(recorder, kinds: TokenKinds) -> pl.DataFrame:
                         "rank": rank,
                         "seq": seq,
                         "position": position,
-                        **kinds.describe(seq, position, bool(first)),
+                        **kinds.describe(seq, position, bool(first), length),
                         "received": received,
                         "share": received / n_rows if n_rows else None,
                     }

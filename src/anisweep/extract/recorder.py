@@ -143,6 +143,9 @@ class Recorder:
     query_prescaled: bool = False  # the adapter's: q arrives scaled, with scaling 1 (Whisper); Hooks sets it
     #: (sequences, sample_tokens, seed) of the evaluation batch: the draw of a site on positions of its own (_grid)
     grid_sampling: tuple[int, int, int] = (0, 0, 0)
+    #: T -> (sequences, T) token ids of a sequence some sites run on beside the batch's (the adapter's
+    #: other_token_ids: Whisper's decoder tokens): the draw of such a site names its tokens by them (_grid)
+    grid_token_ids: dict[int, torch.Tensor] = field(default_factory=dict)
     masked: MaskedStates | None = None  # an MLM's masked pass (anisweep.extract.masked), after the forward
     valid: torch.Tensor = field(init=False)
     scratch: Scratch = field(init=False, default_factory=Scratch)
@@ -168,6 +171,7 @@ class Recorder:
         self._batch_sample = None
         self._grid_samples: dict[int, Sample] = {}
         self.site_samples: dict[tuple[int, str], Sample] = {}  # sites sampled apart from `sample` (_grid)
+        self.site_lengths: dict[tuple[int, str], int] = {}  # their positions per sequence
         self._recent: list[tuple[weakref.ref, dict]] = []
         if self.stream is not None:
             for layer in range(g.n_layers):
@@ -390,14 +394,17 @@ class Recorder:
     def _grid(self, key: tuple[int, str], t: int) -> tuple[torch.Tensor, tuple]:
         """(valid, this batch's sampled rows) of a site whose `t` positions are not the batch's: every one valid
         (images are never padded), sampled by a draw of their own over the whole evaluation batch, with the same
-        seed (`site_samples`, which hidden.parquet reads; its sample buffer is sized on the first batch)."""
+        seed (`site_samples`, which hidden.parquet reads; its sample buffer is sized on the first batch), its tokens
+        named by `grid_token_ids` (-1 where there are none)."""
         if not self.all_valid:
             raise ValueError(f"site {key}: {t} positions where the batch has {self.valid.shape[1]}, and padding")
         n_seqs, n_tokens, seed = self.grid_sampling
         if t not in self._grid_samples:
             ones = torch.ones(n_seqs, t, dtype=torch.bool)
-            self._grid_samples[t] = Sample.draw(torch.full((n_seqs, t), -1), ones, n_tokens, seed)
+            ids = self.grid_token_ids.get(t, torch.full((n_seqs, t), -1))
+            self._grid_samples[t] = Sample.draw(ids, ones, n_tokens, seed)
         sample = self.site_samples[key] = self._grid_samples[t]
+        self.site_lengths[key] = t
         if key in self.samples and self.samples[key].shape[0] != len(sample.seq):
             self.samples[key] = torch.empty(
                 len(sample.seq), self.samples[key].shape[1], pin_memory=self.device.type == "cuda"

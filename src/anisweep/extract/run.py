@@ -85,6 +85,7 @@ def run(
     )
     recorder.n_positions = int(covered.sum())
     recorder.token_ids = covered_ids  # the outlier tables name their tokens by it (extract.outlier_tables)
+    recorder.grid_token_ids = loaded.adapter.other_token_ids(batch)  # and by these, on another sequence's sites
     recorder.grid_sampling = (covered.shape[0], settings.sample_tokens, settings.seed)
     try:
         with recording(recorder), Hooks(loaded.adapter, loaded.base, loaded.geometry, recorder):

@@ -227,7 +227,11 @@ _CORR = "per checkpoint (layer null), over the `resid` layers"
 _ROGUE_NAN = "NaN where avg_cos <= 0 (no anisotropy to share out)"
 _KINDS = (
     ("first", "their sequence's first valid token"),
-    ("delimiter", "delimiters (a special token of the model's config, or a token whose text is punctuation or space)"),
+    (
+        "delimiter",
+        "delimiters (a special token of the model's config or tokenizer, [SEP] and [CLS] among them, not its unknown"
+        " or mask token; or a token whose text is punctuation or space)",
+    ),
     ("other", "neither first nor delimiters"),
 )
 # measured on the default toy run (toy-bert, toy-neox at steps 0, 16, 64, 1000; 384 head/rope/q-k values): the

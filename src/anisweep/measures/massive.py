@@ -55,15 +55,22 @@ def massive_rows(stats: pl.DataFrame, samples: dict, massive: pl.DataFrame) -> l
     return rows
 
 
+#: the columns that tell one model's sweep from another's in a frame of several (anisweep.results.scan)
+MODEL_KEYS = ("family", "model", "seed")
+
+
 def dimension_identity(sweep: pl.DataFrame, site: str = "resid", metric: str = "massive_dim_1") -> pl.DataFrame:
-    """Across the checkpoints of one model's sweep: per layer and step, the dimension `metric` names (the largest
+    """Across the checkpoints of each model's sweep: per layer and step, the dimension `metric` names (the largest
     massive activation's, by default), whether it is the last step's (`same_as_last`) and the previous step's
     (`same_as_previous`, null at the first step), and per layer the share of steps that agree with the last
-    (`share_as_last`). Computed from sweep.parquet alone."""
+    (`share_as_last`). Computed from sweep.parquet alone; a frame of several models' sweeps (`scan(root, "sweep")`)
+    is taken model by model (family, model, seed: the leading columns, where the frame has them)."""
+    keys = [key for key in MODEL_KEYS if key in sweep.columns]
     rows = sweep.filter((pl.col("metric") == metric) & (pl.col("site") == site) & pl.col("head").is_null())
     if not rows.height:
         return pl.DataFrame(
             schema={
+                **{key: sweep.schema[key] for key in keys},
                 "layer": pl.Int64,
                 "step": pl.Int64,
                 "dim": pl.Int64,
@@ -72,9 +79,10 @@ def dimension_identity(sweep: pl.DataFrame, site: str = "resid", metric: str = "
                 "share_as_last": pl.Float64,
             }
         )
-    table = rows.select("layer", "step", pl.col("value").cast(pl.Int64).alias("dim")).sort("layer", "step")
+    per_layer = [*keys, "layer"]
+    table = rows.select(*per_layer, "step", pl.col("value").cast(pl.Int64).alias("dim")).sort(*per_layer, "step")
     table = table.with_columns(
-        (pl.col("dim") == pl.col("dim").last().over("layer")).alias("same_as_last"),
-        (pl.col("dim") == pl.col("dim").shift(1).over("layer")).alias("same_as_previous"),
+        (pl.col("dim") == pl.col("dim").last().over(per_layer)).alias("same_as_last"),
+        (pl.col("dim") == pl.col("dim").shift(1).over(per_layer)).alias("same_as_previous"),
     )
-    return table.with_columns(pl.col("same_as_last").cast(pl.Float64).mean().over("layer").alias("share_as_last"))
+    return table.with_columns(pl.col("same_as_last").cast(pl.Float64).mean().over(per_layer).alias("share_as_last"))

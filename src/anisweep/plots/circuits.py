@@ -69,11 +69,15 @@ def heads_over_training(sweep: pl.DataFrame, path: Path, panels: dict[str, str],
             if metric in ("qk_self_top", "ov_copying") and chance is not None:
                 ax.axhline(chance, color="grey", ls=":", lw=0.8, label="chance (1 / probe tokens)")
             if metric == "qk_self_rank":
-                ax.axhline(0.5, color="grey", ls=":", lw=0.8)
+                ax.axhline(0.5, color="grey", ls=":", lw=0.8, label="chance rank (0.5: keys in random order)")
             ax.set_title(f"layer {layer}", fontsize=9)
             step_axis(ax, sweep, label=i == len(panels) - 1)
         axes[i, 0].set_ylabel(label, fontsize=9)
-    legend_beside(fig, list(axes.flat), axes[0, 0], fontsize=8)
+    shown = {}  # every row's labels (the heads, each row's reference line), once
+    for ax in axes[:, 0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            shown.setdefault(label, handle)
+    legend_beside(fig, list(axes.flat), handles=list(shown.values()), labels=list(shown), fontsize=8)
     fig.suptitle(f"{sweep_title(sweep)}: {title}")
     save_figure(fig, path)
 

@@ -74,6 +74,22 @@ def log_spaced(steps) -> bool:
     return widest_gap(symlog_position(grid, nonzero[0])) < widest_gap(grid)
 
 
+def symlog_ticks(linthresh: float, top: float) -> list[float]:
+    """The labelled ticks of a symlog axis from 0 up to `top`: 0, then the powers of ten at least half a decade's
+    width from it (linthresh / 2 and up). A power of ten deep in the linear part sits next to 0, their labels on
+    top of each other (10 beside 0 where the first step is 64)."""
+    first = int(np.ceil(np.log10(linthresh / 2)))
+    last = int(np.floor(np.log10(top))) if top > 0 else first - 1
+    return [0.0, *(10.0**k for k in range(first, last + 1))]
+
+
+def set_symlog_ticks(ax, linthresh: float) -> None:
+    """`symlog_ticks` on the x axis of `ax`, up to its current right limit (which stays as it is)."""
+    from matplotlib.ticker import FixedLocator
+
+    ax.xaxis.set_major_locator(FixedLocator(symlog_ticks(linthresh, ax.get_xlim()[1])))
+
+
 def human_number(n: float) -> str:
     for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= size:
@@ -94,6 +110,8 @@ def step_axis(ax, sweep: pl.DataFrame, label: bool = True) -> None:
         scale = {"value": "symlog", "linthresh": max(1, min(s for s in steps if s > 0))}
         ax.set_xscale(**scale)
     ax.set_xlim(0, max(max(steps) * (1.15 if scale else 1.02), 1))
+    if scale:
+        set_symlog_ticks(ax, scale["linthresh"])
     if label:
         ax.set_xlabel("optimizer step")
     per_step = sweep.filter(pl.col("step") > 0).select(pl.col("tokens_seen") / pl.col("step")).drop_nulls()
@@ -121,17 +139,24 @@ def progress_axis(rows: pl.DataFrame) -> tuple[str, str]:
 
 def set_progress_scale(ax, rows: pl.DataFrame, column: str, label: str) -> None:
     """A symlog x axis from 0 whose linear part ends at the first positive value of `column`."""
-    ax.set_xscale("symlog", linthresh=max(1.0, float(rows.filter(pl.col(column) > 0)[column].min() or 1)))
+    linthresh = max(1.0, float(rows.filter(pl.col(column) > 0)[column].min() or 1))
+    ax.set_xscale("symlog", linthresh=linthresh)
+    set_symlog_ticks(ax, linthresh)
     ax.set_xlabel(label)
 
 
-def lines_by(ax, rows: pl.DataFrame, by: str, label_fmt: str, cmap: str = "viridis") -> None:
+def lines_by(
+    ax, rows: pl.DataFrame, by: str, label_fmt: str, cmap: str = "viridis", labels: dict | None = None
+) -> None:
+    """A line per value of `by` against the step, labelled `label_fmt` with the value or, where `labels` has it,
+    that label."""
     plt = pyplot()
     groups = sorted(rows[by].unique().drop_nulls().to_list())
     colours = plt.get_cmap(cmap)(np.linspace(0, 0.9, max(len(groups), 1)))
     for colour, group in zip(colours, groups):
         part = rows.filter(pl.col(by) == group).sort("step")
-        ax.plot(part["step"], part["value"], marker=".", color=colour, label=label_fmt.format(group))
+        label = (labels or {}).get(group, label_fmt.format(group))
+        ax.plot(part["step"], part["value"], marker=".", color=colour, label=label)
 
 
 def sweep_title(sweep: pl.DataFrame) -> str:

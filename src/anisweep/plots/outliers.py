@@ -11,7 +11,6 @@ import polars as pl
 
 from anisweep.measures.massive import dimension_identity
 from anisweep.plots.kit import (
-    legend_beside,
     lines_by,
     not_measured,
     panel_grid,
@@ -31,16 +30,26 @@ def _has(sweep: pl.DataFrame, metric: str) -> bool:
     return sweep.filter(pl.col("metric") == metric).height > 0
 
 
+def rogue_dim_at_last_step(sweep: pl.DataFrame, site: str) -> dict[int, int]:
+    """layer -> the dimension with the largest share of avg_cos (`rogue_dim_1`) at `site`, at the last step that
+    names one."""
+    rows = select_rows(sweep, "rogue_dim_1", site).filter(pl.col("value").is_finite())
+    last = rows.filter(pl.col("step") == rows["step"].max())
+    return {int(layer): int(dim) for layer, dim in last.select("layer", "value").iter_rows()}
+
+
 def rogue_dimensions(sweep: pl.DataFrame, path: Path) -> None:
     """Per residual layer, the share of avg_cos the top 1 / 3 / 10 dimensions make, and how many make 90%, over
-    training; the same shares before and after the final norm."""
+    training; the same shares before and after the final norm. The legend and the final-norm panels' titles name
+    each layer's top dimension at the last step."""
     if not _has(sweep, "rogue_top1_share"):
         not_measured(sweep, path, "rogue dimensions")
         return
     panels = [*SHARES.items(), ("rogue_dims_90", "dimensions that make 90%")]
+    named = {layer: f"layer {layer}: dim {dim}" for layer, dim in rogue_dim_at_last_step(sweep, "resid").items()}
     fig, axes = panel_grid(len(panels) + 2, 3)
     for ax, (metric, label) in zip(axes, panels):
-        lines_by(ax, select_rows(sweep, metric, "resid"), "layer", "layer {}")
+        lines_by(ax, select_rows(sweep, metric, "resid"), "layer", "layer {}", labels=named)
         if metric != "rogue_dims_90":
             ax.set_ylim(-0.05, 1.05)
             ax.set_ylabel(f"share of avg_cos, {label} dims")
@@ -55,7 +64,8 @@ def rogue_dimensions(sweep: pl.DataFrame, path: Path) -> None:
             ax.plot(rows["step"], rows["value"], style, marker=".", color="black")
         ax.set_ylim(-0.05, 1.05)
         ax.set_ylabel("share of avg_cos")
-        ax.set_title(f"{where}, top 1 / 3 / 10", fontsize=9)
+        top = rogue_dim_at_last_step(sweep, site)
+        ax.set_title(f"{where}, top 1 / 3 / 10" + (f"\ntop: dim {max(top.items())[1]}" if top else ""), fontsize=9)
         step_axis(ax, sweep)
     from matplotlib.lines import Line2D
 
@@ -65,7 +75,10 @@ def rogue_dimensions(sweep: pl.DataFrame, path: Path) -> None:
         for (_, label), style in zip(SHARES.items(), STYLES)
     ]
     fig.legend(handles=handles, loc="outside right center", fontsize=8)
-    fig.suptitle(f"{sweep_title(sweep)}: how much of avg_cos the few largest dimensions make (rogue dimensions)")
+    fig.suptitle(
+        f"{sweep_title(sweep)}: how much of avg_cos the few largest dimensions make (rogue dimensions; dim: the top"
+        " one at the last step)"
+    )
     save_figure(fig, path)
 
 
@@ -192,9 +205,36 @@ def attention_sinks(sweep: pl.DataFrame, path: Path) -> None:
     save_figure(fig, path)
 
 
+def _count_grid(ax, fig, rows: pl.DataFrame, norms: list[tuple[str, int]], steps: list, title: str) -> None:
+    """Norm x checkpoint cells of one count, the count written in each (blank where the norm has none: no bias)."""
+    grid = np.full((len(norms), len(steps)), np.nan)
+    for site, layer, step, value in rows.select("site", "layer", "step", "value").iter_rows():
+        grid[norms.index((site, layer)), steps.index(step)] = value
+    top = max(1.0, float(np.nanmax(grid))) if np.isfinite(grid).any() else 1.0
+    image = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis", vmin=0, vmax=top)
+    if len(steps) <= COUNTS_WRITTEN_UP_TO:
+        for (i, j), value in np.ndenumerate(grid):
+            if np.isfinite(value):
+                colour = "black" if value > 0.6 * top else "white"
+                ax.text(j, i, f"{value:.0f}", ha="center", va="center", fontsize=7, color=colour)
+    every = -(-len(steps) // COUNTS_WRITTEN_UP_TO)  # a label for at most that many checkpoints
+    ax.set_xticks(range(0, len(steps), every), steps[::every], rotation=90, fontsize=8)
+    ax.set_yticks(range(len(norms)), [f"{site} {layer}" for site, layer in norms], fontsize=8)
+    ax.set_xlabel("optimizer step (checkpoints, evenly spaced)")
+    ax.set_title(title, fontsize=9)
+    from matplotlib.ticker import MaxNLocator
+
+    fig.colorbar(image, ax=ax).ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts
+
+
+#: a grid with more checkpoints than this has no room for the counts in its cells: the colour alone says them
+COUNTS_WRITTEN_UP_TO = 30
+
+
 def layernorm_outliers(sweep: pl.DataFrame, path: Path) -> None:
-    """Per norm (a line per norm and layer), over training: gain and bias entries beyond 3 standard deviations,
-    and how many of them are among the top 10 rogue dimensions of the residual stream at the norm's layer."""
+    """Per norm (a row per norm and layer) and checkpoint: gain and bias entries beyond 3 standard deviations, and
+    how many of them are among the top 10 rogue dimensions of the residual stream at the norm's layer. A heat map
+    with the counts written in, where lines of equal counts would hide each other."""
     rows = sweep.filter(pl.col("metric").str.starts_with("ln_") & pl.col("head").is_null())
     if not rows.height:
         not_measured(sweep, path, "LayerNorm outlier dimensions", "no norm with a gain in this model")
@@ -204,24 +244,15 @@ def layernorm_outliers(sweep: pl.DataFrame, path: Path) -> None:
         ("ln_bias_outliers", "bias entries > 3 sd from their mean"),
         ("ln_outliers_in_rogue", "outlier dims among resid's top 10 rogue dims"),
     )
-    plt = pyplot()
-    norms = rows.select("site", "layer").unique().sort("site", "layer").rows()
-    colours = dict(zip(norms, plt.get_cmap("tab20")(np.arange(len(norms)) % 20)))
-    fig, axes = panel_grid(len(panels), 2, size=(4.2, 3.0))
-    for ax, (metric, label) in zip(axes, panels):
-        for site, layer in norms:
-            part = rows.filter((pl.col("metric") == metric) & (pl.col("site") == site) & (pl.col("layer") == layer))
-            if part.height and part["value"].is_not_nan().any():
-                part = part.sort("step")
-                ax.plot(part["step"], part["value"], marker=".", color=colours[(site, layer)], label=f"{site} {layer}")
-        ax.set_ylabel(label, fontsize=9)
-        step_axis(ax, sweep)
-    handles = {}
-    for ax in axes[: len(panels)]:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(label, handle)
-    legend_beside(fig, axes, handles=list(handles.values()), labels=list(handles), fontsize=7, ncols=2)
-    fig.suptitle(f"{sweep_title(sweep)}: LayerNorm outlier dimensions (a line per norm and layer)")
+    # by layer, a layer's final norm after its blocks' norms
+    norms = sorted(rows.select("site", "layer").unique().rows(), key=lambda n: (n[1], "final" in n[0], n[0]))
+    steps = sorted(rows["step"].unique().to_list())
+    width = min(8.0, max(3.6, 0.3 * len(steps) + 2.0))
+    fig, axes = panel_grid(len(panels), 3, size=(width, max(2.8, 0.28 * len(norms) + 1.6)))
+    for ax, (metric, title) in zip(axes, panels):
+        _count_grid(ax, fig, rows.filter(pl.col("metric") == metric), norms, steps, title)
+    axes[0].set_ylabel("norm, layer")
+    fig.suptitle(f"{sweep_title(sweep)}: LayerNorm outlier dimensions (a row per norm and layer)")
     save_figure(fig, path)
 
 

@@ -1,13 +1,15 @@
 """Godey et al. 2024, Section 3, across the models of a config, each at its last analysed step (results/figures/):
 
 - `survey_layers.png` (their Fig. 1 and 2): the residual stream's avg_cos layer by layer, a line per model; the
-  paper's estimate from uniformly drawn pairs as points with two standard errors. An encoder-decoder model's
-  decoder layers follow its encoder's (its layers are numbered so), as the paper concatenates T5's.
+  paper's estimate from uniformly drawn pairs as points with two standard errors. Layer 0 is the stream entering
+  the first block, whatever made it (token embeddings, CANINE's molecule convolution, a ViT's patches, a CNN's
+  stem). An encoder-decoder model's decoder layers follow its encoder's (its layers are numbered so), as the paper
+  concatenates T5's; a dashed line in the model's colour marks where its decoder starts.
 - `survey_drift_p.png` (Fig. 5 and 16): per model, the p-value of the Spearman and of the Pearson correlation of
   drift_norm and avg_cos across layers: the exact permutation p (bars) and the t-test p the paper reports (dots),
   against p = 0.05.
 - `survey_isotropic.png` (Fig. 18): the 95th percentile of the cosine of two isotropic Gaussian vectors against
-  their dimension, and each model's layers' avg_cos at its width.
+  their dimension, and each model's layers' avg_cos, each layer at its own width.
 """
 
 from __future__ import annotations
@@ -45,6 +47,13 @@ def depth_rows(rows: pl.DataFrame, metric: str) -> pl.DataFrame:
     return picked.select(pl.col("layer").alias("depth"), "value").sort("depth")
 
 
+def decoder_start(rows: pl.DataFrame) -> int | None:
+    """The residual layer of an encoder-decoder model's first decoder block output (its `decoder_embed` site sits
+    at the encoder's last layer, Le; decoder block j's output is Le + 1 + j); None for a model without a decoder."""
+    decoder = rows.filter(pl.col("site") == "decoder_embed")["layer"].drop_nulls()
+    return int(decoder.min()) + 1 if decoder.len() else None
+
+
 def models_of(rows: pl.DataFrame) -> list[tuple[str, str, int]]:
     return sorted(set(rows.select("family", "model", "step").iter_rows()))
 
@@ -63,12 +72,15 @@ def plot_layers(rows: pl.DataFrame, path: Path, groups: dict[str, str] | None = 
         exact, pairs, se = (depth_rows(own, m) for m in ("avg_cos", "avg_cos_pairs", "avg_cos_pairs_se"))
         colour = f"C{i % 10}"
         ax.plot(exact["depth"], exact["value"], color=colour, label=model_label(family, model, step))
+        decoder = decoder_start(own)
+        if decoder is not None:
+            ax.axvline(decoder - 0.5, color=colour, ls="--", lw=0.8, label=f"{model}: decoder from layer {decoder}")
         if pairs.height and pairs.height == se.height:
             ax.errorbar(
                 pairs["depth"], pairs["value"], yerr=2 * se["value"], fmt="o", ms=3, color=colour, capsize=2, alpha=0.7
             )
     for ax, panel in zip(axes, panels):
-        ax.set_xlabel("layer (0 = embeddings; a decoder's layers follow its encoder's)")
+        ax.set_xlabel("layer (0: the stream entering the first block; a decoder's follow its encoder's)")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_ylabel("mean pairwise cosine of the residual stream")
         ax.set_title(panel or "lines: exact over every token; points: uniform pairs, ±2 SE", fontsize=9)
@@ -114,8 +126,16 @@ def _value(rows: pl.DataFrame, family: str, model: str, metric: str) -> float:
     return float(found["value"][0]) if found.height else float("nan")
 
 
+def layer_widths(rows: pl.DataFrame) -> pl.DataFrame:
+    """(depth, width, value) of one model's residual layers: each layer's avg_cos beside its own width (a CNN's
+    stages and MiT's widen layer by layer), layers without a width left out."""
+    width = depth_rows(rows, "dim").rename({"value": "width"})
+    return width.join(depth_rows(rows, "avg_cos"), on="depth").sort("depth")
+
+
 def plot_isotropic(rows: pl.DataFrame, path: Path) -> None:
-    """Fig. 18: the isotropic 95th percentile against d, each model's layers at its width."""
+    """Fig. 18: the isotropic 95th percentile against d, each layer of each model at its own width, and the mean of
+    a model's layers of one width."""
     from anisweep.measures.geometry import isotropic_cos_quantile  # scipy: only in the plotting job
 
     fig, axes = panel_grid(1, 1, size=(6.0, 4.0))
@@ -128,19 +148,17 @@ def plot_isotropic(rows: pl.DataFrame, path: Path) -> None:
         label="isotropic Gaussians: 95th percentile",
     )
     for i, (family, model, step) in enumerate(models_of(rows)):
-        own = rows.filter((pl.col("family") == family) & (pl.col("model") == model))
-        width = depth_rows(own, "dim")
-        levels = depth_rows(own, "avg_cos")
-        if not width.height or not levels.height:
+        layers = layer_widths(rows.filter((pl.col("family") == family) & (pl.col("model") == model)))
+        if not layers.height:
             continue
-        d = float(width["value"].max())
         colour = f"C{i % 10}"
-        ax.plot([d] * levels.height, levels["value"], "o", ms=3, alpha=0.35, color=colour)
-        ax.plot([d], [levels["value"].mean()], "D", ms=6, color=colour, label=f"{model_label(family, model, step)}")
+        ax.plot(layers["width"], layers["value"], "o", ms=3, alpha=0.35, color=colour)
+        means = layers.group_by("width").agg(pl.col("value").mean()).sort("width")
+        ax.plot(means["width"], means["value"], "D", ms=6, color=colour, label=model_label(family, model, step))
     ax.set_xscale("log")
-    ax.set_xlabel("dimension d")
+    ax.set_xlabel("dimension d (each layer's own width)")
     ax.set_ylabel("cosine similarity")
-    ax.set_title("faint: each layer's avg_cos; diamond: their mean", fontsize=9)
+    ax.set_title("faint: each layer's avg_cos; diamond: the mean of a model's layers of one width", fontsize=9)
     legend_beside(fig, axes, source=ax, fontsize=8)
     fig.suptitle("The cosines isotropic vectors reach, and the models' (Godey et al. 2024, Fig. 18)")
     save_figure(fig, path)

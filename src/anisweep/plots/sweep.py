@@ -130,7 +130,12 @@ def isotropy(sweep: pl.DataFrame, path: Path) -> None:
         band = (-spread, spread, f"isotropic N(0, I_d): cos 0 +- 1/sqrt(d), d = {int(dims.max())}")
         bands = {"avg_cos": band, "centred_avg_cos": band}
     lines_per_layer(
-        sweep, path, "resid", panels, "isotropy of the residual stream per layer (0 = embeddings)", bands=bands
+        sweep,
+        path,
+        "resid",
+        panels,
+        "isotropy of the residual stream per layer (0: the stream entering the first block)",
+        bands=bands,
     )
 
 
