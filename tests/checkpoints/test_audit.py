@@ -7,6 +7,7 @@ test, tests/workflow/test_audit_sweep.py, sweeps tiny real models)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import polars as pl
@@ -407,6 +408,17 @@ def test_an_incomplete_step_is_never_fetched_and_the_sweep_lists_it(incomplete_h
     with pytest.raises(FetchError, match=r"step3000: .*names model-00002-of-00002\.safetensors, which the branch"):
         fetch(chosen[1], tmp_path / "dest")
     assert not any(d.endswith(".safetensors") for d in hub.downloads()), hub.downloads()
+
+
+@pytest.mark.parametrize("incomplete_hub", ["bin index (pythia-12b)", "names alone tell"], indirect=True)
+def test_the_weights_job_names_the_absent_shards(incomplete_hub):
+    from anisweep.weights.remote import hub_source
+    from anisweep.weights.source import WeightsError
+
+    hub, absent, named = incomplete_hub
+    with pytest.raises(WeightsError, match=rf"step3000: .*{re.escape(named)}, which the branch does not hold"):
+        hub_source(checkpoints([3000])[0])
+    assert not any(d.endswith(".bin") for d in hub.downloads())
 
 
 def test_fetch_without_the_index_stops_on_the_shards_names(monkeypatch, tmp_path):

@@ -39,7 +39,7 @@ import polars as pl
 from huggingface_hub.errors import RepositoryNotFoundError
 
 from anisweep.checkpoints.base import Checkpoint, nearest_steps
-from anisweep.checkpoints.files import absent_shards, index_of
+from anisweep.checkpoints.files import absent_shards, index_of, lacking
 from anisweep.checkpoints.grid_listing import (
     HubUnreachable,
     Listing,
@@ -306,12 +306,9 @@ def _weights_row(name: str, listing: Listing) -> dict[str, Any]:
         "weights_bytes": sum(s or 0 for s in sizes),
     }
     row |= {"indexed_files": listing.indexed, "absent_files": absent}
-    named = f"its shard index {index} names" if listing.indexed is not None else "its shards' names announce"
     if absent and listing.complete:
-        return row | {
-            "status": "incomplete",
-            "note": f"{name}: {named} {', '.join(absent)}, which the branch does not hold: it cannot be loaded",
-        }
+        gap = lacking(absent, index if listing.indexed is not None else None)
+        return row | {"status": "incomplete", "note": f"{name}: {gap}: it cannot be loaded"}
     if absent:
         return row | {"status": "unchecked", "note": f"{name}: {', '.join(absent)} {NOT_CACHED}"}
     if any(s is None for s in shas):

@@ -61,7 +61,7 @@ from tqdm.auto import tqdm as _tqdm
 
 from anisweep.atomic import write_json
 from anisweep.checkpoints.base import Checkpoint
-from anisweep.checkpoints.files import TOKENIZER_FILES, absent_shards, index_of, select_files, weight_files_in
+from anisweep.checkpoints.files import TOKENIZER_FILES, absent_in_folder, index_of, select_files, weight_files_in
 from anisweep.checkpoints.weight_files import check_hashes, hub_sha256
 
 try:  # requests is optional in huggingface_hub 1.x/2.x; catch its errors when something uses it
@@ -370,7 +370,7 @@ def _fetch_hub(
         small = download([f for f in wanted if f not in weight_paths])  # config, tokenizer, index: kilobytes first
         model_dir = small / sub if sub else small
         if index in wanted:
-            _check_shards(ckpt, revision, weights, model_dir / index_of(weights))
+            _check_shards(ckpt, revision, weights, model_dir)
         if ckpt.family == "hub":
             _check_hub_config(model_dir, ckpt)
         if before_weights is not None:
@@ -439,24 +439,14 @@ def _select_in(files: Iterable[str], sub: str | None) -> tuple[list[str], list[s
     return sorted(wanted + top), weights, "" if top else None
 
 
-def _check_shards(ckpt: Checkpoint, revision: str, weights: list[str], index: Path | None) -> None:
+def _check_shards(ckpt: Checkpoint, revision: str, weights: list[str], model_dir: Path | None) -> None:
     """A FetchError, before any weight moves, where the branch lacks weight files that ``from_pretrained`` loads:
-    those its shard index (``index``, downloaded) names, else those its shards' names announce."""
-    import json
-
-    indexed = None
-    if index is not None:
-        try:
-            indexed = set(json.loads(index.read_text())["weight_map"].values())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-            where = f"{ckpt.key}: cannot read its shard index {index.name}: {error}"
-            raise FetchError(where, repo_id=ckpt.repo_id, revision=revision) from None
-    absent = absent_shards(weights, indexed)
-    if absent:
-        named = f"its shard index {index.name} names" if index is not None else "its shards' names announce"
+    those its shard index (downloaded into ``model_dir``) names, else those its shards' names announce."""
+    gap = absent_in_folder(weights, model_dir)
+    if gap:
         raise FetchError(
-            f"{ckpt.key}: {ckpt.repo_id} at revision {revision!r}: {named} {', '.join(absent)}, which the branch "
-            "does not hold: it cannot be loaded (`anisweep audit` flags it incomplete); sweep another step",
+            f"{ckpt.key}: {ckpt.repo_id} at revision {revision!r}: {gap}: it cannot be loaded (`anisweep audit` "
+            "flags it incomplete); sweep another step",
             repo_id=ckpt.repo_id,
             revision=revision,
         )

@@ -5,6 +5,7 @@ hashes and the audit of a grid all choose the same files from here, and find her
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -79,3 +80,22 @@ def absent_shards(weights: Iterable[str], indexed: Iterable[str] | None = None) 
             prefix, number, total, suffix = m.groups()
             announced |= {f"{prefix}-{i:0{len(number)}d}-of-{total}{suffix}" for i in range(1, int(total) + 1)}
     return sorted(announced - have)
+
+
+def lacking(absent: Sequence[str], index: str | None) -> str:
+    """How an error says that a branch lacks ``absent`` weight files, named by its shard ``index`` (None: by its
+    shards' names)."""
+    named = f"its shard index {index} names" if index else "its shards' names announce"
+    return f"{named} {', '.join(absent)}, which the branch does not hold"
+
+
+def absent_in_folder(weights: Sequence[str], folder: Path | None) -> str | None:
+    """:func:`lacking` for a checkpoint that holds ``weights``, by the shard index in ``folder`` where it is there
+    and readable, else by the shards' names; None when nothing is absent."""
+    index = index_of(weights)
+    try:
+        indexed = set(json.loads((folder / index).read_text())["weight_map"].values()) if folder else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # no index, or one from_pretrained rejects too
+        indexed = None
+    absent = absent_shards(weights, indexed)
+    return lacking(absent, index if indexed is not None else None) if absent else None
