@@ -100,7 +100,7 @@ def plan(
             what = f"{family}/{model}: steps of the config could not be audited ({why})"
             if not settings.get("allow_unaudited", False):
                 raise AuditError(
-                    f"{what}: {how_to_check(reasons)}; or set audit.allow_unaudited: true to sweep them unaudited"
+                    f"{what}: {how_to_check(reasons)}; to sweep them unaudited, set audit.allow_unaudited: true"
                 )
             print(f"audit: warning: {what}: swept unaudited (audit.allow_unaudited)", file=stderr, flush=True)
         left_out = steps_with(table, SKIPPED, steps) if policy == "skip" else {}
