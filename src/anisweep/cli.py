@@ -272,7 +272,16 @@ def _with_audit(sweep, grid_file: str, flagged_steps: list[int], seed: int | Non
 def cmd_audit(args) -> None:
     import yaml
 
-    from anisweep.checkpoints.audit import AuditError, audit_model, grid_path, health, read_grid, write_grid
+    from anisweep.checkpoints.audit import (
+        AuditError,
+        audit_model,
+        grid_path,
+        health,
+        how_to_check,
+        read_grid,
+        unchecked_reasons,
+        write_grid,
+    )
     from anisweep.checkpoints.catalogue import resolve
 
     entry = {"family": args.family, "name": args.name, "steps": "all"}
@@ -285,12 +294,13 @@ def cmd_audit(args) -> None:
     checkpoints = resolve(entry)
     if not checkpoints or checkpoints[0].repo_id is None:
         raise ValueError(f"{args.family}/{args.name} is not on the Hub: there is no published grid to audit")
-    path = grid_path(args.results, args.family, args.name)
+    path = grid_path(args.results, args.family, checkpoints[0].model)  # where the workflow reads it
     table, notes = audit_model(checkpoints, previous=read_grid(path))
     if set(table["status"]) == {"unchecked"}:
+        reasons = unchecked_reasons(table)
         raise AuditError(
-            f"{args.family}/{args.name}: nothing of its grid could be audited ({'; '.join(notes)}): connect to the "
-            "network (HF_HUB_OFFLINE unset) and run again"
+            f"{args.family}/{args.name}: nothing of its grid could be audited ({'; '.join([*notes, *reasons])}): "
+            + how_to_check(reasons)
         )
     written = write_grid(table, path) if not args.no_write else False
     print("\n".join(health(table, notes, [c.step for c in checkpoints] if args.config else None)))
@@ -555,7 +565,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("family", help="a Hub family: pythia, multiberts, olmo, olmo2, gpt2, tinyllama, hub")
     p.add_argument("name", help="the model's name in its family (pythia-2.8b, seed_0, ...)")
     p.add_argument("--config", help="a config whose models entry of this name to audit (needed for `hub`)")
-    p.add_argument("--results", default="results", help="where results/{family}/{model}/grid.parquet is kept")
+    p.add_argument(
+        "--results",
+        default="results",
+        help="where {results}/{family}/{model}/grid.parquet is kept ({model} as the workflow names it: a `hub` repo "
+        "id with / as --)",
+    )
     p.add_argument("--no-write", action="store_true", help="print the health only; leave grid.parquet as it is")
     p.set_defaults(run=cmd_audit)
 
@@ -810,10 +825,25 @@ def _error_line(key: str | None, error: BaseException) -> str:
     return line if key is None else f"{key}: {line}"
 
 
+def _usage_error(args) -> str | None:
+    """What is wrong with a command line that parses, told before it runs (no traceback: exit status 2, as argparse
+    gives a command line it cannot parse)."""
+    if args.command == "audit" and args.family == "hub" and not args.config:
+        return (
+            f"audit hub {args.name}: a `hub` model's checkpoints are those its models entry names (revision: "
+            '"step{step}", a branch each; subfolder: "checkpoint-{step}", a folder each); give --config CONFIG, a '
+            "config whose models entry has that name"
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command. A failure prints its traceback, then one last line naming the checkpoint and the
     cause (`toy/toy-neox/step8: SafetensorError: ...`), which the rules repeat on the console; exit 1."""
     args = parser().parse_args(argv)
+    if problem := _usage_error(args):
+        print(f"anisweep: error: {problem}", file=sys.stderr, flush=True)
+        return 2
     try:
         args.run(args)
     except Exception as error:  # every failure is reported the same way

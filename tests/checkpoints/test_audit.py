@@ -7,6 +7,7 @@ test, tests/workflow/test_audit_sweep.py, sweeps tiny real models)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import polars as pl
@@ -100,8 +101,9 @@ def test_every_planted_defect_is_found_from_metadata_alone(hub):
     assert rows[2000]["status"] == "no_weights" and rows[2000]["nearest"] == [1000, 3000]
     assert rows[5000]["status"] == "missing" and rows[5000]["nearest"] == [3000, 143000]
     assert rows[2]["status"] == rows[3000]["status"] == "ok"
-    # nothing but metadata (and the one shard index the partial finding names tensors from) was fetched
-    assert [d for d in hub.downloads()] == [f"{REPO}@{partial['commit']}/model.safetensors.index.json"]
+    # nothing but metadata and the shard indexes (one blob: the branches' indexes are byte for byte the same)
+    assert [d.rsplit("/", 1)[1] for d in hub.downloads()] == ["model.safetensors.index.json"]
+    assert partial["indexed_files"] == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
 
 
 def test_health_names_each_defect_in_a_few_lines(hub):
@@ -315,3 +317,211 @@ def test_the_audit_command_with_nothing_to_audit_is_an_error(monkeypatch, tmp_pa
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("AuditError: pythia/pythia-70m: nothing of its grid could be audited (HF_HUB_OFFLINE is set")
     assert not (tmp_path / "results").exists()
+
+
+# ---------------------------------------------------------------------------------------------- incomplete branches
+
+
+def indexed_shards(tag: str, names: list[str], index: str, *, held: int) -> dict[str, bytes]:
+    """A sharded checkpoint whose index names every file of ``names`` and whose branch holds the first ``held``."""
+    weight_map = {f"gpt_neox.layers.{i}.attention.dense.weight": name for i, name in enumerate(names)}
+    files = {index: json.dumps({"metadata": {}, "weight_map": weight_map}).encode()} if index else {}
+    return CONFIG | files | {name: f"{tag}-{name}".encode() for name in names[:held]}
+
+
+SAFETENSORS_SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+BIN_SHARDS = [
+    "pytorch_model-00001-of-00003.bin",
+    "pytorch_model-00002-of-00003.bin",
+    "pytorch_model-00003-of-00003.bin",
+]
+INCOMPLETE = {  # the branch, what the audit names absent, and how it knows
+    "safetensors index": (
+        indexed_shards("k3", SAFETENSORS_SHARDS, "model.safetensors.index.json", held=1),
+        ["model-00002-of-00002.safetensors"],
+        "its shard index model.safetensors.index.json names model-00002-of-00002.safetensors",
+    ),
+    "bin index (pythia-12b)": (
+        indexed_shards("k3", BIN_SHARDS, "pytorch_model.bin.index.json", held=2),
+        ["pytorch_model-00003-of-00003.bin"],
+        "its shard index pytorch_model.bin.index.json names pytorch_model-00003-of-00003.bin",
+    ),
+    "index alone tells": (
+        indexed_shards("k3", ["part-a.safetensors", "part-b.safetensors"], "model.safetensors.index.json", held=1),
+        ["part-b.safetensors"],
+        "its shard index model.safetensors.index.json names part-b.safetensors",
+    ),
+    "names alone tell": (
+        indexed_shards("k3", BIN_SHARDS, "", held=1),
+        ["pytorch_model-00002-of-00003.bin", "pytorch_model-00003-of-00003.bin"],
+        "its shards' names announce pytorch_model-00002-of-00003.bin, pytorch_model-00003-of-00003.bin",
+    ),
+}
+
+
+@pytest.fixture
+def incomplete_hub(request, monkeypatch, tmp_path):
+    """pythia-70m with step3000 holding fewer weight files than it names (EleutherAI/pythia#206's repository)."""
+    branch = INCOMPLETE[request.param][0]
+    hub = FakeHub(
+        {REPO: {"main": shards("final"), "step143000": shards("final"), "step1000": shards("k1"), "step3000": branch}}
+    )
+    with hub.serving():
+        online_hub(monkeypatch, tmp_path / "hf", hub.url)
+        yield hub, *INCOMPLETE[request.param][1:]
+
+
+@pytest.mark.parametrize("incomplete_hub", list(INCOMPLETE), indirect=True)
+def test_a_branch_without_a_shard_it_names_is_incomplete(incomplete_hub):
+    hub, absent, named = incomplete_hub
+    table, _ = audit_model(checkpoints([1000, 3000, 143000]))
+    row = by_step(table)[3000]
+    assert (row["status"], row["absent_files"], row["weights_id"]) == ("incomplete", absent, None)
+    assert row["note"] == (
+        f"step3000: {named}, which the branch does not hold: it cannot be loaded; nearest steps with weights: "
+        "1000, 143000"
+    )
+    assert row["nearest"] == [1000, 143000] and by_step(table)[1000]["status"] == "ok"
+    assert f"  incomplete: {row['note']}" in health(table)
+    assert not any(d.endswith((".safetensors", ".bin")) for d in hub.downloads())  # before any weight moved
+
+
+@pytest.mark.parametrize("incomplete_hub", ["safetensors index"], indirect=True)
+def test_an_incomplete_step_is_never_fetched_and_the_sweep_lists_it(incomplete_hub, tmp_path):
+    import io
+
+    from anisweep.checkpoints.audit import skipped_rows
+    from anisweep.checkpoints.fetch import FetchError, fetch
+    from anisweep.checkpoints.sweep_audit import plan
+
+    hub, _, _ = incomplete_hub
+    chosen = checkpoints([1000, 3000])
+    out = io.StringIO()
+    run = plan(chosen, {"flagged": "skip"}, tmp_path / "results", stderr=out)
+    assert run.flagged_steps("pythia", "pythia-70m") == [3000] and "pythia/pythia-70m/step3000" not in run.hashes
+    assert "swept and flagged: steps 3000" in out.getvalue()
+    grid = read_grid(run.grids[("pythia", "pythia-70m")])
+    rows = skipped_rows(grid, [3000], 1234).to_dicts()
+    assert [(r["step"], r["status"], r["audit"]) for r in rows] == [(3000, "incomplete", "incomplete")]
+    # with the audit off (or under flagged: keep), fetch stops on the shard index, before any weight moves
+    hub.requests.clear()
+    with pytest.raises(FetchError, match=r"step3000: .*names model-00002-of-00002\.safetensors, which the branch"):
+        fetch(chosen[1], tmp_path / "dest")
+    assert not any(d.endswith(".safetensors") for d in hub.downloads()), hub.downloads()
+
+
+@pytest.mark.parametrize("incomplete_hub", ["bin index (pythia-12b)", "names alone tell"], indirect=True)
+def test_the_weights_job_names_the_absent_shards(incomplete_hub):
+    from anisweep.weights.remote import hub_source
+    from anisweep.weights.source import WeightsError
+
+    hub, absent, named = incomplete_hub
+    with pytest.raises(WeightsError, match=rf"step3000: .*{re.escape(named)}, which the branch does not hold"):
+        hub_source(checkpoints([3000])[0])
+    assert not any(d.endswith(".bin") for d in hub.downloads())
+
+
+def test_fetch_without_the_index_stops_on_the_shards_names(monkeypatch, tmp_path):
+    from anisweep.checkpoints.fetch import FetchError, fetch
+
+    hub = FakeHub({REPO: {"step3000": indexed_shards("k3", BIN_SHARDS, "", held=1)}})
+    with hub.serving():
+        online_hub(monkeypatch, tmp_path / "hf", hub.url)
+        with pytest.raises(FetchError, match=r"shards' names announce pytorch_model-00002-of-00003\.bin, pytorch"):
+            fetch(checkpoints([3000])[0], tmp_path / "dest")
+        assert hub.downloads() == []
+
+
+# ---------------------------------------------------------------------------------------------- reasons
+
+
+def test_unchecked_steps_are_named_with_their_reason(monkeypatch, tmp_path):
+    """The Hub lists no sha256 for weight files kept outside LFS: the health names the steps and why, and the run's
+    error says what is true online (no network advice)."""
+    import io
+
+    import fakehub
+
+    from anisweep.checkpoints.sweep_audit import plan
+
+    monkeypatch.setattr(fakehub, "LFS_SUFFIXES", (".h5",))  # the weights as plain git files
+    hub = FakeHub({REPO: {"main": shards("final"), "step143000": shards("final"), "step1000": shards("k1")}})
+    with hub.serving():
+        online_hub(monkeypatch, tmp_path / "hf", hub.url)
+        table, _ = audit_model(checkpoints([1000, 143000]))
+        assert "  unchecked: steps 1000, 143000: weight files without an LFS sha256" in health(table)
+        with pytest.raises(AuditError) as error:
+            plan(checkpoints([1000, 143000]), {}, tmp_path / "results", stderr=io.StringIO())
+    message = str(error.value)
+    assert "steps 1000, 143000: weight files without an LFS sha256" in message
+    assert "the Hub lists no sha256 for their weight files" in message and "audit.allow_unaudited: true" in message
+    assert "network" not in message and "HF_HUB_OFFLINE" not in message
+
+
+def test_offline_the_run_says_so_and_names_the_steps(monkeypatch, tmp_path):
+    import io
+
+    from anisweep.checkpoints.sweep_audit import plan
+
+    offline_hub(monkeypatch, tmp_path / "empty")
+    with pytest.raises(AuditError) as error:
+        plan(checkpoints([0, 1000]), {}, tmp_path / "results", stderr=io.StringIO())
+    message = str(error.value)
+    assert "steps 0, 1000: nothing known of EleutherAI/pythia-70m (not in the cache)" in message
+    assert "HF_HUB_OFFLINE is set: unset it" in message and "could not be reached" not in message
+
+
+def test_with_the_hub_unreachable_the_run_says_so(monkeypatch, tmp_path):
+    import io
+
+    from anisweep.checkpoints.sweep_audit import plan
+
+    online_hub(monkeypatch, tmp_path / "empty", "http://127.0.0.1:9")
+    with pytest.raises(AuditError) as error:
+        plan(checkpoints([0]), {}, tmp_path / "results", stderr=io.StringIO())
+    message = str(error.value)
+    assert "the Hub could not be reached: check the network" in message and "HF_HUB_OFFLINE" not in message
+
+
+# ---------------------------------------------------------------------------------------------- a `hub` model
+
+
+TINY = "me/tiny-neox"
+
+
+@pytest.fixture
+def tiny_hub(monkeypatch, tmp_path):
+    single = {"model.safetensors": b"w"}
+    hub = FakeHub({TINY: {"step0": CONFIG | single, "step1": CONFIG | {"model.safetensors": b"v"}}})
+    with hub.serving():
+        online_hub(monkeypatch, tmp_path / "hf", hub.url)
+        yield hub
+
+
+def test_the_audit_command_writes_a_hub_grid_where_the_workflow_reads_it(tiny_hub, tmp_path, capsys):
+    import io
+
+    import yaml
+
+    from anisweep.checkpoints.catalogue import resolve
+    from anisweep.checkpoints.sweep_audit import plan
+    from anisweep.cli import main
+
+    entry = {"family": "hub", "name": TINY, "revision": "step{step}", "steps": "all"}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"models": [entry]}))
+    results = tmp_path / "results"
+    assert main(["audit", "hub", TINY, "--config", str(config), "--results", str(results)]) == 0
+    assert "grid.parquet: written" in capsys.readouterr().out
+    workflow = plan(resolve(entry), {}, results, stderr=io.StringIO()).grids[("hub", "me--tiny-neox")]
+    assert workflow == results / "hub" / "me--tiny-neox" / "grid.parquet" and workflow.is_file()
+    assert not (results / "hub" / "me").exists()
+
+
+def test_the_audit_command_of_a_hub_model_without_its_entry_says_what_to_give(tiny_hub, tmp_path, capsys):
+    from anisweep.cli import main
+
+    assert main(["audit", "hub", TINY, "--results", str(tmp_path / "results")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "give --config CONFIG" in err and 'revision: "step{step}"' in err
+    assert tiny_hub.requests == [] and not (tmp_path / "results").exists()

@@ -4,6 +4,7 @@
 - ``step0``: the final model's bytes (EleutherAI/pythia#205): a duplicate, never downloaded;
 - ``step2``: its first shard is the final model's (EleutherAI/pythia#206): a partial duplicate, analysed and flagged;
 - ``step4``: a branch without weights (EleutherAI/pythia#202); ``step8``: no branch at all;
+- ``step16``: its shard index names three shards, the branch holds two: incomplete, never downloaded;
 - ``step1`` and ``step143000`` (= ``main``): sound.
 
 Snakemake runs in a subprocess with ``HF_ENDPOINT`` pointed at the server; the server records every request, so
@@ -28,7 +29,7 @@ from hubcache import save_tiny_pythia
 pytestmark = pytest.mark.slow  # fetch, extract and metrics of three tiny checkpoints through Snakemake
 
 REPO = "EleutherAI/pythia-70m"
-STEPS = [0, 1, 2, 4, 8, 143000]
+STEPS = [0, 1, 2, 4, 8, 16, 143000]
 SENTENCES = [  # the tiny tokenizer was built from these (tests/hubcache.py): real tokens
     "the cat sat on the mat and the dog sat on the log",
     "a model of the world is a map of the territory",
@@ -37,13 +38,15 @@ SENTENCES = [  # the tiny tokenizer was built from these (tests/hubcache.py): re
 ]
 EXTRACT = {"n_sequences": 8, "seq_len": 32, "batch_size": 4, "sample_tokens": 64, "device": "cpu", "seed": 0}
 FIRST = "model-00001-of-00003.safetensors"
+LAST = "model-00003-of-00003.safetensors"
+INDEX = "model.safetensors.index.json"
 
 
 def planted(models: Path) -> dict[str, dict[str, bytes]]:
     final = read_folder(save_tiny_pythia(models / "final", seed=0, max_shard_size="60KB"))
     own = read_folder(save_tiny_pythia(models / "one", seed=1, max_shard_size="60KB"))
     two = read_folder(save_tiny_pythia(models / "two", seed=2, max_shard_size="60KB"))
-    assert FIRST in final and final["model.safetensors.index.json"] == two["model.safetensors.index.json"]
+    assert FIRST in final and LAST in final and final[INDEX] == two[INDEX]
     bare = {name: data for name, data in own.items() if not name.startswith("model")}
     return {
         "main": final,
@@ -52,6 +55,7 @@ def planted(models: Path) -> dict[str, dict[str, bytes]]:
         "step1": own,
         "step2": two | {FIRST: final[FIRST]},
         "step4": bare,
+        "step16": {name: data for name, data in two.items() if name != LAST},
     }
 
 
@@ -106,7 +110,8 @@ def test_nothing_the_audit_flags_is_downloaded(swept, world):
     fetched = {(branch_of(world, d.split("@")[1].split("/")[0]), d.rsplit("/", 1)[1]) for d in swept["downloads"]}
     weights = {(b, f) for b, f in fetched if f.endswith(".safetensors")}
     assert {b for b, _ in weights} == {"step1", "step2", "step143000"}, sorted(fetched)
-    assert not any(b in ("step0", "step4", "main") for b, _ in fetched), sorted(fetched)
+    # of a flagged branch, at most the shard index the audit reads
+    assert all(f == INDEX for b, f in fetched if b in ("step0", "step4", "step16", "main")), sorted(fetched)
 
 
 def test_every_defect_is_named_before_the_first_download(swept, world):
@@ -117,7 +122,8 @@ def test_every_defect_is_named_before_the_first_download(swept, world):
         "repeat step143000: steps 0",
         "partial: step2: model-00001-of-00003.safetensors",
         "no_weights: step4",
-        "swept and flagged: steps 0, 2, 4, 8",
+        f"incomplete: step16: its shard index {INDEX} names {LAST}, which the branch does not hold",
+        "swept and flagged: steps 0, 2, 4, 8, 16",
     ):
         assert expected in audit, text[-4000:]
     requests = swept["requests"]
@@ -132,11 +138,12 @@ def test_the_sweep_lists_the_flagged_steps_and_analyses_the_rest(swept, world):
     assert sorted(rows) == STEPS
     assert (rows[0]["status"], rows[0]["repeats"], rows[0]["duplicate_of_step"]) == ("duplicate", "step143000", 143000)
     assert (rows[4]["status"], rows[8]["status"]) == ("no_weights", "missing")
+    assert (rows[16]["status"], rows[16]["audit"]) == ("incomplete", "incomplete")
     assert rows[2]["audit"] == "partial" and "step143000" in rows[2]["repeats"]
     assert rows[1]["audit"] == "ok" and rows[143000]["audit"] == "ok"
     for step in (1, 2, 143000):  # analysed, the partial duplicate too
         assert (world["workdir"] / f"results/pythia/pythia-70m/step{step}/metrics.parquet").is_file()
-    for step in (0, 4, 8):
+    for step in (0, 4, 8, 16):
         assert not (world["workdir"] / f"results/pythia/pythia-70m/step{step}").exists()
     grid = pl.read_parquet(world["workdir"] / "results/pythia/pythia-70m/grid.parquet")
     assert grid.filter(pl.col("step") == 0)["status"].item() == "duplicate"

@@ -1,9 +1,9 @@
 """An audit of a model's published grid before any weights move: is each checkpoint what its name says?
 
 From file metadata only (anisweep.checkpoints.grid_listing: the repository's branches and, on each, the sha256
-and size of every weight file; the shard index for a shared shard's tensors), every published checkpoint of the
-model (the catalogue's whole grid, inside the sweep or not, and every other branch of its repositories: ``main``)
-gets one row of ``grid.parquet``, with its ``status``:
+and size of every weight file; the shard index of a sharded branch, for the files it names and a shared shard's
+tensors), every published checkpoint of the model (the catalogue's whole grid, inside the sweep or not, and every
+other branch of its repositories: ``main``) gets one row of ``grid.parquet``, with its ``status``:
 
 - ``ok``: weights of its own;
 - ``duplicate``: its weight files are byte for byte another branch's (``repeats``, ``repeats_step``). Among
@@ -12,14 +12,17 @@ gets one row of ``grid.parquet``, with its ``status``:
   member against the latest other one, since which of them holds what it claims is unknowable;
 - ``partial``: some of its shards are another branch's (``shared_files``, ``shared_with``), naming the tensors they
   hold (from the shard index) and their layers (pythia-12b, EleutherAI/pythia#206);
-- ``missing``: no branch of that name; ``no_weights``: a branch without weight files; both with the ``nearest``
-  steps that have weights of their own;
-- ``unchecked``: nothing known of it (offline, and the cache does not hold it).
+- ``missing``: no branch of that name; ``no_weights``: a branch without weight files; ``incomplete``: a branch
+  without some of the weight files its shard index names (``absent_files``; without an index read, those its
+  shards' names announce), which ``from_pretrained`` cannot load; all three with the ``nearest`` steps that have
+  weights of their own;
+- ``unchecked``: nothing known of it (offline, and the cache does not hold it), or its weight files without the
+  sha256 the Hub lists for LFS files.
 
 What a flagged step gets in a sweep is the config's choice (``audit.flagged``): ``skip`` (default: a
-``duplicate``, ``missing`` or ``no_weights`` step is not downloaded nor analysed, and listed in ``sweep.parquet``
-with its status and the branch it repeats) or ``keep`` (downloaded, analysed and flagged). A ``partial`` step is
-always analysed, and flagged.
+``duplicate``, ``missing``, ``no_weights`` or ``incomplete`` step is not downloaded nor analysed, and listed in
+``sweep.parquet`` with its status and the branch it repeats) or ``keep`` (downloaded, analysed and flagged; a
+step without loadable weights fails at fetch). A ``partial`` step is always analysed, and flagged.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import polars as pl
 from huggingface_hub.errors import RepositoryNotFoundError
 
 from anisweep.checkpoints.base import Checkpoint, nearest_steps
+from anisweep.checkpoints.files import absent_shards, index_of, lacking
 from anisweep.checkpoints.grid_listing import (
     HubUnreachable,
     Listing,
@@ -44,13 +48,19 @@ from anisweep.checkpoints.grid_listing import (
     is_offline,
     list_branches,
     read_index,
+    read_indexes,
 )
 from anisweep.errors import ConfigError
 
 GRID_FILE = "grid.parquet"
 #: statuses a sweep does not download under `audit.flagged: skip`
-SKIPPED = ("duplicate", "missing", "no_weights")
+SKIPPED = ("duplicate", "missing", "no_weights", "incomplete")
 FLAGGED = (*SKIPPED, "partial")
+#: statuses without weights a sweep could load, each reported with the nearest steps that have some
+UNLOADABLE = ("missing", "no_weights", "incomplete")
+#: the reasons of an `unchecked` step: the first needs the Hub (or a cache holding the branch), the second never
+NOT_CACHED = "not in the cache"
+NO_SHA256 = "weight files without an LFS sha256"
 GRID_SCHEMA = {
     "family": pl.String,
     "model": pl.String,
@@ -73,6 +83,8 @@ GRID_SCHEMA = {
     "shared_with": pl.List(pl.String),
     "shared_tensors": pl.List(pl.String),
     "shared_layers": pl.List(pl.Int64),
+    "indexed_files": pl.List(pl.String),  # the weight files its shard index names (null: no index read)
+    "absent_files": pl.List(pl.String),  # those of them (or of its shards' names) the branch does not hold
     "nearest": pl.List(pl.Int64),
     "note": pl.String,
 }
@@ -133,10 +145,8 @@ def _weights(names: Iterable[str]) -> tuple[list[str], str]:
     the name of their shard index; ValueError when there are none."""
     from anisweep.checkpoints.files import select_files
 
-    names = list(names)
     weights = select_files([*names, "config.json"])[1]
-    index = "model.safetensors.index.json" if weights[0].endswith(".safetensors") else "pytorch_model.bin.index.json"
-    return weights, index
+    return weights, index_of(weights)
 
 
 def _weights_id(shas: Iterable[str]) -> str:
@@ -211,6 +221,7 @@ def audit_model(
         cache_dir=cache_dir,
         api=api,
     )
+    read_indexes(listings, cache_dir)
     by_unit = {(x.repo_id, x.branch, x.subfolder): x for x in listings}
     was_missing = set()
     if previous is not None and not previous.is_empty():
@@ -219,9 +230,9 @@ def audit_model(
     guessed = {repo_id: was_missing for repo_id in from_cache}
     rows = _rows(units, by_unit, refs, family, model, many_repos=len(repos) > 1, guessed=guessed, no_repo=no_repo)
     _find(rows, trusted_step, by_unit, cache_dir)
-    unchecked = sum(r["status"] == "unchecked" for r in rows)
+    unchecked = sum(r["status"] == "unchecked" and NOT_CACHED in _reason(r) for r in rows)
     if from_cache and unchecked:
-        notes.append(f"{unchecked} of {len(rows)} checkpoints could not be checked: not in the cache")
+        notes.append(f"{unchecked} of {len(rows)} checkpoints could not be checked: {NOT_CACHED}")
     return pl.DataFrame(rows, schema=GRID_SCHEMA).sort("step", "name", nulls_last=True), notes
 
 
@@ -234,7 +245,9 @@ def _listings_of(table: pl.DataFrame | None) -> dict[tuple[str, str, str | None,
         if r["commit"] is None or r["source"] == "none":
             continue
         files = dict(zip(r["weight_files"] or [], zip(r["files_sha256"] or [], r["files_bytes"] or [])))
-        listing = Listing(r["repo_id"], r["revision"], r["commit"], r["subfolder"], files, r["source"], True)
+        listing = Listing(
+            r["repo_id"], r["revision"], r["commit"], r["subfolder"], files, r["source"], True, r["indexed_files"]
+        )
         out[(r["repo_id"], r["revision"], r["subfolder"], r["commit"])] = listing
     return out
 
@@ -261,34 +274,46 @@ def _rows(units, by_unit, refs, family, model, *, many_repos, guessed, no_repo) 
         if u.repo_id in no_repo:
             row |= {"status": "missing", "note": f"{name}: no repository {u.repo_id} on the Hub"}
         elif not repo_refs:
-            row |= {"status": "unchecked", "note": f"{name}: nothing known of {u.repo_id} (not in the cache)"}
+            row |= {"status": "unchecked", "note": f"{name}: nothing known of {u.repo_id} ({NOT_CACHED})"}
         elif u.revision not in repo_refs and u.repo_id in guessed and (u.repo_id, u.revision) not in guessed[u.repo_id]:
-            row |= {"status": "unchecked", "note": f"{name}: not in the cache"}
+            row |= {"status": "unchecked", "note": f"{name}: {NOT_CACHED}"}
         elif u.revision not in repo_refs:
             row |= {"status": "missing", "note": f"{name}: no such branch in {u.repo_id}"}
         elif listing is None or listing.source == "none":
-            row |= {"commit": repo_refs[u.revision], "status": "unchecked", "note": f"{name}: not in the cache"}
+            row |= {"commit": repo_refs[u.revision], "status": "unchecked", "note": f"{name}: {NOT_CACHED}"}
         else:
-            row |= {"commit": listing.commit, "source": listing.source}
-            try:
-                weights, _ = _weights(listing.files)
-            except ValueError:
-                if listing.complete:
-                    row |= {"status": "no_weights", "note": f"{name}: no *.safetensors or pytorch_model*.bin weights"}
-                else:
-                    row |= {"status": "unchecked", "note": f"{name}: its weight files are not in the cache"}
-                rows.append(row)
-                continue
-            shas = [listing.files[w][0] for w in weights]
-            sizes = [listing.files[w][1] for w in weights]
-            row |= {"weight_files": weights, "files_sha256": shas, "files_bytes": sizes}
-            row["weights_bytes"] = sum(s or 0 for s in sizes)
-            if any(s is None for s in shas):
-                row |= {"status": "unchecked", "note": f"{name}: weight files without an LFS sha256"}
-            else:
-                row |= {"weights_id": _weights_id(shas), "status": "ok"}
+            row |= {"commit": listing.commit, "source": listing.source} | _weights_row(name, listing)
         rows.append(row)
     return rows
+
+
+def _weights_row(name: str, listing: Listing) -> dict[str, Any]:
+    """A listed branch's weight files and its status as far as they tell: ``ok`` (with their ``weights_id``),
+    ``no_weights``, ``incomplete``, or ``unchecked``."""
+    try:
+        weights, index = _weights(listing.files)
+    except ValueError:
+        if listing.complete:
+            return {"status": "no_weights", "note": f"{name}: no *.safetensors or pytorch_model*.bin weights"}
+        return {"status": "unchecked", "note": f"{name}: its weight files are {NOT_CACHED}"}
+    shas = [listing.files[w][0] for w in weights]
+    sizes = [listing.files[w][1] for w in weights]
+    absent = absent_shards(weights, listing.indexed)
+    row = {
+        "weight_files": weights,
+        "files_sha256": shas,
+        "files_bytes": sizes,
+        "weights_bytes": sum(s or 0 for s in sizes),
+    }
+    row |= {"indexed_files": listing.indexed, "absent_files": absent}
+    if absent and listing.complete:
+        gap = lacking(absent, index if listing.indexed is not None else None)
+        return row | {"status": "incomplete", "note": f"{name}: {gap}: it cannot be loaded"}
+    if absent:
+        return row | {"status": "unchecked", "note": f"{name}: {', '.join(absent)} {NOT_CACHED}"}
+    if any(s is None for s in shas):
+        return row | {"status": "unchecked", "note": f"{name}: {NO_SHA256}"}
+    return row | {"weights_id": _weights_id(shas), "status": "ok"}
 
 
 def _find(rows: list[dict[str, Any]], trusted_step: int | None, by_unit, cache_dir) -> None:
@@ -354,10 +379,15 @@ def _find(rows: list[dict[str, Any]], trusted_step: int | None, by_unit, cache_d
         }
     real = sorted({r["step"] for r in hashed if r["step"] is not None and r["status"] in ("ok", "partial")})
     for r in rows:
-        if r["status"] in ("missing", "no_weights") and r["step"] is not None:
+        if r["status"] in UNLOADABLE and r["step"] is not None:
             near = nearest_steps(r["step"], real) if real else []
             r["nearest"] = near
             r["note"] += f"; nearest steps with weights: {', '.join(map(str, near)) or 'none'}"
+
+
+def _reason(row: Mapping[str, Any]) -> str:
+    """A row's note without the name it starts with."""
+    return (row["note"] or "").removeprefix(f"{row['name']}: ")
 
 
 def _span(layers: Sequence[int]) -> str:
@@ -423,6 +453,34 @@ def expected_hashes(table: pl.DataFrame | None, step: int) -> dict[str, str]:
     return dict(zip(rows[0]["weight_files"], rows[0]["files_sha256"], strict=True))
 
 
+def unchecked_reasons(table: pl.DataFrame, steps: Iterable[int] | None = None) -> dict[str, list[int]]:
+    """{why: the steps} of the grid's ``unchecked`` steps (among ``steps``, where given)."""
+    chosen = None if steps is None else set(steps)
+    out: dict[str, list[int]] = defaultdict(list)
+    for r in table.filter((pl.col("status") == "unchecked") & pl.col("step").is_not_null()).iter_rows(named=True):
+        if chosen is None or r["step"] in chosen:
+            out[_reason(r)].append(r["step"])
+    return {why: sorted(found) for why, found in out.items()}
+
+
+def how_to_check(reasons: Iterable[str]) -> str:
+    """What would let the audit check the steps left unchecked for ``reasons``, true to where it ran."""
+    reasons = list(reasons)
+    fixes = []
+    if any(NOT_CACHED in r for r in reasons):
+        fixes.append(
+            "HF_HUB_OFFLINE is set: unset it where the Hub can be reached and run again"
+            if is_offline()
+            else "the Hub could not be reached: check the network (or HF_ENDPOINT) and run again"
+        )
+    if any(NO_SHA256 in r for r in reasons):
+        fixes.append(
+            "the Hub lists no sha256 for their weight files (they are not stored through LFS): no audit can "
+            "compare their bytes with other branches'"
+        )
+    return "; ".join(fixes)
+
+
 # ---------------------------------------------------------------------------------------------- the sweep
 
 
@@ -484,6 +542,12 @@ def _size(n: float) -> str:
     return f"{n:.1f} TB"  # pragma: no cover
 
 
+def _steps(steps: Sequence[int]) -> str:
+    """``steps 0, 1, 2``: the first twelve, then how many in all."""
+    shown = ", ".join(map(str, steps[:12]))
+    return f"steps {shown}" + (f", ... ({len(steps)} steps)" if len(steps) > 12 else "")
+
+
 def _others(names: list[str]) -> str:
     if not names:
         return ""
@@ -507,21 +571,18 @@ def health(table: pl.DataFrame, notes: Iterable[str] = (), steps: Iterable[int] 
         saved = dup["weights_bytes"].fill_null(0).sum()
         lines.append(f"not downloaded under audit.flagged: skip: {dup.height} duplicate steps, {_size(saved)}")
         for (repeats,), group in dup.group_by(["repeats"], maintain_order=True):
-            shown = group["step"].sort().to_list()
-            listed = ", ".join(map(str, shown[:12])) + (f", ... ({len(shown)} steps)" if len(shown) > 12 else "")
-            lines.append(f"  repeat {repeats}: steps {listed}")
+            lines.append(f"  repeat {repeats}: {_steps(group['step'].sort().to_list())}")
     for r in grid.filter(pl.col("status") == "partial").iter_rows(named=True):
         lines.append(f"  partial: {r['note']}")
-    for status in ("missing", "no_weights"):
+    for status in UNLOADABLE:
         gone = grid.filter(pl.col("status") == status)
         if 0 < gone.height <= 5:
             lines += [f"  {status}: {r['note']}" for r in gone.iter_rows(named=True)]
         elif gone.height:
             shown = ", ".join(map(str, gone["step"].sort().to_list()[:12]))
             lines.append(f"  {status}: {gone.height} steps ({shown}, ...): see grid.parquet's nearest")
-    unchecked = grid.filter(pl.col("status") == "unchecked").height
-    if unchecked:
-        lines.append(f"  unchecked: {unchecked} steps (not in the cache)")
+    for why, found in unchecked_reasons(table).items():
+        lines.append(f"  unchecked: {_steps(found)}: {why}")
     if steps is not None:
         chosen = steps_with(table, FLAGGED, steps)
         if chosen:

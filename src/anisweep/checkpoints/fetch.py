@@ -11,7 +11,8 @@ Hub checkpoints (``pythia``, ``multiberts``):
    snapshot folder) decides what to download: ``config.json``, the tokenizer files (an image or audio model's
    ``preprocessor_config.json`` among them) and ONE weight format:
    ``*.safetensors`` (+ index) when the repo has them, else ``pytorch_model*.bin`` (+ index). Never
-   ``tf_model.h5``, flax, onnx. The exact file names are passed as ``allow_patterns``.
+   ``tf_model.h5``, flax, onnx. The exact file names are passed as ``allow_patterns``. A branch without a weight
+   file its shard index names (downloaded first, with the config) is a FetchError before any weight moves.
 3. ``huggingface_hub.snapshot_download`` downloads them (resumable, with its own progress bars):
    ``keep_weights=True`` into the normal HF cache (``path`` = the snapshot folder); ``keep_weights=False``
    into ``dest/weights`` (``local_dir``), a folder the pipeline deletes after extraction -- except when
@@ -60,7 +61,7 @@ from tqdm.auto import tqdm as _tqdm
 
 from anisweep.atomic import write_json
 from anisweep.checkpoints.base import Checkpoint
-from anisweep.checkpoints.files import TOKENIZER_FILES, select_files, weight_files_in
+from anisweep.checkpoints.files import TOKENIZER_FILES, absent_in_folder, index_of, select_files, weight_files_in
 from anisweep.checkpoints.weight_files import check_hashes, hub_sha256
 
 try:  # requests is optional in huggingface_hub 1.x/2.x; catch its errors when something uses it
@@ -362,9 +363,14 @@ def _fetch_hub(
         )
 
     weight_paths = [f"{sub}/{f}" if sub else f for f in weights]
-    if before_weights is not None or ckpt.family == "hub":  # config.json and the tokenizer (kilobytes) come first
-        small = download([f for f in wanted if f not in weight_paths])
+    index = f"{sub}/{index_of(weights)}" if sub else index_of(weights)
+    if index not in wanted:
+        _check_shards(ckpt, revision, weights, None)  # by the shards' names
+    if before_weights is not None or ckpt.family == "hub" or index in wanted:
+        small = download([f for f in wanted if f not in weight_paths])  # config, tokenizer, index: kilobytes first
         model_dir = small / sub if sub else small
+        if index in wanted:
+            _check_shards(ckpt, revision, weights, model_dir)
         if ckpt.family == "hub":
             _check_hub_config(model_dir, ckpt)
         if before_weights is not None:
@@ -431,6 +437,19 @@ def _select_in(files: Iterable[str], sub: str | None) -> tuple[list[str], list[s
         return wanted, weights, sub
     top = [f for f in files if "/" not in f and f in TOKENIZER_FILES]
     return sorted(wanted + top), weights, "" if top else None
+
+
+def _check_shards(ckpt: Checkpoint, revision: str, weights: list[str], model_dir: Path | None) -> None:
+    """A FetchError, before any weight moves, where the branch lacks weight files that ``from_pretrained`` loads:
+    those its shard index (downloaded into ``model_dir``) names, else those its shards' names announce."""
+    gap = absent_in_folder(weights, model_dir)
+    if gap:
+        raise FetchError(
+            f"{ckpt.key}: {ckpt.repo_id} at revision {revision!r}: {gap}: it cannot be loaded (`anisweep audit` "
+            "flags it incomplete); sweep another step",
+            repo_id=ckpt.repo_id,
+            revision=revision,
+        )
 
 
 def _link_one(src: Path, dst: Path) -> None:

@@ -3,8 +3,9 @@
 Online, ``HfApi.list_repo_refs`` gives every branch and its commit, and ``HfApi.list_repo_tree`` a branch's files:
 the Hub reports each LFS file's sha256 (its ``lfs.oid``) and size in the listing itself, so nothing is downloaded
 (the tree is listed without ``expand``: that adds each file's last commit and security scan, costs the Hub a
-history walk, and pages 50 files at a time). A branch whose commit is the one a previous audit listed is not
-listed again: a commit fixes its files.
+history walk, and pages 50 files at a time). The shard index of a sharded branch (a few kB) is the one file read:
+it names the weight files ``from_pretrained`` loads (:func:`read_indexes`). A branch whose commit is the one a
+previous audit listed is not listed again: a commit fixes its files.
 
 Offline (``HF_HUB_OFFLINE``), or when the Hub cannot be reached, the Hugging Face cache answers: ``refs/`` names
 the branches that were fetched, a cached tree listing (``trees/{commit}.json``) the files of a commit, and else the
@@ -50,6 +51,7 @@ class Listing:
     files: dict[str, tuple[str | None, int | None]] = field(default_factory=dict)  # name -> (LFS sha256, size)
     source: str = "hub"  # "hub", "cache", or "none" (nothing known)
     complete: bool = True  # every file of the branch, or (from a cache without its tree) only those downloaded
+    indexed: list[str] | None = None  # the weight files its shard index names (None: no index, or not read)
 
 
 def cache_repo(repo_id: str, cache_dir: Path | str | None = None) -> Path:
@@ -168,6 +170,27 @@ def read_index(listing: Listing, index_name: str, cache_dir: Path | str | None =
         return dict(json.loads(Path(found).read_text()).get("weight_map", {}))
     except (OSError, ValueError):
         return {}
+
+
+def read_indexes(listings: Iterable[Listing], cache_dir: Path | str | None = None) -> None:
+    """Fill in ``indexed`` of each listing that holds the shard index of its weights (several read at once): the
+    files that ``from_pretrained`` loads, which the branch may lack (anisweep.checkpoints.files.absent_shards)."""
+    from anisweep.checkpoints.files import index_of, select_files
+
+    jobs = []
+    for listing in listings:
+        if listing.indexed is not None or listing.source == "none":
+            continue
+        try:
+            index = index_of(select_files([*listing.files, "config.json"])[1])
+        except ValueError:  # no weights
+            continue
+        if index in listing.files:
+            jobs.append((listing, index))
+    with ThreadPoolExecutor(WORKERS) as pool:
+        maps = list(pool.map(lambda job: read_index(*job, cache_dir), jobs))
+    for (listing, _), weight_map in zip(jobs, maps, strict=True):
+        listing.indexed = sorted(set(weight_map.values())) or None
 
 
 def list_branches(

@@ -25,8 +25,10 @@ from anisweep.checkpoints.audit import (
     expected_hashes,
     grid_path,
     health,
+    how_to_check,
     read_grid,
     steps_with,
+    unchecked_reasons,
     write_grid,
 )
 from anisweep.checkpoints.base import Checkpoint
@@ -92,16 +94,13 @@ def plan(
             out.lines += lines
             print("\n".join(lines), file=stderr, flush=True)
         out.grids[(family, model)] = path
-        unaudited = sorted(steps_with(table, ["unchecked"], steps))
-        if unaudited:
-            what = (
-                f"{family}/{model}: steps {', '.join(map(str, unaudited))} could not be audited (the Hub could not "
-                "be reached, or HF_HUB_OFFLINE is set, and the Hugging Face cache does not hold their branches)"
-            )
+        reasons = unchecked_reasons(table, steps)
+        if reasons:
+            why = "; ".join(f"steps {', '.join(map(str, found))}: {reason}" for reason, found in reasons.items())
+            what = f"{family}/{model}: steps of the config could not be audited ({why})"
             if not settings.get("allow_unaudited", False):
                 raise AuditError(
-                    f"{what}: connect to the network and run again, or set audit.allow_unaudited: true to sweep them "
-                    "unaudited"
+                    f"{what}: {how_to_check(reasons)}; to sweep them unaudited, set audit.allow_unaudited: true"
                 )
             print(f"audit: warning: {what}: swept unaudited (audit.allow_unaudited)", file=stderr, flush=True)
         left_out = steps_with(table, SKIPPED, steps) if policy == "skip" else {}

@@ -4,7 +4,8 @@ measures name.
 A safetensors file is an 8-byte little-endian header length, a JSON header ({tensor: {dtype, shape,
 data_offsets}}) and the tensors' bytes: the source reads the length and the header (two range requests per file),
 then each tensor asked for by its own range, from the resolve URL of the pinned commit (huggingface_hub's endpoint,
-headers and token). config.json and the tokenizer files are downloaded (small) into the Hugging Face cache. Pickled
+headers and token). config.json, the tokenizer files and the shard index are downloaded (small) into the Hugging
+Face cache; a branch without a weight file its index names is a WeightsError naming it, before any tensor moves. Pickled
 ``pytorch_model*.bin`` files cannot be read in part: each is downloaded whole (and cached), said once on stderr.
 Weight files the cache already holds for the commit are read there, moving nothing. `bytes_read` counts the bytes
 moved (headers included).
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 
 from anisweep.checkpoints.base import Checkpoint
-from anisweep.checkpoints.files import CONFIG_FILES, TOKENIZER_FILES
+from anisweep.checkpoints.files import CONFIG_FILES, TOKENIZER_FILES, absent_in_folder, index_of
 from anisweep.weights.source import LocalSource, WeightsError, weight_files
 
 SMALL_FILES = (*CONFIG_FILES, *TOKENIZER_FILES)  # fetch's: config.json, then the tokenizer's or processor's
@@ -164,13 +165,18 @@ def hub_source(ckpt: Checkpoint):
     sub = ckpt.subfolder
     names = [s.rfilename for s in info.siblings or []]
     inside = [n[len(sub) + 1 :] for n in names if n.startswith(f"{sub}/")] if sub else names
-    wanted = [p for f in SMALL_FILES for p in ((f"{sub}/{f}", f) if sub else (f,)) if p in names]
+    files = weight_files(inside)
+    small = (*SMALL_FILES, index_of(files)) if files else SMALL_FILES  # the shard index: the files to read
+    wanted = [p for f in small for p in ((f"{sub}/{f}", f) if sub else (f,)) if p in names]
     root = Path(snapshot_download(ckpt.repo_id, revision=commit, allow_patterns=wanted))
     folder = root / sub if sub else root
     if not (folder / "config.json").is_file():
         raise WeightsError(f"{ckpt.key}: {ckpt.repo_id}@{commit} has no config.json{f' in {sub}/' if sub else ''}")
+    if files and (gap := absent_in_folder(files, folder)):
+        raise WeightsError(
+            f"{ckpt.key}: {ckpt.repo_id}@{commit}: {gap}: it cannot be loaded (`anisweep audit` flags it incomplete)"
+        )
     tokenizer = next((p for p in (folder, root) if any((p / f).is_file() for f in TOKENIZER_FILES)), None)
-    files = weight_files(inside)
     cached = [try_to_load_from_cache(ckpt.repo_id, f"{sub}/{f}" if sub else f, revision=commit) for f in files]
     if files and all(isinstance(c, str) for c in cached):
         return LocalSource(Path(cached[0]).parent), tokenizer
