@@ -243,6 +243,8 @@ def sweep_of(family, model, job=None):
         out=Path(f"results/{family}/{model}/sweep.parquet"),
         final_step=final_step_of(SimpleNamespace(family=family, model=model)),
         forget=None if job is None else (lambda: workflow.persistence.cleanup_metadata(job.output[0])),
+        grid=AUDIT.grids.get((family, model)),
+        flagged_steps=AUDIT.flagged_steps(family, model),
     )
 
 
