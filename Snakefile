@@ -33,7 +33,7 @@ include: "workflow/rules/live.smk"
 
 
 # A failed run (a checkpoint that cannot be fetched, loaded or run) still leaves each sweep it was making, from
-# the checkpoints that finished, the others listed with status = "missing", and none of the weights it fetched
+# the checkpoints that finished, the others listed with status = "unfinished", and none of the weights it fetched
 # unless another running Snakemake has locked them (src/anisweep/measures/partial.py; what Snakemake knows is
 # gathered in workflow/rules/common.smk).
 onerror:

@@ -238,7 +238,7 @@ def cmd_plot_gradients(args) -> None:
 
 
 def cmd_sweep(args) -> None:
-    from anisweep.measures.sweep import aggregate
+    from anisweep.measures.sweep import aggregate, with_audit
     from anisweep.tables import write_atomic
 
     sweep = aggregate(
@@ -248,25 +248,8 @@ def cmd_sweep(args) -> None:
         gradient_fixed_shares=args.gradient_fixed_shares,
     )
     if args.audit:
-        sweep = _with_audit(sweep, args.audit, args.flagged_steps, args.seed)
+        sweep = with_audit(sweep, args.audit, args.flagged_steps, args.seed)
     write_atomic(sweep, args.out)
-
-
-def _with_audit(sweep, grid_file: str, flagged_steps: list[int], seed: int | None):
-    """The sweep with the audit of its model's grid: each step's `audit` status and the branch it `repeats`, and
-    one row for each of the config's steps the audit left out (anisweep.checkpoints.audit)."""
-    import polars as pl
-
-    from anisweep.checkpoints.audit import read_grid, skipped_rows, sweep_columns
-    from anisweep.measures.sweep import METRIC_KEY, SWEEP_SCHEMA
-
-    grid = read_grid(grid_file)
-    if grid is None:
-        raise ValueError(f"{grid_file}: not an audit of a grid (anisweep.checkpoints.audit); run `anisweep audit`")
-    sweep = sweep.join(sweep_columns(grid), on="step", how="left")
-    sweep = pl.concat([sweep, skipped_rows(grid, flagged_steps, seed)], how="diagonal_relaxed")
-    columns = [*SWEEP_SCHEMA, "audit", "repeats"]
-    return sweep.select(columns).sort("step", *METRIC_KEY, nulls_last=True)
 
 
 def cmd_audit(args) -> None:
@@ -411,36 +394,31 @@ def cmd_glossary(args) -> None:
 
 
 def cmd_plot(args) -> None:
-    import polars as pl
-
+    from anisweep.measures.sweep import read_complete_sweeps
     from anisweep.plots.sweep import plot_model
 
-    plot_model(pl.read_parquet(args.sweep), Path(args.out_dir))
+    plot_model(read_complete_sweeps([args.sweep]), Path(args.out_dir))
 
 
 def cmd_plot_family(args) -> None:
-    import polars as pl
-
+    from anisweep.measures.sweep import read_complete_sweeps
     from anisweep.plots.sweep import plot_family
 
-    plot_family(pl.concat([pl.read_parquet(p) for p in args.sweeps], how="diagonal_relaxed"), Path(args.out))
+    plot_family(read_complete_sweeps(args.sweeps), Path(args.out))
 
 
 def cmd_plot_families(args) -> None:
-    import polars as pl
-
+    from anisweep.measures.sweep import read_complete_sweeps
     from anisweep.plots.families import plot_families
 
-    plot_families(pl.concat([pl.read_parquet(p) for p in args.sweeps], how="diagonal_relaxed"), Path(args.out))
+    plot_families(read_complete_sweeps(args.sweeps), Path(args.out))
 
 
 def cmd_plot_survey(args) -> None:
-    import polars as pl
-
+    from anisweep.measures.sweep import read_complete_sweeps
     from anisweep.plots.survey import plot_survey
 
-    sweeps = pl.concat([pl.read_parquet(p) for p in args.sweeps], how="diagonal_relaxed")
-    plot_survey(sweeps, Path(args.out_dir), groups=args.groups)
+    plot_survey(read_complete_sweeps(args.sweeps), Path(args.out_dir), groups=args.groups)
 
 
 def cmd_untrained(args) -> None:

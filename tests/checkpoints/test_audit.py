@@ -290,7 +290,10 @@ def test_the_plan_of_a_run_skips_or_keeps_the_flagged_steps(hub, tmp_path):
     assert skip.flagged_steps("pythia", "pythia-70m") == [0, 2000]
     assert sorted(skip.hashes) == ["pythia/pythia-70m/step1000", "pythia/pythia-70m/step3000"]  # checked at fetch
     assert "audit: pythia/pythia-70m: 154 published steps" in out.getvalue()
-    assert (tmp_path / "results" / "pythia" / "pythia-70m" / "grid.parquet").is_file()
+    grid = tmp_path / "results" / "pythia" / "pythia-70m" / "grid.parquet"
+    assert not (tmp_path / "results").exists()  # reading the config writes nothing: a dry run changes no results
+    assert skip.write_grids() == [grid] and grid.is_file()  # when the run starts
+    assert skip.write_grids() == []  # unchanged: left as it was
     keep = plan(chosen, {"flagged": "keep"}, tmp_path / "results", stderr=io.StringIO())
     assert keep.skipped == {} and "pythia/pythia-70m/step0" in keep.hashes
     assert plan(chosen, {"enabled": False}, tmp_path / "other").grids == {}
@@ -303,10 +306,33 @@ def test_a_job_reads_the_runs_table_and_asks_the_hub_nothing(hub, tmp_path):
 
     from anisweep.checkpoints.sweep_audit import plan
 
-    plan(checkpoints([0, 1000]), {}, tmp_path / "results", stderr=io.StringIO())
+    plan(checkpoints([0, 1000]), {}, tmp_path / "results", stderr=io.StringIO()).write_grids()
     hub.requests.clear()
     again = plan(checkpoints([0, 1000]), {}, tmp_path / "results", stderr=io.StringIO(), refresh=False)
     assert hub.requests == [] and sorted(again.skipped) == ["pythia/pythia-70m/step0"]
+
+
+def test_the_sweeps_param_follows_what_it_reads_of_the_audit(hub, tmp_path):
+    """The verdict (the sweep's recorded param) changes with a swept step's status or the branch it repeats, never
+    with what the sweep does not read (another step's row, a commit that moved with the same weights)."""
+    import io
+
+    from anisweep.checkpoints.sweep_audit import plan
+
+    audit = plan(checkpoints([0, 1000, 3000]), {}, tmp_path / "results", stderr=io.StringIO())
+    verdict = audit.verdict("pythia", "pythia-70m")
+    assert len(verdict) == 64 and audit.verdict("toy", "toy-neox") == ""
+    table = audit.tables[("pythia", "pythia-70m")]
+    other = table.with_columns(
+        commit=pl.when(pl.col("step") == 3000).then(pl.lit("0" * 40)).otherwise("commit"),
+        status=pl.when(pl.col("step") == 2000).then(pl.lit("ok")).otherwise("status"),  # no step of the config
+    )
+    audit.tables[("pythia", "pythia-70m")] = other
+    assert audit.verdict("pythia", "pythia-70m") == verdict
+    audit.tables[("pythia", "pythia-70m")] = table.with_columns(
+        repeats=pl.when(pl.col("step") == 0).then(pl.lit("main")).otherwise("repeats")
+    )
+    assert audit.verdict("pythia", "pythia-70m") != verdict
 
 
 def test_the_audit_command_with_nothing_to_audit_is_an_error(monkeypatch, tmp_path, capsys):

@@ -13,11 +13,12 @@ import transformers
 from test_metrics import measure_checkpoint
 from weightcheck import weight_metrics
 
+from anisweep.checkpoints.audit import FLAGGED
 from anisweep.measures import glossary
 from anisweep.measures.gradient_metrics import GRADIENT_METRICS
 from anisweep.measures.metrics import checkpoint_metrics
 from anisweep.measures.sites import ATTENTION_STREAM_SITES
-from anisweep.measures.sweep import SWEEP_SCHEMA
+from anisweep.measures.sweep import AUDIT_COLUMNS, SWEEP_SCHEMA, UNFINISHED
 from anisweep.tables import ATTENTION_STATISTICS, METRIC_SCHEMA, write_atomic
 
 from conftest import (
@@ -128,11 +129,25 @@ def test_the_glossary_is_consistent():
         assert all(t.definition and t.source and "\n" not in t.definition for t in table)
     for term in glossary.METRICS:
         assert term.sites and set(term.sites) <= glossary.site_names(), term.name
-    assert glossary.column_names() == set(METRIC_SCHEMA) | set(SWEEP_SCHEMA)
+    assert glossary.column_names() == set(METRIC_SCHEMA) | set(SWEEP_SCHEMA) | set(AUDIT_COLUMNS)
     assert set(GRADIENT_METRICS) | set(ATTENTION_STATISTICS) <= glossary.metric_names()
     from anisweep.extract.recorder import SAMPLED_SITES
 
     assert glossary.SAMPLED_SITES == SAMPLED_SITES
+
+
+def test_every_status_word_has_one_meaning_in_the_glossary():
+    """A partial sweep's step without metrics and the audit's branch that does not exist were both `missing`: every
+    status the sweep and the audit write is listed once, and the sweep's own verdicts on a checkpoint it ran are
+    no audit status (a step the audit left out carries its audit status in the sweep)."""
+    names = [status.name for status in glossary.STATUSES]
+    assert len(names) == len(set(names))
+    assert all(s.where and s.meaning and "\n" not in s.meaning for s in glossary.STATUSES)
+    audit = {"ok", "unchecked", *FLAGGED}
+    sweep = {"ok", "duplicate", "nonfinite", "nan", UNFINISHED}
+    assert set(names) == audit | sweep
+    assert not ({"nonfinite", "nan", UNFINISHED} & audit)
+    assert "## Statuses" in glossary.glossary_markdown() and "| `unfinished` |" in glossary.glossary_markdown()
 
 
 @pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run

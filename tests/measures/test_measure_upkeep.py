@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 import numpy as np
 import polars as pl
@@ -15,7 +14,7 @@ from test_registry import write_package
 
 from anisweep.measures import registry
 from anisweep.measures.registry import InstalledMeasureError, load, user_measures
-from anisweep.measures.stale import record_code_identities, remove_stale_measure_outputs, stale_measure_outputs
+from anisweep.measures.stale import code_record, remove_stale_measure_outputs, stale_measure_outputs
 from anisweep.plots import measures as plot_measures
 
 CODE = """
@@ -96,19 +95,22 @@ def test_an_installed_package_named_in_the_config_is_loaded_once(tmp_path, monke
 
 
 def test_the_code_record_changes_on_an_edit_or_an_addition_never_on_a_removal(tmp_path):
+    """code_record says what the file should hold (the rule stream_measure_code writes it); it never writes."""
     path = tmp_path / "resources" / "stream_measure_code.json"
-    assert not record_code_identities(path, {}) and not path.exists()
-    assert record_code_identities(path, {"a": "1", "b": "2"})
-    written = path.stat().st_mtime_ns
-    time.sleep(0.01)
-    assert not record_code_identities(path, {"a": "1"})  # b removed
-    assert not record_code_identities(path, {})
-    assert path.stat().st_mtime_ns == written
-    assert record_code_identities(path, {"a": "3"})  # a edited
-    assert json.loads(path.read_text()) == {"a": "3", "b": "2"}
-    assert record_code_identities(path, {"a": "3", "c": "4"})  # c added
+    assert code_record(path, {}) == "" and not path.parent.exists()
+    record = code_record(path, {"a": "1", "b": "2"})
+    assert json.loads(record) == {"a": "1", "b": "2"} and not path.parent.exists()
+    path.parent.mkdir()
+    path.write_text(record)
+    assert code_record(path, {"a": "1"}) == record  # b removed: the same record, nothing reruns
+    assert code_record(path, {}) == record
+    assert code_record(path, {"b": "2", "a": "1"}) == record  # the same measures in another order
+    assert json.loads(code_record(path, {"a": "3"})) == {"a": "3", "b": "2"}  # a edited
+    assert json.loads(code_record(path, {"c": "4"})) == {"a": "1", "b": "2", "c": "4"}  # c added
+    assert path.read_text() == record
     path.write_text("{damaged")
-    assert record_code_identities(path, {"a": "3"}) and json.loads(path.read_text()) == {"a": "3"}
+    assert json.loads(code_record(path, {"a": "3"})) == {"a": "3"}
+    assert code_record(path, {}) == "{}"  # a damaged file is written again, even with no stream measure
 
 
 def test_a_removed_measure_leaves_no_table_or_figure(tmp_path, capsys):

@@ -64,22 +64,107 @@ def statuses(path: Path) -> dict[int, str]:
     return dict(pl.read_parquet(path).select("step", "status").unique().iter_rows())
 
 
-def test_a_partial_sweep_lists_the_missing_steps_and_is_out_of_date(tmp_path):
+def test_a_partial_sweep_lists_the_unfinished_steps_and_is_out_of_date(tmp_path):
     forgotten = []
     s = sweep(tmp_path, forget=lambda: forgotten.append("out"))
     write_metrics(s.metrics[0], 0, mtime=2_000_000)
     write_metrics(s.metrics[2], 32, mtime=1_000_000)
     assert write_partial_sweep(s) == [8]
-    assert statuses(s.out) == {0: "ok", 8: "missing", 32: "ok"}
+    assert statuses(s.out) == {0: "ok", 8: "unfinished", 32: "ok"}
     assert pl.read_parquet(s.out).filter(pl.col("step") == 8)["seed"].to_list() == [3]
-    assert s.out.stat().st_mtime == 1_000_000 - 1  # older than its oldest input: the next run re-aggregates it
+    assert s.out.stat().st_mtime < 1_000_000  # older than its oldest input: the next run re-aggregates it
     assert forgotten == ["out"]  # and Snakemake's record of it is dropped
 
 
-def test_no_metrics_at_all_lists_every_step(tmp_path):
+def test_no_metrics_at_all_lists_every_step_and_is_older_than_the_sweeps_code(tmp_path):
+    """A model none of whose checkpoints finished (a run stopped before its first metrics): no metrics to be
+    older than, so the table must still be older than the inputs the sweep job always has, its code, or the
+    next run takes it for up to date and never retries the model (issue 43)."""
+    import anisweep.measures.sweep
+
     s = sweep(tmp_path)
     assert write_partial_sweep(s) == [0, 8, 32]
-    assert statuses(s.out) == {0: "missing", 8: "missing", 32: "missing"}
+    assert statuses(s.out) == {0: "unfinished", 8: "unfinished", 32: "unfinished"}
+    code = Path(anisweep.measures.sweep.__file__)
+    assert s.out.stat().st_mtime < code.stat().st_mtime
+    assert s.out.stat().st_mtime == 0
+
+
+def write_grid_of(path: Path) -> Path:
+    """A planted audit of pythia-70m's grid (anisweep.checkpoints.audit): step 0 serves main's bytes, step 2
+    shares a shard with main, step 4 has no weights, step 8 no branch; steps 1 and 143000 are sound."""
+    from anisweep.checkpoints.audit import GRID_SCHEMA
+
+    rows = {
+        0: {"status": "duplicate", "repeats": "step143000", "repeats_step": 143000},
+        1: {"status": "ok"},
+        2: {"status": "partial", "shared_with": ["main", "step143000"]},
+        4: {"status": "no_weights", "note": "step4: no weights"},
+        8: {"status": "missing", "note": "step8: no such branch"},
+        143000: {"status": "ok"},
+    }
+    ident = {"family": "pythia", "model": "pythia-70m"}
+    table = pl.DataFrame(
+        [{**ident, "step": step, "name": f"step{step}", **r} for step, r in rows.items()], schema=GRID_SCHEMA
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table.write_parquet(path)
+    return path
+
+
+def test_a_partial_sweep_keeps_the_audit_as_a_complete_sweep_does(tmp_path):
+    """A Hub model's partial sweep (issue 43): the `audit` and `repeats` columns, one row for each step the audit
+    left out with its status, as the sweep rule writes them; the step whose jobs failed is `unfinished`, never the
+    audit's `missing` (no such branch). The complete sweep of the same model (the CLI, as the rule runs it, once
+    every step has metrics) has the same columns and the same rows for the flagged steps."""
+    from anisweep import cli
+
+    grid = write_grid_of(tmp_path / "grid.parquet")
+    swept = [1, 2, 143000]  # the config's steps the audit did not leave out
+    s = Sweep(
+        family="pythia",
+        model="pythia-70m",
+        seed=None,
+        steps=swept,
+        metrics=[tmp_path / f"step{step}" / "metrics.parquet" for step in swept],
+        out=tmp_path / "partial" / "sweep.parquet",
+        final_step=143000,
+        grid=grid,
+        flagged_steps=[0, 4, 8],
+    )
+    for path, step in zip(s.metrics[:2], swept[:2]):
+        write_metrics(path, step, mtime=1_000_000)
+    assert write_partial_sweep(s) == [143000]
+    partial = pl.read_parquet(s.out)
+    rows = {r["step"]: r for r in partial.iter_rows(named=True)}
+    assert {step: r["status"] for step, r in rows.items()} == {
+        0: "duplicate",
+        1: "ok",
+        2: "ok",
+        4: "no_weights",
+        8: "missing",
+        143000: "unfinished",
+    }
+    assert {step: r["audit"] for step, r in rows.items()} == {
+        0: "duplicate",
+        1: "ok",
+        2: "partial",
+        4: "no_weights",
+        8: "missing",
+        143000: "ok",
+    }
+    assert (rows[0]["repeats"], rows[0]["duplicate_of_step"]) == ("step143000", 143000)
+    assert rows[2]["repeats"] == "main, step143000"
+
+    write_metrics(s.metrics[2], 143000, mtime=1_000_000)
+    complete = tmp_path / "complete" / "sweep.parquet"
+    args = ["sweep", "--out", str(complete), "--expected-steps", "1,2,143000", "--final-step", "143000"]
+    args += ["--audit", str(grid), "--flagged-steps", "0,4,8", *map(str, s.metrics)]
+    assert cli.main(args) == 0
+    complete = pl.read_parquet(complete)
+    assert complete.columns == partial.columns
+    flagged = pl.col("step").is_in([0, 4, 8])
+    assert complete.filter(flagged).equals(partial.filter(flagged))
 
 
 def test_a_complete_sweep_is_left_to_the_aggregate(tmp_path):
@@ -105,8 +190,8 @@ def test_one_sweep_that_cannot_be_written_does_not_stop_the_others(tmp_path):
     err = io.StringIO()
     assert write_partial_sweeps([bad, good], stderr=err) == [good.out]
     assert f"could not write the partial sweep {bad.out}" in err.getvalue()
-    missing = f"partial sweep {good.out}: steps [0, 8, 32] missing (status = missing); rerun to retry them"
-    assert missing in err.getvalue()
+    unfinished = f"partial sweep {good.out}: steps [0, 8, 32] unfinished (status = unfinished); rerun to retry them"
+    assert unfinished in err.getvalue()
 
 
 def test_steps_and_metrics_must_match():
@@ -270,3 +355,28 @@ def test_importing_it_imports_neither_torch_nor_polars():
     code = "import sys, anisweep.measures.partial; print(sorted({'torch', 'polars'} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("command", ["plot-survey", "plot-family", "plot-families", "plot"])
+def test_no_figure_is_drawn_from_a_partial_sweep(tmp_path, capsys, command):
+    """The survey (and every figure of sweeps) counts a model only once its sweep completed: a partial one is an
+    error naming it and its unfinished steps, before anything is drawn."""
+    from anisweep import cli
+
+    s = sweep(tmp_path)
+    write_metrics(s.metrics[0], 0, mtime=1_000_000)
+    write_partial_sweep(s)
+    out = tmp_path / "figures"
+    args = {
+        "plot-survey": ["--out-dir", str(out), str(s.out)],
+        "plot-family": ["--out", str(out / "f.png"), str(s.out)],
+        "plot-families": ["--out", str(out / "f.png"), str(s.out)],
+        "plot": ["--sweep", str(s.out), "--out-dir", str(out)],
+    }[command]
+    assert cli.main([command, *args]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (
+        f"ValueError: {s.out}: a partial sweep (steps 8, 32 unfinished: a failed or interrupted run wrote it); run "
+        "the workflow again to complete it before drawing figures from it"
+    )
+    assert not out.exists()

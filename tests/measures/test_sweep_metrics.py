@@ -38,7 +38,7 @@ def test_the_sweep_keeps_the_parameter_columns(tmp_path):
         (8, "seminmf", "fixed", 8, "rare", 4.0),
     ]
     assert sweep.filter(pl.col("metric") == "avg_cos")["rank"].to_list() == [None, None]
-    assert sweep.filter(pl.col("step") == 16)["status"].to_list() == ["missing"]
+    assert sweep.filter(pl.col("step") == 16)["status"].to_list() == ["unfinished"]
     assert not sweep.select("step", *METRIC_KEY).is_duplicated().any()
 
 

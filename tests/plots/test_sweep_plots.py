@@ -85,13 +85,13 @@ def test_a_duplicate_group_without_the_final_step_is_flagged_whole(tmp_path):
     ) == {100: 200, 200: 100}
 
 
-def test_missing_checkpoints_are_listed(tmp_path):
+def test_checkpoints_without_metrics_are_listed_unfinished(tmp_path):
     paths = [fake_checkpoint(tmp_path, step, str(step)) for step in (0, 4)]
     with pytest.warns(UserWarning, match=r"steps \[2\]"):
         sweep = aggregate(paths + [tmp_path / "m" / "step2" / "metrics.parquet"], expected_steps=[0, 2, 4])
-    missing = sweep.filter(pl.col("status") == "missing")
-    assert missing["step"].to_list() == [2] and missing["metric"].is_null().all()
-    assert missing["model"].to_list() == ["m"]
+    unfinished = sweep.filter(pl.col("status") == "unfinished")
+    assert unfinished["step"].to_list() == [2] and unfinished["metric"].is_null().all()
+    assert unfinished["model"].to_list() == ["m"]
 
 
 def test_log_spaced_detection():

@@ -157,7 +157,11 @@ def planned(world) -> tuple[dict[str, int], str]:
 
 
 def test_a_branch_pushed_again_reruns_that_checkpoint_alone(swept, world):
+    """And the dry runs write nothing: the audit's grid.parquet, which the sweep reads, is written when a run starts
+    (issue 43: a dry run wrote the audit of the pushed branch, which a run going on beside it would have read)."""
     # model runs only: other jobs rerun when the package's analysis code is edited (others work in this checkout)
+    grid = world["workdir"] / "results/pythia/pythia-70m/grid.parquet"
+    written = grid.read_bytes(), grid.stat().st_mtime_ns
     before, _ = planned(world)
     assert (before.get("fetch"), before.get("extract")) == (None, None), before  # audited again, branches unchanged
     hub = world["hub"]
@@ -170,6 +174,7 @@ def test_a_branch_pushed_again_reruns_that_checkpoint_alone(swept, world):
         hub.push(REPO, "step1", old)
     assert (jobs.get("fetch"), jobs.get("extract"), jobs.get("metrics", 0) >= 1, jobs.get("sweep")) == (1, 1, True, 1)
     assert "output: weights/pythia/pythia-70m/step1\n" in text, text[-3000:]  # the one fetch is step1's
+    assert (grid.read_bytes(), grid.stat().st_mtime_ns) == written
 
 
 def test_with_the_hub_unreachable_and_nothing_cached_it_stops_before_any_job(world, tmp_path):

@@ -3,6 +3,7 @@ its rows in metrics and sweep, its figures and glossary entries, and the reruns 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -147,6 +148,33 @@ def test_the_same_code_installed_elsewhere_reruns_nothing(swept, installed, tmp_
     elsewhere = tmp_path / "site"
     shutil.copytree(installed, elsewhere)
     assert planned(workdir, elsewhere, config) == {}
+
+
+def test_a_dry_run_with_a_stream_measure_added_changes_nothing(swept, installed):
+    """Issue 43: `snakemake -n` with a stream measure added plans its model runs and writes nothing: the record of
+    the stream measures' code (resources/stream_measure_code.json) and every result stay byte for byte as they
+    were, so that a dry run on the unchanged config then plans nothing."""
+    workdir, config = swept
+    record = workdir / "resources" / "stream_measure_code.json"
+    assert set(json.loads(record.read_text())) == {"attention_output_norm"}  # written by the run
+    before = files_of(workdir)
+    added = write_config(
+        workdir / "with_sinks.yaml", ["mymeasures.rank:effective_rank", "mymeasures.sinks:AttentionSink"]
+    )
+    plan = planned(workdir, installed, added)
+    assert (plan.get("stream_measure_code"), plan.get("extract")) == (1, len(STEPS)), plan
+    assert files_of(workdir) == before
+    assert planned(workdir, installed, config) == {}
+
+
+def files_of(workdir: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file of a run's results and resources, with its modification time."""
+    return {
+        p.relative_to(workdir).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+        for folder in ("results", "resources")
+        for p in sorted((workdir / folder).rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_removing_a_measure_reruns_metrics_not_models(swept, installed):

@@ -406,10 +406,12 @@ def test_a_local_run_saved_again_is_analysed_again(gradient_run, tmp_path):
 
 
 def test_failing_checkpoints_fail_alone_and_the_sweep_lists_them(run, tmp_path):
-    """Three failures in one --keep-going run, each alone, named with its cause on the console: corrupt
-    weights (toy-neox step 4), a checkpoint folder without weights (local my-run step 8) and an extract
-    killed by SIGKILL as the out-of-memory killer does (my-run step 32). The rest completes; each sweep table
-    lists the failed checkpoints as missing; no weights stay on disk; the next run retries them."""
+    """Four failures in one --keep-going run, each alone, named with its cause on the console: corrupt
+    weights (toy-neox step 4), a checkpoint folder without weights (local my-run step 8, and the one checkpoint
+    of local no-run), and an extract killed by SIGKILL as the out-of-memory killer does (my-run step 32). The
+    rest completes; each sweep table lists the failed checkpoints as unfinished; no weights stay on disk; the
+    next run retries them, those of no-run too, none of whose checkpoints finished (issue 43: its partial sweep
+    was newer than every input its sweep job had, and the rerun left the model out)."""
     workdir = copy_run(run, tmp_path)
     weights = workdir / "resources" / "toy" / "toy-neox" / "step4" / "model.safetensors"
     original = weights.read_bytes()
@@ -419,7 +421,10 @@ def test_failing_checkpoints_fail_alone_and_the_sweep_lists_them(run, tmp_path):
         shutil.copytree(workdir / "resources" / "toy" / "toy-neox" / f"step{step}", local / f"step{step}")
     (local / "step8" / "model.safetensors").unlink()
     my_run = {"family": "local", "name": "my-run", "path": str(local), "steps": "all"}
-    configfile = write_config(tmp_path / "grown.yaml", [neox(GRID), my_run])
+    no_run = tmp_path / "no-run"
+    shutil.copytree(local / "step8", no_run / "step8")
+    no_run = {"family": "local", "name": "no-run", "path": str(no_run), "steps": "all"}
+    configfile = write_config(tmp_path / "grown.yaml", [neox(GRID), my_run, no_run])
 
     log = tmp_path / "snakemake.out"
     with log.open("w") as out:
@@ -429,6 +434,7 @@ def test_failing_checkpoints_fail_alone_and_the_sweep_lists_them(run, tmp_path):
     for cause in (
         r"toy/toy-neox/step4: SafetensorError: .*header",
         r"local/my-run/step8: FetchError: .*no \*\.safetensors",
+        r"local/no-run/step8: FetchError: .*no \*\.safetensors",
         r"local/my-run/step32: killed by signal 9",
     ):
         assert re.search(f"^{cause}", output, re.M), (cause, output[-5000:])
@@ -436,17 +442,18 @@ def test_failing_checkpoints_fail_alone_and_the_sweep_lists_them(run, tmp_path):
     assert (workdir / "results" / "local" / "my-run" / "step0" / "metrics.parquet").exists()  # the rest completed
     # a failed job's outputs go (the weight measures read the checkpoint on their own, and succeed)
     assert not extract_outputs(workdir / "results" / "local" / "my-run" / "step32")
-    assert statuses(workdir / NEOX / "sweep.parquet") == {0: "ok", 4: "missing", 8: "ok", 32: "ok"}
+    assert statuses(workdir / NEOX / "sweep.parquet") == {0: "ok", 4: "unfinished", 8: "ok", 32: "ok"}
     assert statuses(workdir / "results" / "local" / "my-run" / "sweep.parquet") == {
         0: "ok",
-        8: "missing",
-        32: "missing",
+        8: "unfinished",
+        32: "unfinished",
     }
+    assert statuses(workdir / "results" / "local" / "no-run" / "sweep.parquet") == {8: "unfinished"}
     assert not [p for p in (workdir / "weights").rglob("*") if p.is_file()]
 
-    weights.write_bytes(original)  # fixed: the next run retries them and re-aggregates both sweeps
+    weights.write_bytes(original)  # fixed: the next run retries them and re-aggregates the three sweeps
     retry = planned(workdir, configfile)
-    assert retry["extract"] == 3 and retry["sweep"] == 2
+    assert retry["fetch"] == 4 and retry["extract"] == 4 and retry["sweep"] == 3, retry
     # a partial sweep is never taken for an up-to-date one, whatever becomes of the failed checkpoints
     assert planned(workdir, run["config"]).get("sweep") == 1
 

@@ -25,7 +25,7 @@ from anisweep.errors import ConfigError
 from anisweep.worker import address as worker_address
 from anisweep.job_failure import failure_suffix, failure_suffix_template
 from anisweep.measures.registry import InstalledMeasureError, MeasureError, user_measures
-from anisweep.measures.stale import record_code_identities, remove_stale_measure_outputs
+from anisweep.measures.stale import code_record, remove_stale_measure_outputs
 
 # Every rule calls the package's CLI with the interpreter that runs Snakemake, so an unactivated
 # virtual environment works as well as an activated one. With `--sdm conda`, with the python of the rule's conda
@@ -50,8 +50,9 @@ try:
     config.update(anisweep_config.complete(config))
     CHECKPOINTS = {c.key: c for c in anisweep_config.checkpoints(config)}
     # Each Hub model's published grid audited from file metadata (anisweep.checkpoints.sweep_audit): its health
-    # printed, results/{family}/{model}/grid.parquet written, and under audit.flagged: skip the steps whose weights
-    # are another branch's, or that have none, left out of the run (the sweep lists them). A job re-reads the table.
+    # printed, and under audit.flagged: skip the steps whose weights are another branch's, or that have none, left
+    # out of the run (the sweep lists them). results/{family}/{model}/grid.parquet is written when the run starts
+    # (onstart below), never while the workflow is read; a job re-reads the table.
     AUDIT = sweep_audit.plan(CHECKPOINTS.values(), config["audit"], refresh=workflow.is_main_process)
     CHECKPOINTS = {key: c for key, c in CHECKPOINTS.items() if key not in AUDIT.skipped}
     # untrained.inits with each swept-model init completed to {family, model, step} (anisweep.mechanism.untrained_inits)
@@ -89,15 +90,17 @@ if STREAM_MEASURES and LIVE_MODELS:
     )
 
 
-# The identity of each stream measure's code (its content, never its path), recorded in one file that extract reads:
-# rewritten only when a stream measure is new or its code changed, so that editing one reruns extract (the file is
-# newer than extract's tables) and removing one reruns nothing (the file, and extract's inputs, stay as they were).
+# The identity of each stream measure's code (its content, never its path), recorded in one file that extract reads,
+# written by its own job (stream_measure_code in extract.smk) and never while the workflow is read. The job's param
+# is the record (anisweep.measures.stale.code_record), which changes when a stream measure is new or its code
+# changed, so that editing one reruns extract (the file is newer than extract's tables) and removing one reruns
+# nothing (the record, and extract's inputs, stay as they were). A dry run writes nothing.
 STREAM_MEASURE_CODE = "resources/stream_measure_code.json"
-record_code_identities(STREAM_MEASURE_CODE, {name: m.code_identity for name, m in STREAM_MEASURES.items()})
+STREAM_MEASURE_RECORD = code_record(STREAM_MEASURE_CODE, {name: m.code_identity for name, m in STREAM_MEASURES.items()})
 
 
 def stream_measure_code(wildcards):
-    return [STREAM_MEASURE_CODE] if Path(STREAM_MEASURE_CODE).is_file() else []
+    return [STREAM_MEASURE_CODE] if STREAM_MEASURE_RECORD else []
 
 
 def measure_tables(wildcards):
@@ -121,6 +124,7 @@ def check_device(device):
 
 onstart:
     check_device(config["extract"]["device"])
+    AUDIT.write_grids()
 
 
 def check_architectures(checkpoints):
@@ -246,6 +250,8 @@ def sweep_of(family, model, job=None):
         out=Path(f"results/{family}/{model}/sweep.parquet"),
         final_step=final_step_of(SimpleNamespace(family=family, model=model)),
         forget=None if job is None else (lambda: workflow.persistence.cleanup_metadata(job.output[0])),
+        grid=AUDIT.grids.get((family, model)),
+        flagged_steps=AUDIT.flagged_steps(family, model),
     )
 
 
@@ -292,10 +298,17 @@ def audited_sha256(wildcards):
     return json_arg(AUDIT.hashes.get(checkpoint_of(wildcards).key, {}))
 
 
-def grid_of(wildcards):
-    """The sweep's input: the model's audited grid, whose flagged steps it lists (none for local runs and toys)."""
+def grid_arg(wildcards):
+    """The sweep's argument: the model's audited grid (written when the run starts), whose flagged steps it lists
+    (none for local runs and toys). Not an input: what the sweep reads of it is its param `audit` (audit_verdict),
+    so that a dry run, which writes no grid, plans what the run does."""
     path = AUDIT.grids.get((wildcards.family, wildcards.model))
-    return [str(path)] if path is not None else []
+    return "" if path is None else f"--audit {shlex.quote(str(path))}"
+
+
+def audit_verdict(wildcards):
+    """The sweep's recorded param: each of the config's steps' audit status and the branch it repeats (a digest)."""
+    return AUDIT.verdict(wildcards.family, wildcards.model)
 
 
 def audit_flagged(wildcards):

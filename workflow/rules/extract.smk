@@ -1,6 +1,25 @@
 from anisweep.tables import EXTRACT_TABLES
 
 
+# The record of the stream measures' code that extract reads (common.smk, STREAM_MEASURE_RECORD): written here, never
+# while the workflow is read; its param is the text it writes.
+localrules:
+    stream_measure_code,
+
+
+rule stream_measure_code:
+    output:
+        STREAM_MEASURE_CODE,
+    log:
+        "logs/stream_measure_code.log",
+    conda:
+        CONDA_ENV
+    params:
+        record=STREAM_MEASURE_RECORD,
+    shell:
+        "printf '%s' {params.record:q} > {output:q} 2> {log:q}"
+
+
 # The one job per checkpoint that holds its weights: the forward pass (extract's tables) and, where the gradient
 # analysis covers the checkpoint, the backward pass (its tables), one model load. Every other per-checkpoint
 # and per-model step reads their Parquet. update(): a failed or killed rerun leaves the previous tables in place

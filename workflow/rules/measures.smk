@@ -85,7 +85,6 @@ rule sweep:
         metrics=per_checkpoint("metrics.parquet"),
         fixed_shares=fixed_shares_of,
         code=ANALYSIS_CODE["sweep"],
-        grid=grid_of,
     output:
         "results/{family}/{model}/sweep.parquet",
     log:
@@ -98,7 +97,8 @@ rule sweep:
         steps=lambda wc: ",".join(str(c.step) for c in model_checkpoints(wc.family, wc.model)),
         final=final_step_of,
         fixed=lambda wildcards, input: f"--gradient-fixed-shares {input.fixed_shares}" if input.fixed_shares else "",
-        grid=lambda wildcards, input: f"--audit {input.grid}" if input.grid else "",
+        grid=untracked(grid_arg),
+        audit=audit_verdict,
         flagged=audit_flagged,
     shell:
         "{params.cli} sweep --out {output} --expected-steps {params.steps} --final-step {params.final} "

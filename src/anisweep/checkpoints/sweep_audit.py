@@ -3,20 +3,25 @@ checked against, and the error or warning where a step could not be audited.
 
 The workflow calls :func:`plan` when it reads the config (workflow/rules/common.smk), before any job: for each Hub
 model of the config it reads the model's previous audit (``results/{family}/{model}/grid.parquet``), audits the
-grid again (a commit unchanged since is not listed again: one request for the repository's branches), writes the
-table where it changed (the sweep reads it), and prints the grid's health. A re-upload of a branch changes the
+grid again (a commit unchanged since is not listed again: one request for the repository's branches), and prints
+the grid's health; the table is written where it changed when the run starts (:meth:`AuditPlan.write_grids`; the
+sweep reads it), so that reading or dry-running the workflow writes nothing. A re-upload of a branch changes the
 sha256 recorded for its checkpoint, which extract's recorded ``source`` holds: that checkpoint alone is analysed
 again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+import polars as pl
 
 from anisweep.checkpoints.audit import (
     SKIPPED,
@@ -42,10 +47,32 @@ class AuditPlan:
     hashes: dict[str, dict[str, str]] = field(default_factory=dict)  # key -> {weight file: audited sha256}
     grids: dict[tuple[str, str], Path] = field(default_factory=dict)  # (family, model) -> its grid.parquet
     lines: list[str] = field(default_factory=list)  # the health of each grid, as printed
+    tables: dict[tuple[str, str], pl.DataFrame] = field(default_factory=dict)  # (family, model) -> its audit
+    steps: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # (family, model) -> the config's steps
 
     def flagged_steps(self, family: str, model: str) -> list[int]:
         """The config's steps of a model that the audit left out of the run."""
         return sorted(r["step"] for key, r in self.skipped.items() if key.startswith(f"{family}/{model}/step"))
+
+    def write_grids(self) -> list[Path]:
+        """Write each model's grid.parquet where it changed (the workflow calls this when a run starts, never
+        while it reads the config: a dry run writes nothing); returns those written."""
+        return [self.grids[model] for model, table in self.tables.items() if write_grid(table, self.grids[model])]
+
+    def verdict(self, family: str, model: str) -> str:
+        """What a sweep reads of the model's audit: each of the config's steps' status and the branch it repeats,
+        as a digest ("" for a model without a published grid): the sweep's recorded param, so that it is made
+        again when they change, and only then."""
+        table = self.tables.get((family, model))
+        if table is None:
+            return ""
+        rows = (
+            table.filter(pl.col("step").is_in(self.steps[(family, model)]))
+            .select("step", "status", "repeats", "repeats_step", "shared_with")
+            .sort("step")
+            .rows()
+        )
+        return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
 
 
 def audited(checkpoints: Iterable[Checkpoint]) -> dict[tuple[str, str], list[Checkpoint]]:
@@ -89,11 +116,12 @@ def plan(
                     f"{family}/{model}: the audit of its published grid failed: {type(error).__name__}: {error}; "
                     "fix the cause, or set audit.enabled: false to sweep what the names say"
                 ) from error
-            write_grid(table, path)
             lines = [f"audit: {line}" for line in health(table, notes, steps)]
             out.lines += lines
             print("\n".join(lines), file=stderr, flush=True)
         out.grids[(family, model)] = path
+        out.tables[(family, model)] = table
+        out.steps[(family, model)] = sorted(set(steps))
         reasons = unchecked_reasons(table, steps)
         if reasons:
             why = "; ".join(f"steps {', '.join(map(str, found))}: {reason}" for reason, found in reasons.items())

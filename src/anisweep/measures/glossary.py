@@ -1,5 +1,6 @@
 """What every name in metrics.parquet means: each metric, each site and each column, with a one-line definition
-and the work it comes from. docs/metrics.md is `glossary_markdown()` (a test keeps them equal); rewrite it with
+and the work it comes from, and every status word the sweep and the audit write, each with one meaning.
+docs/metrics.md is `glossary_markdown()` (a test keeps them equal); rewrite it with
 
     python -m anisweep.measures.glossary            # writes docs/metrics.md (run from the repository root)
     python -m anisweep.measures.glossary OUT.md     # or anywhere else
@@ -23,11 +24,14 @@ __all__ = [
     "COLUMNS",
     "METRICS",
     "SITES",
+    "STATUSES",
+    "Status",
     "Term",
     "column_names",
     "glossary_markdown",
     "metric_names",
     "site_names",
+    "status_names",
     "write_docs",
 ]
 
@@ -802,13 +806,89 @@ COLUMNS: tuple[Term, ...] = (
     ),
     Term(
         "status",
-        "sweep.parquet only: `ok`, `duplicate` (weights byte-identical to another step's), `nonfinite`, `missing`, "
-        "or `nan` (the row's own value is NaN or inf)",
+        "sweep.parquet only: `ok`, `duplicate`, `nonfinite`, `nan` or `unfinished`; a step the audit left out has its"
+        " audit status, `duplicate`, `missing` or `no_weights` (see Statuses)",
         ANISWEEP,
     ),
     Term("duplicate_of_step", "sweep.parquet only: the step whose weights a `duplicate` step repeats", ANISWEEP),
     Term(
         "weights_sha256", "sweep.parquet only: the hash of the checkpoint's weight files (from extract.json)", ANISWEEP
+    ),
+    Term(
+        "audit",
+        "sweep.parquet of a Hub model only: the audit's status of the step's branch (grid.parquet's `status`: `ok`,"
+        " `duplicate`, `partial`, `missing`, `no_weights`, `unchecked`; see Statuses)",
+        ANISWEEP,
+    ),
+    Term(
+        "repeats",
+        "sweep.parquet of a Hub model only: the branch whose weights a `duplicate` step's are, or the branches that"
+        " serve a `partial` step's shared shards",
+        ANISWEEP,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Status:
+    """One status word: `where` it is written, and what it means (one meaning wherever it is written)."""
+
+    name: str
+    where: str
+    meaning: str
+
+
+_SWEEP = "sweep.parquet `status`"
+_GRID = "grid.parquet `status`, sweep.parquet `audit`"
+#: Every status a table writes (sweep.parquet's `status` and `audit`, grid.parquet's `status`; a step the audit
+#: left out of a sweep has its audit status as its sweep `status`, with the same meaning).
+STATUSES: tuple[Status, ...] = (
+    Status(
+        "ok",
+        f"{_SWEEP}; {_GRID}",
+        "nothing found wrong: in a sweep, a row analysed and drawn; in the audit, a branch with weights of its own",
+    ),
+    Status(
+        "duplicate",
+        f"{_SWEEP}; {_GRID}",
+        "the checkpoint's weight files are byte for byte another step's or branch's (`duplicate_of_step`, `repeats`):"
+        " not the training step its name says; left out of the figures, and under `audit.flagged: skip` not"
+        " downloaded",
+    ),
+    Status(
+        "partial",
+        _GRID,
+        "some of the branch's shards are another branch's (`repeats`; grid.parquet's `shared_files`, `shared_with`):"
+        " analysed, and flagged",
+    ),
+    Status(
+        "missing",
+        f"{_GRID}; {_SWEEP} of a step the audit left out",
+        "no branch of that name (or no such repository) on the Hub: nothing to download",
+    ),
+    Status(
+        "no_weights",
+        f"{_GRID}; {_SWEEP} of a step the audit left out",
+        "a branch on the Hub without weight files",
+    ),
+    Status(
+        "unchecked",
+        _GRID,
+        "the audit knows nothing of the branch (offline, and the Hugging Face cache does not hold it)",
+    ),
+    Status(
+        "nonfinite",
+        _SWEEP,
+        "the checkpoint's activations went NaN or inf (`n_nonfinite` > 0, or NaN attention, query/key or embedding"
+        " statistics): every row of the step, left out of the figures",
+    ),
+    Status("nan", _SWEEP, "the row's own value is NaN or inf (an undefined metric); the rest of the step is analysed"),
+    Status(
+        "unfinished",
+        _SWEEP,
+        "a step of the config without metrics: its jobs failed, or the run was stopped before them; only in the"
+        " partial sweep a failed run leaves (docs/reruns.md), which the next run makes again, retrying the step,"
+        " and from which no figure is drawn",
     ),
 )
 
@@ -823,6 +903,10 @@ def site_names() -> set[str]:
 
 def column_names() -> set[str]:
     return {term.name for term in COLUMNS}
+
+
+def status_names() -> set[str]:
+    return {status.name for status in STATUSES}
 
 
 #: How the metrics table names a site list that is a whole group.
@@ -917,6 +1001,13 @@ def glossary_markdown(measures=()) -> str:
         "## Columns",
         "",
         *_table(("column", "definition", "source"), [(f"`{t.name}`", t.definition, t.source) for t in COLUMNS]),
+        "",
+        "## Statuses",
+        "",
+        "Every status word the tables write, each with one meaning wherever it stands. A step the audit left out of",
+        "a sweep has its audit status as its sweep `status`.",
+        "",
+        *_table(("status", "where", "meaning"), [(f"`{t.name}`", t.where, t.meaning) for t in STATUSES]),
         "",
     ]
     return "\n".join(lines)

@@ -1,11 +1,11 @@
 """What a failed run leaves behind (the workflow's `onerror` handler, docs/reruns.md).
 
 When a run fails, each sweep table it was making is written from the checkpoints that have metrics, the
-others listed with ``status = "missing"``, and the weights this run fetched that no running Snakemake needs
-are removed. The handler in the Snakefile only gathers what Snakemake knows (which sweeps were still to be
-made, how to drop a file's metadata record, which fetch jobs this run ran, which files other running
-Snakemake processes have locked, whether ``--notemp`` was given) and calls the functions here, which take
-plain arguments and are tested without Snakemake.
+others listed with ``status = "unfinished"`` (and a Hub model's with the audit of its grid, as a complete sweep),
+and the weights this run fetched that no running Snakemake needs are removed. The handler in the Snakefile only
+gathers what Snakemake knows (which sweeps were still to be made, how to drop a file's metadata record, which
+fetch jobs this run ran, which files other running Snakemake processes have locked, whether ``--notemp`` was
+given) and calls the functions here, which take plain arguments and are tested without Snakemake.
 
 Nothing here imports torch or polars until a sweep is written: the module is imported when the Snakefile is
 parsed.
@@ -37,8 +37,10 @@ __all__ = [
 class Sweep:
     """One model's sweep table as the aggregate rule makes it: `metrics` holds one path per step, in order.
 
-    `forget` drops the record Snakemake keeps of `out` (its metadata), so that the next run never takes the
-    partial table for the aggregate's output; None where there is no record to drop.
+    `grid` is a Hub model's audited grid (None for local runs and toys) and `flagged_steps` the config's steps the
+    audit left out, listed as the sweep rule lists them (anisweep.measures.sweep.with_audit). `forget` drops the
+    record Snakemake keeps of `out` (its metadata), so that the next run never takes the partial table for the
+    aggregate's output; None where there is no record to drop.
     """
 
     family: str
@@ -49,6 +51,8 @@ class Sweep:
     out: Path
     final_step: int | None = None
     forget: Callable[[], object] | None = None
+    grid: Path | None = None
+    flagged_steps: Sequence[int] = ()
 
     def __post_init__(self):
         if len(self.steps) != len(self.metrics):
@@ -58,27 +62,28 @@ class Sweep:
 
 
 def write_partial_sweep(sweep: Sweep) -> list[int] | None:
-    """Write `sweep.out` from the metrics that exist, the steps without metrics listed as missing, and mark it
-    out of date: its metadata record dropped (`sweep.forget`) and its mtime set before its oldest input, so that
-    the next run re-aggregates it whatever becomes of the failed checkpoints (retried, or dropped from the
-    config). Returns the missing steps, or None when every step has metrics (then the aggregate itself failed:
-    its log says why, and nothing is written)."""
-    from anisweep.measures.sweep import aggregate
+    """Write `sweep.out` from the metrics that exist, the steps without metrics listed as unfinished (a Hub
+    model's with the audit's columns and the rows of the steps it left out, as in a complete sweep), and mark it
+    out of date: its metadata record dropped (`sweep.forget`) and its mtime set to 0 (1970), older than any input
+    of the sweep (the metrics that exist, the sweep's code), so that the next run makes it again, retrying the
+    unfinished checkpoints, whatever becomes of them (retried, or dropped from the config) and also where none
+    finished. Returns the unfinished steps, or None when every step has metrics (then the aggregate itself
+    failed: its log says why, and nothing is written)."""
+    from anisweep.measures.sweep import aggregate, with_audit
     from anisweep.tables import write_atomic
 
     paths = [Path(p) for p in sweep.metrics]
-    done = [p for p in paths if p.exists()]
-    if len(done) == len(paths):
+    if all(p.exists() for p in paths):
         return None
     ident = {"family": sweep.family, "model": sweep.model, "seed": sweep.seed}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         table = aggregate(paths, expected_steps=list(sweep.steps), ident=ident, final_step=sweep.final_step)
+    if sweep.grid is not None:
+        table = with_audit(table, sweep.grid, sweep.flagged_steps, sweep.seed)
     out = Path(sweep.out)
     write_atomic(table, out)
-    if done:
-        oldest = min(p.stat().st_mtime for p in done)
-        os.utime(out, (oldest - 1, oldest - 1))
+    os.utime(out, (0, 0))
     if sweep.forget is not None:
         sweep.forget()
     return [step for step, path in zip(sweep.steps, paths) if not path.exists()]
@@ -91,14 +96,14 @@ def write_partial_sweeps(sweeps: Iterable[Sweep], stderr: TextIO | None = None) 
     written = []
     for sweep in sweeps:
         try:
-            missing = write_partial_sweep(sweep)
+            unfinished = write_partial_sweep(sweep)
         except Exception as error:
             print(f"could not write the partial sweep {sweep.out}: {error}", file=stderr)
             continue
-        if missing is not None:
+        if unfinished is not None:
             written.append(Path(sweep.out))
             print(
-                f"partial sweep {sweep.out}: steps {missing} missing (status = missing); rerun to retry them",
+                f"partial sweep {sweep.out}: steps {unfinished} unfinished (status = unfinished); rerun to retry them",
                 file=stderr,
             )
     return written

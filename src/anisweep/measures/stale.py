@@ -8,25 +8,20 @@ import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from anisweep.atomic import write_text
 
-
-def record_code_identities(path: str | Path, identities: Mapping[str, str]) -> bool:
-    """Record {measure: code identity} in `path`, keeping the measures recorded before and no longer named.
-    Rewritten (a new modification time) only when a measure is new or its identity changed, so that the rules
-    that read it rerun after an edit and never after a removal; returns whether it was rewritten."""
+def code_record(path: str | Path, identities: Mapping[str, str]) -> str:
+    """What `path` should hold: {measure: code identity} as sorted JSON, the measures recorded there and no longer
+    named kept, the others as `identities` gives them ("" while there is none). Reads `path` and writes nothing: the
+    workflow's rule stream_measure_code writes this text and records it as its param, so that it runs again (and
+    extract after it) when a measure is new or its identity changed, never after a removal, and reading or
+    dry-running the workflow changes nothing."""
     path = Path(path)
     try:
         recorded = json.loads(path.read_text()) if path.is_file() else {}
     except ValueError:
         recorded = {}  # damaged: written again whole
-    if path.is_file() and all(recorded.get(name) == code for name, code in identities.items()):
-        return False
-    if not identities and not path.is_file():
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(json.dumps({**recorded, **identities}, indent=2, sort_keys=True), path)
-    return True
+    record = {**(recorded if isinstance(recorded, dict) else {}), **identities}
+    return json.dumps(record, indent=2, sort_keys=True) if record or path.is_file() else ""
 
 
 def stale_measure_outputs(results: str | Path, models: Iterable[tuple[str, str]], names: Iterable[str]) -> list[Path]:

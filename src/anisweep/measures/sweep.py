@@ -4,9 +4,11 @@ A checkpoint whose weights are byte-identical to another step's (the known defec
 serve the final model under early step names) is flagged `duplicate_of_step`, never silently kept as a
 training step; a checkpoint whose activations went non-finite (NaN/inf token vectors counted by extract, or
 NaN/inf attention, query/key or embedding statistics) is flagged `status = "nonfinite"`; a checkpoint of the
-config that produced no metrics is listed with `status = "missing"`; any other row whose value is NaN or inf
-(an IsoScore over too few tokens, a user's measure that returned NaN) is `status = "nan"`. Only `ok` rows are
-analysed (figures).
+config that produced no metrics (its jobs failed, or the run stopped before them: only a partial sweep, which the
+failed run's handler writes, has one) is listed with `status = "unfinished"`; any other row whose value is NaN or
+inf (an IsoScore over too few tokens, a user's measure that returned NaN) is `status = "nan"`. A Hub model's sweep
+also carries the audit of its grid (:func:`with_audit`). Only `ok` rows are analysed (figures), and no figure is
+drawn from a partial sweep (:func:`read_complete_sweeps`). Every status word is in the glossary (Statuses).
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ from anisweep.tables import (
 )
 
 SWEEP_SCHEMA = {**METRIC_SCHEMA, "status": pl.String, "duplicate_of_step": pl.Int64, "weights_sha256": pl.String}
+#: the columns a Hub model's sweep adds from the audit of its grid (with_audit)
+AUDIT_COLUMNS = {"audit": pl.String, "repeats": pl.String}
+#: the status of a step of the config without metrics: its jobs failed, or the run stopped before them
+UNFINISHED = "unfinished"
 
 
 def _provenance(extract_json: Path) -> dict:
@@ -211,7 +217,7 @@ def aggregate(
                             "model": base["model"],
                             "seed": base.get("seed"),
                             "step": s,
-                            "status": "missing",
+                            "status": UNFINISHED,
                         }
                         for s in missing
                     ],
@@ -221,6 +227,44 @@ def aggregate(
             how="diagonal_relaxed",
         )
     return sweep.select(list(SWEEP_SCHEMA)).cast(SWEEP_SCHEMA).sort("step", *METRIC_KEY, nulls_last=True)
+
+
+def with_audit(
+    sweep: pl.DataFrame, grid_file: str | Path, flagged_steps: Iterable[int] = (), seed: int | None = None
+) -> pl.DataFrame:
+    """The sweep of a Hub model with the audit of its grid (anisweep.checkpoints.audit, ``grid_file``): each step's
+    audit status (`audit`) and the branch it repeats (`repeats`), and one row for each of the config's steps the
+    audit left out (`flagged_steps`, whose rows carry `seed`), its status the audit's. A complete sweep and the
+    partial one a failed run leaves (anisweep.measures.partial) alike."""
+    from anisweep.checkpoints.audit import read_grid, skipped_rows, sweep_columns
+
+    grid = read_grid(grid_file)
+    if grid is None:
+        raise ValueError(f"{grid_file}: not an audit of a grid (anisweep.checkpoints.audit); run `anisweep audit`")
+    sweep = sweep.join(sweep_columns(grid), on="step", how="left")
+    sweep = pl.concat([sweep, skipped_rows(grid, flagged_steps, seed)], how="diagonal_relaxed")
+    return sweep.select([*SWEEP_SCHEMA, *AUDIT_COLUMNS]).sort("step", *METRIC_KEY, nulls_last=True)
+
+
+def unfinished_steps(sweep: pl.DataFrame) -> list[int]:
+    """The steps a partial sweep lists without metrics (status `unfinished`); [] for a complete sweep."""
+    return sorted(sweep.filter(pl.col("status") == UNFINISHED)["step"].unique().to_list())
+
+
+def read_complete_sweeps(paths: Iterable[str | Path]) -> pl.DataFrame:
+    """The sweeps at `paths` as one frame, for the figures: a partial one (written by a failed or interrupted run,
+    its steps without metrics `unfinished`) is an error naming it, never drawn as if the model were complete."""
+    sweeps = []
+    for path in paths:
+        sweep = pl.read_parquet(path)
+        unfinished = unfinished_steps(sweep)
+        if unfinished:
+            raise ValueError(
+                f"{path}: a partial sweep (steps {', '.join(map(str, unfinished))} unfinished: a failed or interrupted "
+                "run wrote it); run the workflow again to complete it before drawing figures from it"
+            )
+        sweeps.append(sweep)
+    return pl.concat(sweeps, how="diagonal_relaxed")
 
 
 def analysed(sweep: pl.DataFrame) -> pl.DataFrame:
