@@ -426,7 +426,7 @@ def test_an_incomplete_step_is_never_fetched_and_the_sweep_lists_it(incomplete_h
     run = plan(chosen, {"flagged": "skip"}, tmp_path / "results", stderr=out)
     assert run.flagged_steps("pythia", "pythia-70m") == [3000] and "pythia/pythia-70m/step3000" not in run.hashes
     assert "swept and flagged: steps 3000" in out.getvalue()
-    grid = read_grid(run.grids[("pythia", "pythia-70m")])
+    grid = run.tables[("pythia", "pythia-70m")]
     rows = skipped_rows(grid, [3000], 1234).to_dicts()
     assert [(r["step"], r["status"], r["audit"]) for r in rows] == [(3000, "incomplete", "incomplete")]
     # with the audit off (or under flagged: keep), fetch stops on the shard index, before any weight moves
