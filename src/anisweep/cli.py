@@ -238,7 +238,8 @@ def cmd_plot_gradients(args) -> None:
 
 
 def cmd_sweep(args) -> None:
-    from anisweep.measures.sweep import aggregate, with_audit
+    from anisweep.checkpoints.audit import with_audit
+    from anisweep.measures.sweep import aggregate
     from anisweep.tables import write_atomic
 
     sweep = aggregate(

@@ -13,12 +13,12 @@ import transformers
 from test_metrics import measure_checkpoint
 from weightcheck import weight_metrics
 
-from anisweep.checkpoints.audit import FLAGGED
+from anisweep.checkpoints.audit import AUDIT_COLUMNS, FLAGGED
 from anisweep.measures import glossary
 from anisweep.measures.gradient_metrics import GRADIENT_METRICS
 from anisweep.measures.metrics import checkpoint_metrics
 from anisweep.measures.sites import ATTENTION_STREAM_SITES
-from anisweep.measures.sweep import AUDIT_COLUMNS, SWEEP_SCHEMA, UNFINISHED
+from anisweep.measures.sweep import SWEEP_SCHEMA, UNFINISHED
 from anisweep.tables import ATTENTION_STATISTICS, METRIC_SCHEMA, write_atomic
 
 from conftest import (

@@ -86,8 +86,7 @@ def test_no_metrics_at_all_lists_every_step_and_is_older_than_the_sweeps_code(tm
     assert write_partial_sweep(s) == [0, 8, 32]
     assert statuses(s.out) == {0: "unfinished", 8: "unfinished", 32: "unfinished"}
     code = Path(anisweep.measures.sweep.__file__)
-    assert s.out.stat().st_mtime < code.stat().st_mtime
-    assert s.out.stat().st_mtime == 0
+    assert 0 < s.out.stat().st_mtime < code.stat().st_mtime  # Snakemake reads an mtime of 0 as none at all
 
 
 def write_grid_of(path: Path) -> Path:

@@ -15,9 +15,10 @@ rule stream_measure_code:
     conda:
         CONDA_ENV
     params:
+        on_failure=on_failure("stream_measure_code"),
         record=STREAM_MEASURE_RECORD,
     shell:
-        "printf '%s' {params.record:q} > {output:q} 2> {log:q}"
+        "printf '%s' {params.record:q} > {output:q} 2> {log:q} {params.on_failure}"
 
 
 # The one job per checkpoint that holds its weights: the forward pass (extract's tables) and, where the gradient

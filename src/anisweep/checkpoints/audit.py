@@ -88,6 +88,8 @@ GRID_SCHEMA = {
     "nearest": pl.List(pl.Int64),
     "note": pl.String,
 }
+#: the columns a Hub model's sweep gets from the audit of its grid (with_audit)
+AUDIT_COLUMNS = {"audit": pl.String, "repeats": pl.String}
 _LAYER = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)\.")
 
 
@@ -529,6 +531,24 @@ def skipped_rows(table: pl.DataFrame, steps: Iterable[int], seed: int | None) ->
         "repeats": pl.String,
     }
     return pl.DataFrame(rows, schema=schema)
+
+
+def with_audit(
+    sweep: pl.DataFrame, grid_file: str | Path, flagged_steps: Iterable[int] = (), seed: int | None = None
+) -> pl.DataFrame:
+    """A Hub model's sweep (anisweep.measures.sweep) with the audit of its grid (``grid_file``): each step's audit
+    status (``audit``) and the branch it repeats (``repeats``), and one row for each of the config's steps the audit
+    left out (``flagged_steps``, whose rows carry ``seed``), its status the audit's. The sweep rule's table and the
+    partial one a failed run leaves (anisweep.measures.partial) alike."""
+    from anisweep.tables import METRIC_KEY
+
+    grid = read_grid(grid_file)
+    if grid is None:
+        raise ValueError(f"{grid_file}: not an audit of a grid (anisweep.checkpoints.audit); run `anisweep audit`")
+    columns = [*sweep.columns, *AUDIT_COLUMNS]
+    sweep = sweep.join(sweep_columns(grid), on="step", how="left")
+    sweep = pl.concat([sweep, skipped_rows(grid, flagged_steps, seed)], how="diagonal_relaxed")
+    return sweep.select(columns).sort("step", *METRIC_KEY, nulls_last=True)
 
 
 # ---------------------------------------------------------------------------------------------- reports

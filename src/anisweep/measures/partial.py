@@ -33,12 +33,16 @@ __all__ = [
 ]
 
 
+#: a partial sweep's mtime: older than any input; not 0, which Snakemake reads as no modification time at all
+STALE_MTIME = 1
+
+
 @dataclass(frozen=True)
 class Sweep:
     """One model's sweep table as the aggregate rule makes it: `metrics` holds one path per step, in order.
 
     `grid` is a Hub model's audited grid (None for local runs and toys) and `flagged_steps` the config's steps the
-    audit left out, listed as the sweep rule lists them (anisweep.measures.sweep.with_audit). `forget` drops the
+    audit left out, listed as the sweep rule lists them (anisweep.checkpoints.audit.with_audit). `forget` drops the
     record Snakemake keeps of `out` (its metadata), so that the next run never takes the partial table for the
     aggregate's output; None where there is no record to drop.
     """
@@ -64,12 +68,13 @@ class Sweep:
 def write_partial_sweep(sweep: Sweep) -> list[int] | None:
     """Write `sweep.out` from the metrics that exist, the steps without metrics listed as unfinished (a Hub
     model's with the audit's columns and the rows of the steps it left out, as in a complete sweep), and mark it
-    out of date: its metadata record dropped (`sweep.forget`) and its mtime set to 0 (1970), older than any input
-    of the sweep (the metrics that exist, the sweep's code), so that the next run makes it again, retrying the
-    unfinished checkpoints, whatever becomes of them (retried, or dropped from the config) and also where none
-    finished. Returns the unfinished steps, or None when every step has metrics (then the aggregate itself
+    out of date: its metadata record dropped (`sweep.forget`) and its mtime set to 1 s after 1 January 1970, older
+    than any input of the sweep (the metrics that exist, the sweep's code), so that the next run makes it again,
+    retrying the unfinished checkpoints, whatever becomes of them (retried, or dropped from the config) and also
+    where none finished. Returns the unfinished steps, or None when every step has metrics (then the aggregate itself
     failed: its log says why, and nothing is written)."""
-    from anisweep.measures.sweep import aggregate, with_audit
+    from anisweep.checkpoints.audit import with_audit
+    from anisweep.measures.sweep import aggregate
     from anisweep.tables import write_atomic
 
     paths = [Path(p) for p in sweep.metrics]
@@ -83,7 +88,7 @@ def write_partial_sweep(sweep: Sweep) -> list[int] | None:
         table = with_audit(table, sweep.grid, sweep.flagged_steps, sweep.seed)
     out = Path(sweep.out)
     write_atomic(table, out)
-    os.utime(out, (0, 0))
+    os.utime(out, (STALE_MTIME, STALE_MTIME))
     if sweep.forget is not None:
         sweep.forget()
     return [step for step, path in zip(sweep.steps, paths) if not path.exists()]

@@ -7,8 +7,9 @@ NaN/inf attention, query/key or embedding statistics) is flagged `status = "nonf
 config that produced no metrics (its jobs failed, or the run stopped before them: only a partial sweep, which the
 failed run's handler writes, has one) is listed with `status = "unfinished"`; any other row whose value is NaN or
 inf (an IsoScore over too few tokens, a user's measure that returned NaN) is `status = "nan"`. A Hub model's sweep
-also carries the audit of its grid (:func:`with_audit`). Only `ok` rows are analysed (figures), and no figure is
-drawn from a partial sweep (:func:`read_complete_sweeps`). Every status word is in the glossary (Statuses).
+also carries the audit of its grid (anisweep.checkpoints.audit.with_audit). Only `ok` rows are analysed
+(figures), and no figure is drawn from a partial sweep (:func:`read_complete_sweeps`). Every status word is in the
+glossary (Statuses).
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ from anisweep.tables import (
 )
 
 SWEEP_SCHEMA = {**METRIC_SCHEMA, "status": pl.String, "duplicate_of_step": pl.Int64, "weights_sha256": pl.String}
-#: the columns a Hub model's sweep adds from the audit of its grid (with_audit)
-AUDIT_COLUMNS = {"audit": pl.String, "repeats": pl.String}
 #: the status of a step of the config without metrics: its jobs failed, or the run stopped before them
 UNFINISHED = "unfinished"
 
@@ -227,23 +226,6 @@ def aggregate(
             how="diagonal_relaxed",
         )
     return sweep.select(list(SWEEP_SCHEMA)).cast(SWEEP_SCHEMA).sort("step", *METRIC_KEY, nulls_last=True)
-
-
-def with_audit(
-    sweep: pl.DataFrame, grid_file: str | Path, flagged_steps: Iterable[int] = (), seed: int | None = None
-) -> pl.DataFrame:
-    """The sweep of a Hub model with the audit of its grid (anisweep.checkpoints.audit, ``grid_file``): each step's
-    audit status (`audit`) and the branch it repeats (`repeats`), and one row for each of the config's steps the
-    audit left out (`flagged_steps`, whose rows carry `seed`), its status the audit's. A complete sweep and the
-    partial one a failed run leaves (anisweep.measures.partial) alike."""
-    from anisweep.checkpoints.audit import read_grid, skipped_rows, sweep_columns
-
-    grid = read_grid(grid_file)
-    if grid is None:
-        raise ValueError(f"{grid_file}: not an audit of a grid (anisweep.checkpoints.audit); run `anisweep audit`")
-    sweep = sweep.join(sweep_columns(grid), on="step", how="left")
-    sweep = pl.concat([sweep, skipped_rows(grid, flagged_steps, seed)], how="diagonal_relaxed")
-    return sweep.select([*SWEEP_SCHEMA, *AUDIT_COLUMNS]).sort("step", *METRIC_KEY, nulls_last=True)
 
 
 def unfinished_steps(sweep: pl.DataFrame) -> list[int]:
