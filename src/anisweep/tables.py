@@ -87,6 +87,11 @@ EXTRACT_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
         "sum_x_sq": pl.List(pl.Float64),
         "sum_unit_sq": pl.List(pl.Float64),
         "abs_max": pl.List(pl.Float64),
+        # M2, the sum of squared deviations from the mean over the same tokens, streamed without cancellation
+        # (anisweep.moments): of ||x|| at every site; per dimension of x_j and of x_j / ||x|| where the sums above are
+        "m2_norm": pl.Float64,
+        "m2_x": pl.List(pl.Float64),
+        "m2_unit": pl.List(pl.Float64),
     },
     "layernorm": {"layer": pl.Int64, "site": pl.String, "eps": pl.Float64, "gain": _F32_LIST, "bias": _F32_LIST},
     "embeddings": {

@@ -149,15 +149,14 @@ def test_drift_and_drift_from_sums():
     assert all(np.isnan(M.drift_from_sums(np.zeros(3), 0.0, 0)))
 
 
-def test_norm_spread_from_sums():
+def test_norm_spread_from_moments():
     norms = np.linalg.norm(anisotropic(50, 4, seed=10), axis=1)
-    mean, std = M.norm_spread_from_sums(norms.sum(), (norms**2).sum(), len(norms))
+    mean, std = M.norm_spread_from_moments(norms.sum(), ((norms - norms.mean()) ** 2).sum(), len(norms))
     assert mean == pytest.approx(norms.mean(), rel=1e-12)
-    assert std == pytest.approx(norms.std(ddof=0), rel=1e-9)
-    # equal norms (hypersphere): rounding may make the variance slightly negative -> clipped to 0
+    assert std == pytest.approx(norms.std(ddof=0), rel=1e-12)
     r = np.sqrt(768.0)
-    assert M.norm_spread_from_sums(r * 1000, 0.9999999999 * 768.0 * 1000, 1000)[1] == 0.0
-    assert M.norm_spread_from_sums(r * 3, 768.0 * 3, 3) == pytest.approx((r, 0.0), abs=1e-6)
+    assert M.norm_spread_from_moments(r * 3, 0.0, 3) == pytest.approx((r, 0.0), abs=1e-12)
+    assert all(np.isnan(M.norm_spread_from_moments(0.0, 0.0, 0)))
 
 
 # --------------------------------------------------------------------------- IsoScore

@@ -55,7 +55,7 @@ __all__ = [
     "partition_isotropy_mm",
     "permutation_p",
     "layer_correlations",
-    "norm_spread_from_sums",
+    "norm_spread_from_moments",
     "qk_alignment",
     "qk_mean_dot",
     "qk_cos_concat",
@@ -222,13 +222,12 @@ def drift(x, chunk_rows: int | None = None) -> tuple[float, float]:
     return drift_from_sums(sum_x, sum_norm, x.shape[0])
 
 
-def norm_spread_from_sums(sum_norm: float, sum_norm_sq: float, n: int) -> tuple[float, float]:
-    """(mean, population std) of vector norms from sum ||x_i|| and sum ||x_i||^2 (variance clipped at 0)."""
+def norm_spread_from_moments(sum_norm: float, m2_norm: float, n: int) -> tuple[float, float]:
+    """(mean, population std) of vector norms from sum ||x_i|| and M2 = sum_i (||x_i|| - mean)^2, streamed without
+    cancellation (anisweep.moments; sum ||x||^2 / n - mean^2 would lose the digits of mean^2 / variance)."""
     if n < 1:
         return float("nan"), float("nan")
-    mean = float(sum_norm) / n
-    var = float(sum_norm_sq) / n - mean * mean
-    return mean, float(np.sqrt(max(var, 0.0)))
+    return float(sum_norm) / n, float(np.sqrt(max(float(m2_norm), 0.0) / n))
 
 
 # --------------------------------------------------------------------------- spectrum-based

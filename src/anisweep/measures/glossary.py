@@ -325,7 +325,8 @@ METRICS: tuple[Term, ...] = (
     ),
     Term(
         "score_std",
-        f"standard deviation (population) of the pre-softmax scores over every visible pair; {_ATTENTION}; the"
+        "standard deviation (population) of the pre-softmax scores over every visible pair (streamed M2, merged"
+        f" without cancellation); {_ATTENTION}; the"
         " per-layer row is the mean of the heads' stds, not the std of all the layer's scores"
         " (attention_softmax.png draws that pooled std, from the per-head rows)",
         GODEY,
@@ -357,7 +358,12 @@ METRICS: tuple[Term, ...] = (
     Term("drift_norm", f"||mean_i x_i||, the common drift, {_EXACT}", GODEY, HIDDEN_SITES),
     Term("drift_ratio", f"drift_norm / mean_i ||x_i||, in [0, 1], {_EXACT}", ANISWEEP, HIDDEN_SITES),
     Term("norm_mean", f"mean_i ||x_i|| {_EXACT}", MOLINA, HIDDEN_SITES),
-    Term("norm_std", f"standard deviation (population) of ||x_i|| {_EXACT}", MOLINA, HIDDEN_SITES),
+    Term(
+        "norm_std",
+        f"standard deviation (population) of ||x_i|| {_EXACT} (streamed M2, merged without cancellation)",
+        MOLINA,
+        HIDDEN_SITES,
+    ),
     Term(
         "norm_cv",
         "norm_std / norm_mean: the spread of norms (about 0 after a LayerNorm without its affine part)",
@@ -495,8 +501,9 @@ METRICS: tuple[Term, ...] = (
         Term(
             f"rogue_top{k}_share",
             f"share of avg_cos that the {k} dimension{'s' if k > 1 else ''} with the largest terms make: avg_cos ="
-            " sum_j c_j, c_j = ((sum_i u_ij)^2 - sum_i u_ij^2) / (n (n - 1)) over the unit vectors u_i of every valid"
-            f" token, exact; {_ROGUE_NAN}",
+            " sum_j c_j, c_j = ((sum_i u_ij)^2 - sum_i u_ij^2) / (n (n - 1)) = mean_j^2 - M2_j / (n (n - 1)) over"
+            " the unit vectors u_i of every valid token (mean_j and M2_j, the sum of squared deviations, of u_ij),"
+            f" exact; {_ROGUE_NAN}",
             TIMKEY,
             SAMPLED_SITES,
         )
@@ -520,9 +527,9 @@ METRICS: tuple[Term, ...] = (
     Term(
         "avg_cos_standardised",
         "avg_cos after standardising each dimension, z_ij = (x_ij - mean_j) / std_j (Timkey & van Schijndel's"
-        " post-processing): mean_j and std_j (population) exact over every valid token (streamed sums of x_j and"
-        f" x_j^2), the cosines averaged exactly over all pairs of the token sample, {_SAMPLE}: a token's norm after"
-        " the shift is unknown until the one streamed pass ends",
+        " post-processing): mean_j and std_j (population) exact over every valid token (streamed sum and M2 of x_j,"
+        f" merged without cancellation), the cosines averaged exactly over all pairs of the token sample, {_SAMPLE}:"
+        " a token's norm after the shift is unknown until the one streamed pass ends",
         TIMKEY,
         SAMPLED_SITES,
     ),
@@ -872,6 +879,21 @@ LOGIT_LENS_ROW = (
 )
 
 
+#: How "exact over every valid token" is kept for the streamed variances (docs/metrics.md's introduction).
+_STREAMED = (
+    "Exact over every valid token means streamed through the one forward pass, summed in float64 across",
+    "mini-batches. Every streamed variance (`norm_std`, `score_std`, each dimension's mean and std behind",
+    "`avg_cos_standardised`, the rogue terms c_j, the gradients' covariance) comes from each mini-batch's own mean",
+    "and M2 (the sum of squared deviations from that mean), merged in float64 by Chan et al.'s update",
+    "(`anisweep.moments`), never from sum x^2 / n - mean^2, which loses as many digits as mean^2 / variance has:",
+    "against two-pass float64 on the same values it is within 1e-7 relative where a dimension is 1000 + 0.1 N(0, 1)",
+    "or a rogue one of mean 31.5 and variance 9.5e-3 (tests/extract/test_streamed_variances.py). The per-dimension",
+    "sums are in float64 within a mini-batch too; a score row's own M2 comes from its scores shifted by the row's",
+    "max, in float32; norms are float64 at the sampled sites and float32 at the others (`ln_*`), where norm_std",
+    "holds each norm's float32 rounding (6e-8 of it).",
+)
+
+
 def glossary_markdown(measures=()) -> str:
     """docs/metrics.md: the measures, and the metrics, sites and columns of metrics.parquet as markdown tables;
     `measures`, a user's (anisweep.measures.registry.user_measures), are listed after the built-in ones with
@@ -884,6 +906,8 @@ def glossary_markdown(measures=()) -> str:
         "Generated from `src/anisweep/measures/glossary.py` (`python -m anisweep.measures.glossary`); edit the",
         "glossary, not this file. Natural log everywhere; padding is masked out of every statistic. One row of",
         "metrics.parquet is one (layer, head, site, metric, subspace, fit, rank, stratum) of a checkpoint.",
+        "",
+        *_STREAMED,
         "",
         "## Measures",
         "",

@@ -91,7 +91,7 @@ def stats_rows(stats: pl.DataFrame) -> list[dict]:
     for r in stats.iter_rows(named=True):
         n = r["n"]
         drift_norm, drift_ratio = geometry.drift_from_sums(np.asarray(r["sum_x"]), r["sum_norm"], n)
-        norm_mean, norm_std = geometry.norm_spread_from_sums(r["sum_norm"], r["sum_norm_sq"], n)
+        norm_mean, norm_std = geometry.norm_spread_from_moments(r["sum_norm"], r["m2_norm"], n)
         avg_cos = geometry.avg_cos_from_sums(np.asarray(r["sum_unit"]), n - (r.get("n_zero") or 0))
         values = {
             "avg_cos": avg_cos,
