@@ -15,6 +15,7 @@ import pytest
 import torch
 from test_streaming import attention_rows, visible_scores
 
+from anisweep.extract import streaming
 from anisweep.extract.streaming import AttentionStats, VectorStats
 from anisweep.extract.tables import hidden_stats_table
 from anisweep.measures import geometry, rogue
@@ -61,8 +62,12 @@ def relative(a, b) -> np.ndarray:
     return np.abs(np.asarray(a, np.float64) - b) / np.abs(b)
 
 
+@pytest.mark.parametrize("chunk_rows", [None, 100])
 @pytest.mark.parametrize("wait_free", [False, True])
-def test_per_dimension_mean_and_variance_match_two_passes(wait_free):
+def test_per_dimension_mean_and_variance_match_two_passes(wait_free, chunk_rows, monkeypatch):
+    """Both ways of summing (the CPU's, the GPU's masks), a CPU's mini-batch in one chunk of rows and in several."""
+    if chunk_rows:
+        monkeypatch.setattr(streaming, "CPU_CHUNK_ELEMENTS", 6 * chunk_rows)
     batches = planted()
     x = kept(batches)
     row = hidden_stats(streamed(batches, wait_free))

@@ -106,7 +106,7 @@ class VectorStats:
     def partial(x: torch.Tensor, valid: torch.Tensor, wait_free: bool | None = None, outliers: bool = False) -> dict:
         """x: (..., d); valid: bool of x.shape[:-1]. The sums over the valid tokens of x, taken in float32
         within one mini-batch and in float64 across mini-batches (enough for avg_cos over 10^6 tokens to ~1e-10);
-        with `outliers`, in float64 within the mini-batch too, with the per-dimension M2s (_outlier_part).
+        with `outliers`, in float64 within the mini-batch too, with the per-dimension M2s (_outlier_sums).
 
         `wait_free` (the default on a GPU) masks instead of branching on the data, so the host never waits for
         the device; on a CPU, where reading a value back costs nothing, the branches skip work (a float64 norm
@@ -131,10 +131,8 @@ class VectorStats:
                 rows = keep.nonzero().flatten()
                 x, norms = x[keep], norms[keep]
                 keep = keep[keep]
-        x64 = None
-        if outliers:  # the unit vectors' M2 needs each norm to float64 rounding
-            x64 = x.double()
-            norms = torch.linalg.vector_norm(x64, dim=-1)
+        if outliers:  # with each norm to float64 rounding, which the unit vectors' M2 needs
+            norms, outlier_sums = _outlier_sums(x, keep)
         counts = torch.stack([keep.sum(), (valid.sum() - keep.sum()), (keep & (norms == 0)).sum()])
         kept_norms = torch.where(keep, norms.double(), 0.0)
         part = {
@@ -144,16 +142,7 @@ class VectorStats:
             "norm_range": _norm_range(kept_norms, keep),
         }
         if outliers:
-            size = x.abs()
-            return (
-                part
-                | _outlier_sums(x64, norms, keep, counts)
-                | {
-                    "abs_max": size.amax(dim=0).double() if len(x) else x.new_zeros(x.shape[-1]).double(),
-                    "top": _top_tokens(size, keep, rows, width, first),
-                    "n_seqs": n_seqs,
-                }
-            )
+            return part | outlier_sums | _largest(x, keep, rows, width, first, n_seqs)
         inverse = torch.where(keep, 1.0 / norms.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
         weights = torch.stack([keep.float(), inverse.float()])
         sum_x, sum_unit = (weights @ x).double()  # one pass over x for both sums
@@ -192,20 +181,58 @@ def _m2(values: torch.Tensor, keep: torch.Tensor, n: torch.Tensor) -> torch.Tens
     return torch.where(keep, values - mean, 0.0).square().sum()
 
 
-def _outlier_sums(x64, norms, keep, counts) -> dict:
-    """Per dimension, in float64 within the mini-batch: the sums of x_j and of the unit vectors' u_j over the kept
-    tokens (zero vectors have no u) and the M2 of each about its own batch mean (two passes: no cancellation).
-    Consumes x64."""
-    unit_keep = keep & (norms > 0)
-    inverse = torch.where(unit_keep, 1.0 / torch.where(unit_keep, norms, 1.0), 0.0)
-    weights = torch.stack([keep.double(), inverse])
-    sum_x, sum_unit = weights @ x64  # one pass for both
-    mean_x = sum_x / safe(counts[0].double())
-    mean_unit = sum_unit / safe((counts[0] - counts[2]).double())
-    unit_dev = torch.addcmul(-mean_unit, x64, inverse[:, None])  # u - mean(u); -mean(u) where there is no u
-    m2_unit = unit_keep.double() @ unit_dev.square_()
-    m2_x = weights[0] @ x64.sub_(mean_x).square_()
-    return {"sum_x": sum_x, "sum_unit": sum_unit, "m2": torch.stack([m2_x, m2_unit])}
+def _outlier_sums(x: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """(each token's norm, in float64; per dimension the sums of x_j and of the unit vectors' u_j over the kept
+    tokens, zero vectors having no u, and the M2 of each about its own batch mean). All in float64 within the
+    mini-batch, in two passes over it (the sums, then the squared deviations from their means: no cancellation),
+    a chunk of rows at a time (_row_chunks)."""
+    chunks = _row_chunks(x)
+    buffer = x.new_empty(chunks[0].stop - chunks[0].start if chunks else 0, x.shape[-1], dtype=torch.float64)
+    norms = x.new_empty(len(x), dtype=torch.float64)
+    weights = torch.stack([keep.double(), norms.new_zeros(len(x))])  # 1 at the kept tokens; their 1 / ||x||
+    sums = norms.new_zeros(2, x.shape[-1])
+    for rows in chunks:
+        chunk = buffer[: len(x[rows])].copy_(x[rows])
+        norms[rows] = torch.linalg.vector_norm(chunk, dim=-1)
+        has_unit = keep[rows] & (norms[rows] > 0)
+        weights[1, rows] = torch.where(has_unit, 1.0 / torch.where(has_unit, norms[rows], 1.0), 0.0)
+        sums += weights[:, rows] @ chunk  # one pass for both sums
+    n_unit = (keep & (norms > 0)).sum().double()
+    mean_x, mean_unit = sums[0] / safe(keep.sum().double()), sums[1] / safe(n_unit)
+    m2 = torch.zeros_like(sums)
+    for rows in chunks:
+        chunk = buffer[: len(x[rows])].copy_(x[rows])
+        # ||x|| (u - mean u) = x - ||x|| mean u: a rank-one update in place
+        m2[1] += weights[1, rows].square() @ chunk.addr_(norms[rows], mean_unit, alpha=-1.0).square_()
+        m2[0] += weights[0, rows] @ chunk.copy_(x[rows]).sub_(mean_x).square_()
+    return norms, {"sum_x": sums[0], "sum_unit": sums[1], "m2": m2}
+
+
+#: How many values a CPU takes the outlier sums of at a time (2 MB in float64): a buffer that stays in cache and is
+#: reused, where a float64 copy of a whole mini-batch costs about as much in page faults as in arithmetic (the
+#: statistics took twice as long that way). A GPU takes the mini-batch at once.
+CPU_CHUNK_ELEMENTS = 1 << 18
+
+
+def _row_chunks(x: torch.Tensor) -> list[slice]:
+    step = max(1, len(x) if x.device.type != "cpu" else CPU_CHUNK_ELEMENTS // max(1, x.shape[-1]))
+    return [slice(start, start + step) for start in range(0, len(x), step)]
+
+
+def _largest(x, keep, rows, width: int, first, n_seqs: int) -> dict:
+    """Per dimension max |x_j|, and the TOP_K tokens of one mini-batch by max_j |x_j| (-1 at the tokens not kept):
+    that value, their flat index in the batch's (sequences x `width`) positions, dimension (argmax_j), and the
+    batch's first valid positions; from the extremes (no |x| copy of the batch)."""
+    if len(x):
+        abs_max = torch.maximum(x.amax(dim=0), -x.amin(dim=0)).double()
+    else:
+        abs_max = x.new_zeros(x.shape[-1]).double()
+    token_max = torch.maximum(x.amax(dim=-1), -x.amin(dim=-1))
+    value, index = torch.where(keep, token_max, -1.0).topk(min(TOP_K, token_max.shape[0]))
+    dim = x.index_select(0, index).abs().argmax(dim=-1)
+    index = index if rows is None else rows.gather(0, index)
+    top = {"value": value, "index": index, "dim": dim, "first": first, "width": width}
+    return {"abs_max": abs_max, "top": top, "n_seqs": n_seqs}
 
 
 def _sequences(valid: torch.Tensor) -> tuple[int, torch.Tensor]:
@@ -213,17 +240,6 @@ def _sequences(valid: torch.Tensor) -> tuple[int, torch.Tensor]:
     sequence. argmax of the mask: no value read back."""
     valid = valid.reshape(-1, valid.shape[-1]) if valid.dim() else valid.reshape(1, 1)
     return valid.shape[0], valid.to(torch.uint8).argmax(dim=-1)
-
-
-def _top_tokens(size, keep, rows, width: int, first) -> dict:
-    """The TOP_K tokens of one mini-batch by max_j |x_j| (`size`: |x|; -1 at the tokens not kept): that value, their
-    flat index in the batch's (sequences x `width`) positions, dimension (argmax_j), and the batch's first valid
-    positions."""
-    token_max = size.amax(dim=-1)  # without argmax: several times faster on a CPU; the top few's below
-    value, index = torch.where(keep, token_max, -1.0).topk(min(TOP_K, token_max.shape[0]))
-    dim = size.index_select(0, index).argmax(dim=-1)
-    index = index if rows is None else rows.gather(0, index)
-    return {"value": value, "index": index, "dim": dim, "first": first, "width": width}
 
 
 def _norm_range(norms: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
