@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from anisweep.measures.geometry import SPREAD_TOLERANCE
 from anisweep.measures.sites import (
     HIDDEN_SITES,
     SAMPLED_SITES,
@@ -225,6 +226,11 @@ _QK = "per head, from the means over every valid token"
 _QK_SAMPLE = "per head, over the seeded sample of tokens (qk_sample.parquet)"
 _CORR = "per checkpoint (layer null), over the `resid` layers"
 _ROGUE_NAN = "NaN where avg_cos <= 0 (no anisotropy to share out)"
+_NO_SPREAD = (
+    f"NaN (status nan) where the sample has no spread, relative_spread < {SPREAD_TOLERANCE:g} (deviations from the"
+    " mean under 1e-5 of the norm, about a hundred float32 roundings: one vector up to rounding, e.g. a corpus of one"
+    " repeated word at a layer that sees no position), whose covariance is rounding"
+)
 _KINDS = (
     ("first", "their sequence's first valid token"),
     ("delimiter", "delimiters (a special token of the model's config, or a token whose text is punctuation or space)"),
@@ -388,19 +394,28 @@ METRICS: tuple[Term, ...] = (
     # hidden.parquet, the seeded sample (measures.metrics.sample_rows)
     Term(
         "centred_avg_cos",
-        f"avg_cos of x_i - mean(x), the anisotropy left once the common drift is removed, {_SAMPLE}",
+        f"avg_cos of x_i - mean(x), the anisotropy left once the common drift is removed, {_SAMPLE}; {_NO_SPREAD}",
         BIS,
         SAMPLED_SITES,
     ),
     Term(
         "isoscore",
-        f"IsoScore (in [0, 1], 1 = isotropic) of the covariance's eigenvalues, {_SAMPLE}; NaN with fewer tokens than d",
+        f"IsoScore (in [0, 1], 1 = isotropic) of the covariance's eigenvalues, {_SAMPLE}; NaN with fewer tokens than"
+        f" d; {_NO_SPREAD}",
         ISOSCORE,
         SAMPLED_SITES,
     ),
     Term(
         "top_eig_share",
-        f"largest eigenvalue of the centred covariance over its trace, {_SAMPLE}",
+        f"largest eigenvalue of the centred covariance over its trace, {_SAMPLE}; {_NO_SPREAD}",
+        ANISWEEP,
+        SAMPLED_SITES,
+    ),
+    Term(
+        "relative_spread",
+        "sum_i ||x_i - mean(x)||^2 / sum_i ||x_i||^2, the covariance's trace over the mean squared norm: the share"
+        f" of the sample's second moment spread about its mean (0: every vector the same), {_SAMPLE}; below"
+        f" {SPREAD_TOLERANCE:g} the sample counts as one vector (anisweep.measures.geometry.SPREAD_TOLERANCE)",
         ANISWEEP,
         SAMPLED_SITES,
     ),
