@@ -676,6 +676,10 @@ METRICS: tuple[Term, ...] = (
 
 ELHAGE = "Elhage et al. 2021 (A Mathematical Framework for Transformer Circuits)"
 LOGIT_LENS = "nostalgebraist 2020 (logit lens); Molina 2023 (Traveling Words)"
+_TIES = (
+    "ties broken at random, in expectation: a token whose own key ties with t others takes the mid-rank (the keys"
+    " above it plus t / 2), so that a fully tied row (a zero normalised embedding, [PAD] at initialisation) is chance"
+)
 _PROBE = (
     "the probe tokens' embeddings normalised by the norm before block `layer`'s attention (anisweep.measures.circuits)"
 )
@@ -701,13 +705,14 @@ WEIGHT_METRICS: tuple[Term, ...] = (
     Term(
         "qk_self_rank",
         f"per head, the mean rank (0 first) of a probe token's own key among all probe keys under x_i^T W_QK x_j,"
-        f" over (n - 1): 0 always attends most to itself, 0.5 chance; {_PROBE}",
+        f" over (n - 1): 0 always attends most to itself, 0.5 chance; {_TIES}; {_PROBE}",
         MOLINA,
         ("weights",),
     ),
     Term(
         "qk_self_top",
-        f"per head, the share of probe tokens whose highest-scoring key under W_QK = W_Q^T W_K is themselves; {_PROBE}",
+        "per head, the share of probe tokens whose highest-scoring key under W_QK = W_Q^T W_K is themselves"
+        f" (a token tied at the top with t others counts 1 / (t + 1)); {_TIES}; {_PROBE}",
         MOLINA,
         ("weights",),
     ),
@@ -720,7 +725,9 @@ WEIGHT_METRICS: tuple[Term, ...] = (
     ),
     Term(
         "qk_singular_value",
-        "per head, the `rank`-th singular value of W_QK = W_Q^T W_K (rank 1 to d_head)",
+        "per head, the `rank`-th singular value of W_QK = W_Q^T W_K (rank 1 to d_head), unscaled: Molina 2023's code"
+        " (santiag0m/traveling-words, svd_analysis.py) takes the singular values of W_QK / sqrt(d_head), the scores'"
+        " scaling, so the paper's are these divided by sqrt(d_head) (qk_top_sv_share is the same either way)",
         MOLINA,
         ("weights",),
     ),
