@@ -1,4 +1,4 @@
-from anisweep.tables import EXTRACT_TABLES
+from anisweep.tables import EXTRACT_FORMAT, EXTRACT_TABLES
 
 
 # The one job per checkpoint that holds its weights: the forward pass (extract's tables) and, where the gradient
@@ -37,6 +37,8 @@ rule extract:
         on_failure=on_failure("extract"),
         cli=CLI,
         extract=settings_of(config["extract"], EXTRACT_OUTPUT_KEYS),
+        # what the tables hold: a package that writes more reruns the model jobs of results written before it
+        tables_format=f"extract tables format {EXTRACT_FORMAT}",
         gradient_pass=gradient_pass_settings,
         source=checkpoint_source,
         settings=untracked(json_arg(config["extract"])),
