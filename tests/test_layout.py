@@ -20,6 +20,7 @@ STAGES = (
     "atomic",
     "job_failure",
     "code_inputs",
+    "moments",  # streamed means and variances: arithmetic, no imports
     "schema",
     "tables",
     "media",  # images and audio as the corpus: a sibling of the text corpus, which reads its files back through it

@@ -87,6 +87,11 @@ EXTRACT_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
         "sum_x_sq": pl.List(pl.Float64),
         "sum_unit_sq": pl.List(pl.Float64),
         "abs_max": pl.List(pl.Float64),
+        # M2, the sum of squared deviations from the mean over the same tokens, streamed without cancellation
+        # (anisweep.moments): of ||x|| at every site; per dimension of x_j and of x_j / ||x|| where the sums above are
+        "m2_norm": pl.Float64,
+        "m2_x": pl.List(pl.Float64),
+        "m2_unit": pl.List(pl.Float64),
     },
     "layernorm": {"layer": pl.Int64, "site": pl.String, "eps": pl.Float64, "gain": _F32_LIST, "bias": _F32_LIST},
     "embeddings": {
@@ -145,6 +150,12 @@ EXTRACT_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
     },
 }
 EXTRACT_TABLES = tuple(EXTRACT_SCHEMAS)
+#: What extract's tables hold, raised whenever the package's extract writes columns (or rows of a quantity) that the
+#: analyses read and an older one did not write: the extract rule takes it as a param, so that over a results folder
+#: written before, every checkpoint's model job runs again (docs/reruns.md) rather than its metrics failing on the
+#: missing columns. 2: hidden_stats' M2 columns and gradient_sums' `grad_m2` (streamed variances without
+#: cancellation).
+EXTRACT_FORMAT = 2
 
 #: The tables of the untrained-block experiment (anisweep.mechanism.untrained), `results/untrained/{name}.parquet`,
 #: with their columns and types (no identity columns: an init, seed and bias norm say where a row comes from).

@@ -59,12 +59,13 @@ def check_hidden(tables, ref, batch, kind):
         unit = xv / xv.norm(dim=-1, keepdim=True)
         np.testing.assert_allclose(row["sum_x_sq"], (xv**2).sum(0).numpy(), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(row["sum_unit_sq"], (unit**2).sum(0).numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(row["m2_x"], ((xv - xv.mean(0)) ** 2).sum(0).numpy(), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(row["abs_max"], xv.abs().amax(0).numpy(), rtol=1e-6)
         # each dimension's term of avg_cos, over every ordered pair of distinct tokens
         pairs = unit[:, None, :] * unit[None, :, :]
         pairs[torch.arange(n), torch.arange(n)] = 0.0
         brute = (pairs.sum(dim=(0, 1)) / (n * (n - 1))).numpy()
-        c = rogue.contributions(row["sum_unit"], row["sum_unit_sq"], row["n"])
+        c = rogue.contributions(row["sum_unit"], row["m2_unit"], row["n"])
         np.testing.assert_allclose(c, brute, atol=1e-6)
         assert c.sum() == pytest.approx(geometry.avg_cos(xv.numpy()), abs=1e-6)
         order = np.argsort(-brute)
@@ -258,6 +259,8 @@ def test_vector_outlier_statistics_over_mini_batches_with_bad_tokens(wait_free):
     unit = kept[norms > 0] / norms[norms > 0, None]
     np.testing.assert_allclose(stats.sum_x_sq.numpy(), (kept**2).sum(0), rtol=1e-6)
     np.testing.assert_allclose(stats.sum_unit_sq.numpy(), (unit**2).sum(0), rtol=1e-6)
+    np.testing.assert_allclose(stats.m2_x.numpy(), ((kept - kept.mean(0)) ** 2).sum(0), rtol=1e-12)
+    np.testing.assert_allclose(stats.m2_unit.numpy(), ((unit - unit.mean(0)) ** 2).sum(0), rtol=1e-12)
     np.testing.assert_allclose(stats.abs_max.numpy(), np.abs(kept).max(0), rtol=1e-6)
     top = stats.top_tokens()
     order = np.argsort(-np.abs(kept).max(1), kind="stable")[:TOP_K]

@@ -92,12 +92,13 @@ def test_sums_match_numpy_on_valid_finite_tokens(wait_free):
         assert getattr(stats, name) == pytest.approx(want[name], rel=1e-6)
 
 
-def test_the_wait_free_sums_never_read_a_value_back():
+@pytest.mark.parametrize("outliers", [False, True])
+def test_the_wait_free_sums_never_read_a_value_back(outliers):
     stats = VectorStats(5)
     parts = [VectorStats.partial(x, valid, wait_free=True) for x, valid in batches()]
     with no_host_reads():
         for x, valid in batches():
-            stats.add(VectorStats.partial(x, valid, wait_free=True))
+            stats.add(VectorStats.partial(x, valid, wait_free=True, outliers=outliers))
         with pytest.raises(AssertionError, match="read a value back"):
             VectorStats.partial(*batches()[1], wait_free=False)  # the CPU's branches do read, so the check bites
     assert stats.n == sum(int(p["counts"][0]) for p in parts)

@@ -149,15 +149,14 @@ def test_drift_and_drift_from_sums():
     assert all(np.isnan(M.drift_from_sums(np.zeros(3), 0.0, 0)))
 
 
-def test_norm_spread_from_sums():
+def test_norm_spread_from_moments():
     norms = np.linalg.norm(anisotropic(50, 4, seed=10), axis=1)
-    mean, std = M.norm_spread_from_sums(norms.sum(), (norms**2).sum(), len(norms))
+    mean, std = M.norm_spread_from_moments(norms.sum(), ((norms - norms.mean()) ** 2).sum(), len(norms))
     assert mean == pytest.approx(norms.mean(), rel=1e-12)
-    assert std == pytest.approx(norms.std(ddof=0), rel=1e-9)
-    # equal norms (hypersphere): rounding may make the variance slightly negative -> clipped to 0
+    assert std == pytest.approx(norms.std(ddof=0), rel=1e-12)
     r = np.sqrt(768.0)
-    assert M.norm_spread_from_sums(r * 1000, 0.9999999999 * 768.0 * 1000, 1000)[1] == 0.0
-    assert M.norm_spread_from_sums(r * 3, 768.0 * 3, 3) == pytest.approx((r, 0.0), abs=1e-6)
+    assert M.norm_spread_from_moments(r * 3, 0.0, 3) == pytest.approx((r, 0.0), abs=1e-12)
+    assert all(np.isnan(M.norm_spread_from_moments(0.0, 0.0, 0)))
 
 
 # --------------------------------------------------------------------------- IsoScore
@@ -208,6 +207,30 @@ def test_isoscore_known_answers():
 def test_isoscore_needs_n_at_least_d():
     with pytest.raises(ValueError, match="sample more tokens"):
         M.isoscore(rng().standard_normal((10, 11)))
+
+
+def one_vector_up_to_rounding(n=300, d=8, seed=23) -> np.ndarray:
+    """Every vector 1e-7 in every component, but for float32 rounding noise (a few ulps): no spread at all."""
+    noise = rng(seed).standard_normal((n, d))
+    return (np.float32(1e-7) * (1 + 3e-7 * noise).astype(np.float32)).astype(np.float64)
+
+
+def test_a_cloud_without_spread_has_no_covariance_measures():
+    """Issue 43 item 8: IsoScore read 0.17 to 0.19 on such a cloud; it, the top eigenvalue's share and centred
+    avg_cos are NaN below the tolerance (relative spread 1e-10), and are numbers just above it."""
+    x = one_vector_up_to_rounding()
+    assert M.relative_spread(x) < 1e-12 and not M.has_spread(x)
+    for measure in (M.isoscore, M.top_eig_share, M.centred_avg_cos):
+        assert np.isnan(measure(x)), measure.__name__
+    assert M.avg_cos(x) == pytest.approx(1.0)  # the cosines are real: every vector points the same way
+    spread = np.ones((300, 8)) + 2e-5 * rng(24).standard_normal((300, 8))  # relative spread 4e-10
+    assert M.SPREAD_TOLERANCE < M.relative_spread(spread) < 1e-9
+    assert all(np.isfinite(m(spread)) for m in (M.isoscore, M.top_eig_share, M.centred_avg_cos))
+    centred = rng(25).standard_normal((40, 3))
+    expected = ((centred - centred.mean(0)) ** 2).sum() / (centred**2).sum()
+    assert M.relative_spread(centred) == pytest.approx(expected, rel=1e-12)
+    assert M.relative_spread(centred, chunk_rows=7) == pytest.approx(expected, rel=1e-12)
+    assert np.isnan(M.relative_spread(np.zeros((5, 3)))) and not M.has_spread(np.zeros((5, 3)))
 
 
 # --------------------------------------------------------------------------- top eigenvalue share

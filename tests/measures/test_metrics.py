@@ -251,3 +251,42 @@ def test_gradient_metrics_carry_their_parameters_in_columns_not_in_the_name(meas
             where = {k: r[k] for k in ("layer", "site", "subspace", "fit", "rank", "stratum")}
             row = grad.filter(pl.col("metric") == f"grad_{r['measure']}{suffix}", **where)
             assert row["value"].to_list() == [r[column]], (where, column)
+
+
+def test_a_sample_without_spread_is_nan_with_its_reason_and_status_nan(tmp_path):
+    """Issue 43 item 8: a corpus of one repeated word makes every sampled vector of a layer the same up to rounding;
+    IsoScore, the top eigenvalue's share and centred avg_cos there are NaN, said in a warning and by the layer's
+    relative_spread, and the sweep marks them `nan`, never `ok`; the other layer keeps its numbers."""
+    from anisweep.measures.metrics import builtin_measures, sample_geometry, sample_rows
+    from anisweep.measures.registry import measure_frame
+    from anisweep.measures.sweep import aggregate
+
+    rng = np.random.default_rng(0)
+    same = np.float32(1e-7) * (1 + 3e-7 * rng.standard_normal((64, 8))).astype(np.float32)
+    spread = rng.standard_normal((64, 8)).astype(np.float32)
+    hidden = pl.DataFrame(
+        {
+            "layer": [1] * 64 + [2] * 64,
+            "site": ["resid"] * 128,
+            "seq": list(range(128)),
+            "position": [0] * 128,
+            "token_id": [7] * 128,
+            "vector": [row.tolist() for row in np.concatenate([same, spread])],
+        },
+        schema_overrides={"vector": pl.List(pl.Float32)},
+    )
+    with pytest.warns(UserWarning, match=r"layer 1 resid: the 64 sampled vectors have no spread \(relative_spread"):
+        rows = sample_rows(hidden)
+    values = {(r["layer"], r["metric"]): r["value"] for r in rows}
+    for metric in ("isoscore", "top_eig_share", "centred_avg_cos"):
+        assert np.isnan(values[(1, metric)]) and np.isfinite(values[(2, metric)]), metric
+    assert values[(1, "relative_spread")] < 1e-10 < values[(2, "relative_spread")]
+    measure = next(m for m in builtin_measures() if m.target is sample_geometry)
+    ident = {"family": "test", "model": "m", "seed": 0, "step": 3, "tokens_seen": 30}
+    folder = tmp_path / "step3"
+    folder.mkdir()
+    write_atomic(measure_frame(measure, ident, rows), folder / "metrics.parquet")
+    sweep = aggregate([folder / "metrics.parquet"])
+    status = dict(sweep.filter(pl.col("layer") == 1).select("metric", "status").iter_rows())
+    assert status["isoscore"] == status["top_eig_share"] == status["centred_avg_cos"] == "nan"
+    assert status["avg_cos_pairs"] == "ok"

@@ -25,9 +25,9 @@ def sums(x):
         "n": len(x),
         "n_zero": int((norms == 0).sum()),
         "sum_x": x.sum(0),
-        "sum_x_sq": (x**2).sum(0),
+        "m2_x": ((x - x.mean(0)) ** 2).sum(0),
         "sum_unit": unit.sum(0),
-        "sum_unit_sq": (unit**2).sum(0),
+        "m2_unit": ((unit - unit.mean(0)) ** 2).sum(0),
     }
 
 
@@ -39,7 +39,7 @@ def test_contributions_are_the_pairwise_cosine_per_coordinate(rogue_dim):
     x[7] = 0.0
     s = sums(x)
     n = s["n"] - s["n_zero"]
-    c = rogue.contributions(s["sum_unit"], s["sum_unit_sq"], n)
+    c = rogue.contributions(s["sum_unit"], s["m2_unit"], n)
     kept = x[np.linalg.norm(x, axis=1) > 0]
     unit = kept / np.linalg.norm(kept, axis=1, keepdims=True)
     pairs = unit[:, None, :] * unit[None, :, :]

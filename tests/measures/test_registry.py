@@ -269,6 +269,93 @@ def test_a_failing_stream_measure_names_itself_the_checkpoint_and_the_site(tmp_p
         run(loaded, padded_batch(), settings, progress=False, stream=stream)
 
 
+def test_a_table_measure_returning_something_else_than_rows_is_named(tmp_path, monkeypatch):
+    """Issue 43 item 10: an array, a tensor, a number, one dict, rows that are not dicts: a MeasureError naming the
+    measure, the checkpoint, what it returned (its type, and its shape where it has one) and what is expected."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = write_package(
+        tmp_path,
+        """
+        import numpy as np
+        import torch
+        from anisweep.measures.registry import table_measure
+
+        @table_measure(tables=["hidden"])
+        def array(tables):
+            return np.zeros((3, 2))
+
+        @table_measure(tables=["hidden"])
+        def tensor(tables):
+            return torch.zeros(4)
+
+        @table_measure(tables=["hidden"])
+        def number(tables):
+            return 0.5
+
+        @table_measure(tables=["hidden"])
+        def one_row(tables):
+            return {"metric": "m", "value": 1.0}
+
+        @table_measure(tables=["hidden"])
+        def pairs(tables):
+            return [("m", 1.0)]
+        """,
+        name="wrongtypes",
+    )
+    folder = checkpoint_folder(tmp_path / "step3", {(0, "resid"): np.ones((4, 3))})
+    expected = {
+        "array": r"the table measure returned a numpy\.ndarray of shape \(3, 2\)",
+        "tensor": r"the table measure returned a torch\.Tensor of shape \(4,\)",
+        "number": r"the table measure returned a float",
+        "one_row": r"the table measure returned a dict",
+        "pairs": r"the table measure returned a row 0 that is a tuple",
+    }
+    for name, message in expected.items():
+        where = rf"measure '{name}' \(wrongtypes\.m:{name}\) at test/m/step3: "
+        with pytest.raises(MeasureError, match=where + message + r"; expected its rows: a list .* of dicts"):
+            run_table_measure(load(f"{module}:{name}"), folder)
+
+
+def test_a_stream_measure_whose_finalize_returns_a_tensor_is_named_with_its_site(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = write_package(
+        tmp_path,
+        """
+        import torch
+        from anisweep.measures.registry import stream_measure
+
+        @stream_measure(sites=["ln_attn_in"])
+        class TensorRows:
+            def __init__(self, site):
+                self.total = torch.zeros(site.d_model, dtype=torch.float64)
+            def update(self, x, valid):
+                self.total += x.double().sum(dim=(0, 1))
+            def merge(self, other):
+                self.total += other.total
+            def finalize(self):
+                return self.total
+        """,
+        name="tensormeasure",
+    )
+    path = saved(tmp_path, transformers.GPTNeoXForCausalLM, neox_config(), "neox")
+    loaded = load_model(path, device="cpu")
+    stream = StreamMeasures([load(f"{module}:TensorRows")], loaded.geometry, "test/m/step3")
+    run(
+        loaded,
+        padded_batch(),
+        ExtractSettings(batch_size=2, sample_tokens=10_000, device="cpu"),
+        progress=False,
+        stream=stream,
+    )
+    d = loaded.geometry.d_model
+    message = (
+        rf"measure 'tensor_rows' \(tensormeasure\.m:TensorRows\) at test/m/step3, layer 1 ln_attn_in: finalize\(\)"
+        rf" returned a torch\.Tensor of shape \({d},\); expected its rows"
+    )
+    with pytest.raises(MeasureError, match=message):
+        stream.tables(IDENT)
+
+
 def test_nan_rows_are_marked_never_ok(tmp_path):
     """A user's row whose value is NaN lands in metrics.parquet and sweep.parquet with status `nan`."""
     from anisweep.extract.run import write_extract

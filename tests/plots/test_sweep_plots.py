@@ -299,6 +299,18 @@ def test_attention_softmax_draws_the_score_std_pooled_over_heads(tmp_path, monke
     assert "score std: mean of the heads' stds" in labels
 
 
+def test_the_pooled_score_std_does_not_cancel_where_a_bias_lifts_every_score(tmp_path):
+    """Heads whose scores sit near 1e4 with a spread of 0.01 to 0.02: the heads' means spread about their own mean,
+    not mean_h m_h^2 - (mean_h m_h)^2 (off by ~3e-6 there)."""
+    from anisweep.plots.sweep import pooled_score_std
+
+    rng = np.random.default_rng(1)
+    scores = {0: [rng.normal(1e4 + shift, scale, 500) for shift, scale in ((0.0, 0.01), (0.03, 0.02))]}
+    sweep = with_head_scores(aggregate([fake_checkpoint(tmp_path, s, str(s)) for s in (0, 10)]), scores)
+    pooled = pooled_score_std(sweep).filter((pl.col("step") == 10) & (pl.col("layer") == 0))
+    assert pooled["value"].item() == pytest.approx(float(np.std(np.concatenate(scores[0]))), rel=1e-9)
+
+
 def test_the_sign_free_partition_isotropy_is_primary_and_the_other_labelled_solver_dependent(tmp_path, monkeypatch):
     """Issue 25 item 7: Machina & Mercer's one-sign I(W) depends on the eigensolver's signs."""
     from anisweep.plots.sweep import layernorm_params

@@ -71,6 +71,34 @@ def test_shares_against_brute_force():
     assert sums.n[0] == 300
 
 
+def test_the_covariance_is_exact_where_the_mean_dwarfs_the_spread():
+    """Gradients of mean 1e3 and spread 1e-2 to 1 in three mini-batches with zero gradients among them: each
+    stratum's covariance, and `all`'s, against numpy's two-pass one of the tokens with a gradient, also read back
+    from gradient_sums.parquet; M / n - mean mean^T is off there by ~1e-6 relative."""
+    from anisweep.tangent.pass_tables import pass_tables, read_pass
+    from anisweep.tangent.sums import GradientPass
+
+    rng = np.random.default_rng(5)
+    d, n = 6, 900
+    g = 1e3 + rng.normal(size=(n, d)) * np.geomspace(1e-2, 1.0, d)
+    g[::50] = 0.0  # no gradient: left out, as geometry.unit_sum leaves zero vectors out
+    strata = rng.integers(0, 3, n)
+    sums = SiteSums(d)
+    for part in np.array_split(np.arange(n), 3):
+        sums.add(*(torch.from_numpy(a[part]) for a in (g, g, strata)))
+    sums = sums.finish()
+    has_grad = np.linalg.norm(g, axis=1) > 0
+    result = GradientPass([], {(1, "resid"): sums}, {}, {}, np.zeros(0), 0.0, 0, {}, 0.0)
+    tables = pass_tables(result)
+    read = read_pass(tables["gradient_sums"], tables["gradient_sample"]).sums[(1, "resid")]
+    for index, rows in [(0, has_grad)] + [(i + 1, has_grad & (strata == i)) for i in range(3)]:
+        expected = np.cov(g[rows].T, bias=True)
+        for source in (sums, read):
+            covariance = moments(source, index)[1]
+            np.testing.assert_allclose(np.diag(covariance), np.diag(expected), rtol=1e-9)
+            np.testing.assert_allclose(covariance, expected, rtol=1e-7, atol=1e-9 * np.abs(expected).max())
+
+
 @pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.parametrize(("d", "k"), [(12, 3), (32, 4), pytest.param(64, 16, marks=pytest.mark.slow)])
 def test_the_exact_null_equals_many_random_subspaces(d, k):

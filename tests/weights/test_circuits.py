@@ -109,6 +109,12 @@ def parts(model, family: str, layer: int):
     return block.input_layernorm, qkv, attn.o_proj, final
 
 
+def mid_rank(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of scores, the keys scoring above its own (the diagonal) and those tied with it, itself left out."""
+    own = np.diag(s)[:, None]
+    return (s > own).sum(1), (s == own).sum(1) - 1
+
+
 def brute(model, family: str) -> dict:
     """{(layer, head): metrics} from the full vocabulary x vocabulary matrices."""
     model = zero_biases(model).double().eval()
@@ -137,12 +143,11 @@ def brute(model, family: str) -> dict:
                 ze = torch.zeros(d, n_heads, dh, dtype=torch.float64)
                 ze[:, h] = eye_v[:, h]
                 w_ov_t = (o_proj(ze.reshape(d, d)) - bias).numpy()  # row i: the write of e_i
-                own = np.diag(s)[:, None]
-                rank = (s > own).sum(1)
+                above, tied = mid_rank(s)
                 eig = np.linalg.eigvals(logits.T)  # the OV circuit: output x input
                 out[(layer, h)] = {
-                    "qk_self_rank": rank.mean() / (len(s) - 1),
-                    "qk_self_top": (rank == 0).mean(),
+                    "qk_self_rank": (above + tied / 2).mean() / (len(s) - 1),
+                    "qk_self_top": np.where(above == 0, 1 / (tied + 1), 0.0).mean(),
                     "qk_symmetric_share": (((w_qk + w_qk.T) / 2) ** 2).sum() / (w_qk**2).sum(),
                     "ov_copying": (logits.argmax(1) == np.arange(len(logits))).mean(),
                     "ov_positive_eigen": eig.real.sum() / np.abs(eig).sum(),
@@ -181,6 +186,27 @@ def test_circuits_match_brute_force(tmp_path, family):
             )
             assert [(src, dst) for _, _, src, dst in mine] == [(src, dst) for _, src, dst in want[f"{kind}_top"]]
             np.testing.assert_allclose([m[1] for m in mine], [w[0] for w in want[f"{kind}_top"]], rtol=1e-6)
+
+
+def test_tied_rows_take_the_mid_rank_and_share_the_top():
+    """Issue 43 item 11: a zero normalised embedding scores 0 against every key, a fully tied row; it counted as
+    attending most to itself (rank 0). Now ties are broken at random in expectation: the mid-rank, and 1 / (t + 1)
+    of a top shared with t others."""
+    from anisweep.measures.circuits import qk_head
+
+    g = torch.Generator().manual_seed(0)
+    d_model, d_head, n = 16, 4, 12
+    q, k = torch.randn(d_head, d_model, generator=g), torch.randn(d_head, d_model, generator=g)
+    x = torch.randn(n, d_model, generator=g, dtype=torch.float64)
+    x[[3, 7]] = 0.0
+    got = qk_head(q.double(), k.double(), x)
+    s = ((x @ q.double().T) @ (x @ k.double().T).T).numpy()
+    above, tied = mid_rank(s)
+    assert (above[3], tied[3]) == (0, n - 1)  # the zero rows: every key ties
+    assert got["self_rank"] == pytest.approx((above + tied / 2).mean() / (n - 1), abs=1e-12)
+    assert got["self_top"] == pytest.approx(np.where(above == 0, 1 / (tied + 1), 0.0).mean(), abs=1e-12)
+    zero = qk_head(q.double(), k.double(), torch.zeros(n, d_model, dtype=torch.float64))
+    assert (zero["self_rank"], zero["self_top"]) == (pytest.approx(0.5), pytest.approx(1 / n))
 
 
 def top_rows(m: np.ndarray, k: int = 5) -> list[tuple[float, int, int]]:

@@ -1,4 +1,4 @@
-from anisweep.tables import EXTRACT_TABLES
+from anisweep.tables import EXTRACT_FORMAT, EXTRACT_TABLES
 
 
 # The record of the stream measures' code that extract reads (common.smk, STREAM_MEASURE_RECORD): written here, never
@@ -57,6 +57,8 @@ rule extract:
         on_failure=on_failure("extract"),
         cli=CLI,
         extract=settings_of(config["extract"], EXTRACT_OUTPUT_KEYS),
+        # what the tables hold: a package that writes more reruns the model jobs of results written before it
+        tables_format=f"extract tables format {EXTRACT_FORMAT}",
         gradient_pass=gradient_pass_settings,
         source=checkpoint_source,
         settings=untracked(json_arg(config["extract"])),

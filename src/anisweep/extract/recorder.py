@@ -421,7 +421,7 @@ class Recorder:
         residual; no hooked module changes its input in place): the sums of the last few tensors are kept, by weak
         reference so that no tensor outlives its use."""
         for ref, part in self._recent:
-            if ref() is x and (not outliers or "square_sums" in part):
+            if ref() is x and (not outliers or "m2" in part):
                 return part
         part = VectorStats.partial(x, valid, outliers=outliers)
         self._recent = [(weakref.ref(x), part)] + self._recent[:3]

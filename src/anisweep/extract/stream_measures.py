@@ -12,7 +12,7 @@ import polars as pl
 import torch
 
 from anisweep.adapters import Geometry
-from anisweep.measures.registry import Measure, MeasureError, Site, matches, measure_frame
+from anisweep.measures.registry import Measure, MeasureError, Site, matches, measure_frame, taken
 from anisweep.measures.sites import ATTENTION_STREAM_SITES
 
 
@@ -121,7 +121,7 @@ class StreamMeasures:
                 if name != measure.name:
                     continue
                 with self._blame(measure, f"layer {layer} {site}"):
-                    rows = accumulator.finalize()
+                    rows = taken(accumulator.finalize())
                 frames.append(measure_frame(measure, ident, rows, defaults={"layer": layer, "site": site}))
             if not frames:
                 raise MeasureError(

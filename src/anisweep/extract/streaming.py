@@ -2,7 +2,9 @@
 
 Everything is accumulated in float64 so that a sweep over ~10^6 tokens loses no precision; sums within
 one mini-batch (over the keys of one attention row, over the tokens of one batch) are taken in float32
-first. Nothing here keeps per-token tensors beyond the mini-batch being processed.
+first, but for the variances: each mini-batch's M2 (sum of squared deviations) about its own mean, merged in
+float64 by Chan et al.'s update (anisweep.moments). Nothing here keeps per-token tensors beyond the mini-batch
+being processed.
 """
 
 from __future__ import annotations
@@ -11,21 +13,29 @@ from dataclasses import dataclass
 
 import torch
 
+from anisweep.moments import merge, merged_m2, safe
+
 #: How many of a site's largest activations (tokens by their largest |component|) VectorStats keeps, and how many
 #: keys by the attention they receive SinkStats keeps per head: the tables' `rank` 0 .. TOP_K - 1.
 TOP_K = 8
 
 
 class VectorStats:
-    """Sums over the valid tokens of one site: n, sum x, sum x/||x||, sum ||x||, sum ||x||^2, min/max ||x||; per
-    dimension sum x_j^2 and sum (x_j/||x||)^2 (rogue dimensions: anisweep.measures.rogue) and max |x_j|; and the
-    TOP_K tokens with the largest |component| (massive activations: anisweep.measures.massive), each with its
-    sequence, position, dimension and whether it is its sequence's first valid token.
+    """Sums over the valid tokens of one site: n, sum x, sum x/||x||, sum ||x||, sum ||x||^2, min/max ||x|| and
+    M2 of ||x|| (the sum of its squared deviations from the mean); where the outlier statistics are taken, per
+    dimension M2 of x_j and of x_j/||x|| (rogue dimensions: anisweep.measures.rogue) and max |x_j|; and the TOP_K
+    tokens with the largest |component| (massive activations: anisweep.measures.massive), each with its sequence,
+    position, dimension and whether it is its sequence's first valid token.
+
+    Every M2 is the mini-batch's own, about its own mean in float64, merged across mini-batches by Chan et al.'s
+    update (anisweep.moments): a variance is never sum x^2 / n - mean^2, which cancels where a dimension's mean
+    is large against its spread (a rogue dimension). Where the outlier statistics are taken, the sums are in
+    float64 within the mini-batch too, so that each dimension's mean and variance are exact to float64 rounding.
 
     Tokens with a NaN or inf component are counted in `n_nonfinite` and left out of every sum, so a
     diverged checkpoint is flagged rather than silently averaged. Zero vectors (a zeroed padding embedding)
     have no direction: they are in n but counted in `n_zero`, which avg_cos leaves out, as geometry.unit_sum
-    does. The sums stay on the device of the model:
+    does (the unit vectors' M2 is over the others). The sums stay on the device of the model:
     on a GPU nothing here waits for it (`partial` never reads a value back); the counts and norm sums are read
     when the tables are built (`n`, `sum_norm`, ...).
     """
@@ -36,11 +46,12 @@ class VectorStats:
         self.sum_unit = torch.zeros(d, **f64)
         self.counts = torch.zeros(3, dtype=torch.int64, device=device)  # n, n_nonfinite, n_zero
         self.norm_sums = torch.zeros(2, **f64)  # sum ||x||, sum ||x||^2
+        self.norm_m2 = torch.zeros((), **f64)  # sum (||x|| - mean ||x||)^2
         self.norm_range = torch.full((2,), float("inf"), **f64)  # min, max ||x||: filled, not copied from the host
         self.norm_range[1] = float("-inf")
-        self.square_sums = torch.zeros(2, d, **f64)  # per dimension: sum x_j^2, sum (x_j / ||x||)^2
-        self.abs_max_sq = torch.zeros(d, **f64)  # per dimension: max x_j^2
-        # each mini-batch's TOP_K tokens by max_j x_j^2 with its first sequence, merged once at the end (top_tokens):
+        self.m2 = torch.zeros(2, d, **f64)  # per dimension: M2 of x_j, of x_j / ||x||
+        self.abs_max = torch.zeros(d, **f64)  # per dimension: max |x_j|
+        # each mini-batch's TOP_K tokens by max_j |x_j| with its first sequence, merged once at the end (top_tokens):
         # a merge per batch and site would cost a dozen small ops each, which add up on a busy CPU
         self.tops: list[tuple[dict, int]] = []
         self.n_seqs = 0  # sequences seen: the next mini-batch's first sequence
@@ -52,9 +63,18 @@ class VectorStats:
     sum_norm_sq = property(lambda self: float(self.norm_sums[1]))
     norm_min = property(lambda self: float(self.norm_range[0]))
     norm_max = property(lambda self: float(self.norm_range[1]))
-    sum_x_sq = property(lambda self: self.square_sums[0])
-    sum_unit_sq = property(lambda self: self.square_sums[1])
-    abs_max = property(lambda self: self.abs_max_sq.sqrt())
+    m2_x = property(lambda self: self.m2[0])
+    m2_unit = property(lambda self: self.m2[1])
+
+    @property
+    def sum_x_sq(self) -> torch.Tensor:
+        """Per dimension sum x_j^2, from the mean and M2: M2 + n mean^2."""
+        return self.m2[0] + self.sum_x.square() / max(self.n, 1)
+
+    @property
+    def sum_unit_sq(self) -> torch.Tensor:
+        """Per dimension sum (x_j / ||x||)^2 over the nonzero vectors, from their mean and M2."""
+        return self.m2[1] + self.sum_unit.square() / max(self.n - self.n_zero, 1)
 
     def top_tokens(self) -> dict[str, list]:
         """The TOP_K tokens of every mini-batch, largest first: value (max_j |x_j|), seq, position, dim (its argmax),
@@ -78,14 +98,15 @@ class VectorStats:
                 )
         rows = sorted((r for r in rows if r[0] >= 0), key=lambda r: (-r[0], r[1], r[2]))[:TOP_K]
         return {
-            "value": [value**0.5 for value, *_ in rows],
+            "value": [value for value, *_ in rows],
             **{name: [r[i] for r in rows] for i, name in enumerate(("seq", "position", "dim", "first"), start=1)},
         }
 
     @staticmethod
     def partial(x: torch.Tensor, valid: torch.Tensor, wait_free: bool | None = None, outliers: bool = False) -> dict:
         """x: (..., d); valid: bool of x.shape[:-1]. The sums over the valid tokens of x, taken in float32
-        within one mini-batch and in float64 across mini-batches: enough for avg_cos over 10^6 tokens to ~1e-10.
+        within one mini-batch and in float64 across mini-batches (enough for avg_cos over 10^6 tokens to ~1e-10);
+        with `outliers`, in float64 within the mini-batch too, with the per-dimension M2s (_outlier_sums).
 
         `wait_free` (the default on a GPU) masks instead of branching on the data, so the host never waits for
         the device; on a CPU, where reading a value back costs nothing, the branches skip work (a float64 norm
@@ -96,66 +117,122 @@ class VectorStats:
         valid = valid.reshape(-1)
         if wait_free is None:
             wait_free = x.device.type != "cpu"
-        rows, wide = None, False  # rows: the kept tokens' flat index, where x is cut down to them
+        rows = None  # the kept tokens' flat index, where x is cut down to them
         if wait_free:
             norms = torch.linalg.vector_norm(x, dim=-1, dtype=torch.float64)  # finite iff every component is
             keep = valid & torch.isfinite(norms)
             x = torch.where(keep[:, None], x, 0.0)
         else:
             norms = torch.linalg.vector_norm(x, dim=-1)
-            if not bool(torch.isfinite(norms).all()):  # a NaN or inf component, or a norm beyond float32:
+            if not bool(torch.isfinite(norms).all()):  # a NaN or inf component, or a norm beyond float32
                 norms = torch.linalg.vector_norm(x, dim=-1, dtype=torch.float64)
-                wide = True
             keep = valid & torch.isfinite(norms)
             if not bool(keep.all()):
                 rows = keep.nonzero().flatten()
                 x, norms = x[keep], norms[keep]
                 keep = keep[keep]
+        if outliers:  # with each norm to float64 rounding, which the unit vectors' M2 needs
+            norms, outlier_sums = _outlier_sums(x, keep)
         counts = torch.stack([keep.sum(), (valid.sum() - keep.sum()), (keep & (norms == 0)).sum()])
-        inverse = torch.where(keep, 1.0 / norms.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
-        weights = torch.stack([keep.float(), inverse.float()])
-        sum_x, sum_unit = (weights @ x).double()  # one pass over x for both sums
         kept_norms = torch.where(keep, norms.double(), 0.0)
         part = {
             "counts": counts,
-            "sum_x": sum_x,
-            "sum_unit": sum_unit,
             "norm_sums": torch.stack([kept_norms.sum(), kept_norms.dot(kept_norms)]),
+            "norm_m2": _m2(kept_norms, keep, counts[0]),
             "norm_range": _norm_range(kept_norms, keep),
         }
-        if not outliers:
-            return part
-        # squares in float32 (a component beyond 1.8e19 makes its site's square sums inf on a GPU; the CPU, which
-        # sees such a norm, squares in float64), weighted by 1 and by 1/||x||^2 in one pass
-        squares = x.double().square() if wide else x.square()
-        unit_weights = torch.where(norms > 0, weights[1], 0.0).square()  # a zero vector's 1/tiny would square to inf
-        square_sums = (torch.stack([weights[0], unit_weights]).to(squares.dtype) @ squares).double()
-        token_max = squares.amax(dim=-1)  # without argmax: several times faster on a CPU; the top few's below
-        return part | {
-            "square_sums": square_sums,
-            "abs_max_sq": squares.amax(dim=0).double() if len(squares) else squares.new_zeros(x.shape[-1]).double(),
-            "top": _top_tokens(torch.where(keep, token_max, -1.0), squares, rows, width, first),
-            "n_seqs": n_seqs,
-        }
+        if outliers:
+            return part | outlier_sums | _largest(x, keep, rows, width, first, n_seqs)
+        inverse = torch.where(keep, 1.0 / norms.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
+        weights = torch.stack([keep.float(), inverse.float()])
+        sum_x, sum_unit = (weights @ x).double()  # one pass over x for both sums
+        return part | {"sum_x": sum_x, "sum_unit": sum_unit}
 
     def add(self, part: dict) -> None:
+        n_a, n_b = self.counts[0].double(), part["counts"][0].double()
+        self.norm_m2 = merged_m2(n_a, self.norm_sums[0], self.norm_m2, n_b, part["norm_sums"][0], part["norm_m2"])
+        if "m2" in part:  # a site with the outlier statistics (VectorStats.partial's `outliers`)
+            unit_a, unit_b = n_a - self.counts[2].double(), n_b - part["counts"][2].double()
+            n_a, n_b = torch.stack([n_a, unit_a])[:, None], torch.stack([n_b, unit_b])[:, None]
+            sums_a = torch.stack([self.sum_x, self.sum_unit])
+            sums_b = torch.stack([part["sum_x"], part["sum_unit"]])
+            self.m2 = merged_m2(n_a, sums_a, self.m2, n_b, sums_b, part["m2"])
         self.counts += part["counts"]
         self.sum_x += part["sum_x"]
         self.sum_unit += part["sum_unit"]
         self.norm_sums += part["norm_sums"]
         low, high = part["norm_range"]
         self.norm_range = torch.stack([self.norm_range[0].minimum(low), self.norm_range[1].maximum(high)])
-        if "square_sums" not in part:  # a site without the outlier statistics (VectorStats.partial's `outliers`)
+        if "m2" not in part:
             return
-        self.square_sums += part["square_sums"]
-        torch.maximum(self.abs_max_sq, part["abs_max_sq"], out=self.abs_max_sq)
+        torch.maximum(self.abs_max, part["abs_max"], out=self.abs_max)
         self.tops.append((part["top"], self.n_seqs))
         self.n_seqs += part["n_seqs"]
 
     @property
     def has_outliers(self) -> bool:
-        """Whether the outlier statistics were taken here (square sums, max |x_j|, the top tokens)."""
+        """Whether the outlier statistics were taken here (the per-dimension M2s, max |x_j|, the top tokens)."""
         return bool(self.tops)
+
+
+def _m2(values: torch.Tensor, keep: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """The sum of squared deviations of the kept `values` (0 elsewhere) from their mean, in float64."""
+    mean = values.sum() / safe(n.double())
+    return torch.where(keep, values - mean, 0.0).square().sum()
+
+
+def _outlier_sums(x: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """(each token's norm, in float64; per dimension the sums of x_j and of the unit vectors' u_j over the kept
+    tokens, zero vectors having no u, and the M2 of each about its own batch mean). All in float64 within the
+    mini-batch, in two passes over it (the sums, then the squared deviations from their means: no cancellation),
+    a chunk of rows at a time (_row_chunks)."""
+    chunks = _row_chunks(x)
+    buffer = x.new_empty(chunks[0].stop - chunks[0].start if chunks else 0, x.shape[-1], dtype=torch.float64)
+    norms = x.new_empty(len(x), dtype=torch.float64)
+    weights = torch.stack([keep.double(), norms.new_zeros(len(x))])  # 1 at the kept tokens; their 1 / ||x||
+    sums = norms.new_zeros(2, x.shape[-1])
+    for rows in chunks:
+        chunk = buffer[: len(x[rows])].copy_(x[rows])
+        norms[rows] = torch.linalg.vector_norm(chunk, dim=-1)
+        has_unit = keep[rows] & (norms[rows] > 0)
+        weights[1, rows] = torch.where(has_unit, 1.0 / torch.where(has_unit, norms[rows], 1.0), 0.0)
+        sums += weights[:, rows] @ chunk  # one pass for both sums
+    n_unit = (keep & (norms > 0)).sum().double()
+    mean_x, mean_unit = sums[0] / safe(keep.sum().double()), sums[1] / safe(n_unit)
+    m2 = torch.zeros_like(sums)
+    for rows in chunks:
+        chunk = buffer[: len(x[rows])].copy_(x[rows])
+        # ||x|| (u - mean u) = x - ||x|| mean u: a rank-one update in place
+        m2[1] += weights[1, rows].square() @ chunk.addr_(norms[rows], mean_unit, alpha=-1.0).square_()
+        m2[0] += weights[0, rows] @ chunk.copy_(x[rows]).sub_(mean_x).square_()
+    return norms, {"sum_x": sums[0], "sum_unit": sums[1], "m2": m2}
+
+
+#: How many values a CPU takes the outlier sums of at a time (2 MB in float64): a buffer that stays in cache and is
+#: reused, where a float64 copy of a whole mini-batch costs about as much in page faults as in arithmetic (the
+#: statistics took twice as long that way). A GPU takes the mini-batch at once.
+CPU_CHUNK_ELEMENTS = 1 << 18
+
+
+def _row_chunks(x: torch.Tensor) -> list[slice]:
+    step = max(1, len(x) if x.device.type != "cpu" else CPU_CHUNK_ELEMENTS // max(1, x.shape[-1]))
+    return [slice(start, start + step) for start in range(0, len(x), step)]
+
+
+def _largest(x, keep, rows, width: int, first, n_seqs: int) -> dict:
+    """Per dimension max |x_j|, and the TOP_K tokens of one mini-batch by max_j |x_j| (-1 at the tokens not kept):
+    that value, their flat index in the batch's (sequences x `width`) positions, dimension (argmax_j), and the
+    batch's first valid positions; from the extremes (no |x| copy of the batch)."""
+    if len(x):
+        abs_max = torch.maximum(x.amax(dim=0), -x.amin(dim=0)).double()
+    else:
+        abs_max = x.new_zeros(x.shape[-1]).double()
+    token_max = torch.maximum(x.amax(dim=-1), -x.amin(dim=-1))
+    value, index = torch.where(keep, token_max, -1.0).topk(min(TOP_K, token_max.shape[0]))
+    dim = x.index_select(0, index).abs().argmax(dim=-1)
+    index = index if rows is None else rows.gather(0, index)
+    top = {"value": value, "index": index, "dim": dim, "first": first, "width": width}
+    return {"abs_max": abs_max, "top": top, "n_seqs": n_seqs}
 
 
 def _sequences(valid: torch.Tensor) -> tuple[int, torch.Tensor]:
@@ -163,16 +240,6 @@ def _sequences(valid: torch.Tensor) -> tuple[int, torch.Tensor]:
     sequence. argmax of the mask: no value read back."""
     valid = valid.reshape(-1, valid.shape[-1]) if valid.dim() else valid.reshape(1, 1)
     return valid.shape[0], valid.to(torch.uint8).argmax(dim=-1)
-
-
-def _top_tokens(value, squares, rows, width: int, first) -> dict:
-    """The TOP_K tokens of one mini-batch by `value` (max_j x_j^2 of `squares`' rows, -1 at the tokens not kept):
-    their value, flat index in the batch's (sequences x `width`) positions, dimension (argmax_j), and the batch's
-    first valid positions."""
-    value, index = value.topk(min(TOP_K, value.shape[0]))
-    dim = squares.index_select(0, index).argmax(dim=-1)
-    index = index if rows is None else rows.gather(0, index)
-    return {"value": value, "index": index, "dim": dim, "first": first, "width": width}
 
 
 def _norm_range(norms: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -326,9 +393,11 @@ class AttentionStats:
         self.n_rows = 0
         self.n_rows_norm = 0
         self.n_pairs = 0
-        self.score_sum = zeros()  # sum over rows of n_visible * the row's mean score
-        self.score_row_sq_sum = zeros()  # sum over rows of n_visible * the row's mean score squared
-        self.score_m2_within = zeros()  # sum over rows of their squared deviations from the row's mean
+        # the scores of every visible pair: their count, mean and M2 (sum of squared deviations), merged per
+        # mini-batch by Chan et al.'s update (anisweep.moments)
+        self.score_n = zeros()
+        self.score_mean = zeros()
+        self.score_m2 = zeros()
 
     @staticmethod
     def counts(valid: torch.Tensor, n_visible: torch.Tensor) -> tuple[int, int, int]:
@@ -362,30 +431,34 @@ class AttentionStats:
         }
         for name, (values, keep) in per_row.items():
             self.sums[name] += torch.where(keep[:, None], values, 0.0).sum(dim=(0, 2))
-        # per row its visible scores' mean and sum of squared deviations, from the shifted sums (float32
-        # within a row, where the shift keeps them from cancelling); across rows in float64 (Chan et al.)
-        keep = valid[:, None]
-        n = n_visible.double().clamp_min(1)[:, None]
-        shifted_sum = r["shifted_sum"]
-        row_mean = r["score_max"] + shifted_sum / n
-        row_m2 = (r["shifted_norm"].square() - shifted_sum * shifted_sum / n).clamp_min(0.0)
-        self.score_sum += torch.where(keep, n * row_mean, 0.0).sum(dim=(0, 2))
-        self.score_row_sq_sum += torch.where(keep, n * row_mean * row_mean, 0.0).sum(dim=(0, 2))
-        self.score_m2_within += torch.where(keep, row_m2, 0.0).sum(dim=(0, 2))
+        self._add_scores(r, valid, n_visible)
         n_rows, n_rows_norm, n_pairs = counts or self.counts(valid, n_visible)
         self.n_rows += n_rows
         self.n_rows_norm += n_rows_norm
         self.n_pairs += n_pairs
 
+    def _add_scores(self, r: dict[str, torch.Tensor], valid: torch.Tensor, n_visible: torch.Tensor) -> None:
+        """Merge one mini-batch's scores into the running moments. Per row, its visible scores' mean and M2 from the
+        sums of the scores shifted by the row's max (float32 within a row, where the shift, inside the row's
+        spread, keeps them from cancelling); the rows' together about the batch's mean, in float64."""
+        n = torch.where(valid, n_visible, 0).double()[:, None]  # (B, 1, T): the visible pairs of each kept row
+        shifted_sum = r["shifted_sum"]
+        row_mean = r["score_max"] + shifted_sum / safe(n)
+        row_m2 = (r["shifted_norm"].square() - shifted_sum * shifted_sum / safe(n)).clamp_min(0.0)
+        keep = n > 0
+        batch_n = n.expand_as(row_mean).sum(dim=(0, 2))
+        batch_mean = torch.where(keep, n * row_mean, 0.0).sum(dim=(0, 2)) / safe(batch_n)
+        between = torch.where(keep, n * (row_mean - batch_mean[:, None]).square(), 0.0)
+        batch_m2 = (torch.where(keep, row_m2, 0.0) + between).sum(dim=(0, 2))
+        self.score_n, self.score_mean, self.score_m2 = merge(
+            self.score_n, self.score_mean, self.score_m2, batch_n, batch_mean, batch_m2
+        )
+
     def means(self) -> dict[str, torch.Tensor]:
         out = {f"{name}_mean": self.sums[name] / max(self.n_rows, 1) for name in self.FIELDS}
         out["entropy_norm_mean"] = self.sums["entropy_norm"] / max(self.n_rows_norm, 1)
-        n_pairs = max(self.n_pairs, 1)
-        score_mean = self.score_sum / n_pairs
-        between = (self.score_row_sq_sum - self.score_sum * score_mean).clamp_min(0.0)
-        variance = (self.score_m2_within + between) / n_pairs
-        out["score_mean"] = score_mean
-        out["score_std"] = variance.sqrt()
+        out["score_mean"] = self.score_mean
+        out["score_std"] = (self.score_m2 / safe(self.score_n)).sqrt()
         return out
 
 

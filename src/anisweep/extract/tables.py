@@ -98,6 +98,7 @@ def hidden_stats_table(recorder: Recorder) -> pl.DataFrame:
                 "d": s.sum_x.numel(),
                 "sum_norm": s.sum_norm,
                 "sum_norm_sq": s.sum_norm_sq,
+                "m2_norm": float(s.norm_m2),
                 "norm_min": s.norm_min if s.n else None,
                 "norm_max": s.norm_max if s.n else None,
             }
@@ -111,8 +112,11 @@ def hidden_stats_table(recorder: Recorder) -> pl.DataFrame:
         dtype=pl.List(pl.Float64),
     )
     return df.with_columns(
-        *(sums(name).alias(name) for name in ("sum_x", "sum_unit", "sum_x_sq", "sum_unit_sq", "abs_max"))
-    )
+        *(
+            sums(name).alias(name)
+            for name in ("sum_x", "sum_unit", "sum_x_sq", "sum_unit_sq", "abs_max", "m2_x", "m2_unit")
+        )
+    ).select(*EXTRACT_SCHEMAS["hidden_stats"])
 
 
 def hidden_table(recorder: Recorder) -> pl.DataFrame:

@@ -6,7 +6,9 @@ attention (LayerNorm puts them on its hypersphere; anisweep.weights.layout names
 unembedding times the final norm's gain (an encoder's MLM decoder times its transform LayerNorm's gain):
 
 - W_QK = W_Q[h]^T W_K[h] and the scores S = X W_QK X^T / sqrt(d_head): which token attends to which, with position
-  left out (rotary models: the scores at equal positions);
+  left out (rotary models: the scores at equal positions). The singular values are W_QK's, unscaled: Molina 2023's
+  code (santiag0m/traveling-words, svd_analysis.py) takes those of W_QK / sqrt(d_head), sqrt(d_head) times smaller;
+  every share and rank here is the same either way;
 - W_OV = W_O[h] W_V[h] and the logits L = X W_OV^T U^T: which output token each input token promotes.
 
 The probe is every token where the vocabulary has at most PROBE_TOKENS, else a seeded sample of that many (the
@@ -74,21 +76,27 @@ def qk_head(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, top: int = TOP_PA
     """Self-attention of the probe under one head (q, k: its W_Q, W_K, d_head x d_model): the mean rank of each
     query's own key among the probe's keys (0 first, over n - 1), the share of queries whose top key is their own,
     and the `top` queries of largest best score x_i^T W_QK x_j / sqrt(d_head), each with its best key, as (score,
-    query index, key index)."""
+    query index, key index).
+
+    Ties are broken at random, in expectation: a query whose own key ties with t others has the mid-rank (the keys
+    above it, plus t / 2) and counts 1 / (t + 1) as attending most to itself when none is above. A fully tied row
+    (a zero normalised embedding: every score 0) thus ranks itself (n - 1) / 2, chance, not first."""
     n, d_head = x.shape[0], q.shape[0]
     queries, keys = x @ q.T / math.sqrt(d_head), x @ k.T
-    ranks, maxima, args = [], [], []
+    ranks, tops, maxima, args = [], [], [], []
     for start in range(0, n, CHUNK):
         s = queries[start : start + CHUNK] @ keys.T
         rows = torch.arange(s.shape[0])
-        ranks.append((s > s[rows, start + rows][:, None]).sum(1))
+        own = s[rows, start + rows][:, None]
+        above, tied = (s > own).sum(1).double(), (s == own).sum(1).double() - 1  # tied: the others
+        ranks.append(above + tied / 2)
+        tops.append(torch.where(above == 0, 1 / (tied + 1), 0.0))
         best = _best_per_row(s)
         maxima.append(best[0])
         args.append(best[1])
-    rank = torch.cat(ranks).double()
     return {
-        "self_rank": float(rank.mean()) / max(n - 1, 1),
-        "self_top": float((rank == 0).double().mean()),
+        "self_rank": float(torch.cat(ranks).mean()) / max(n - 1, 1),
+        "self_top": float(torch.cat(tops).mean()),
         "pairs": _pairs(torch.cat(maxima), torch.cat(args), top),
     }
 

@@ -26,7 +26,9 @@ row chunks and accumulate in float64, so a float32 ``(1e6, 768)`` array is never
 streaming sums and 8 MB for the covariance products, which BLAS runs faster on larger blocks.
 
 Degenerate inputs give NaN rather than an exception (a sweep must not die on one odd layer),
-except where the answer would be silently wrong: IsoScore with fewer points than dimensions raises.
+except where the answer would be silently wrong: IsoScore with fewer points than dimensions raises. A cloud
+with no spread (``relative_spread`` below SPREAD_TOLERANCE: every point the same up to rounding) has no
+covariance to describe: ``centred_avg_cos``, ``isoscore`` and ``top_eig_share`` are NaN there.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ __all__ = [
     "partition_isotropy_mm",
     "permutation_p",
     "layer_correlations",
-    "norm_spread_from_sums",
+    "norm_spread_from_moments",
+    "relative_spread",
+    "has_spread",
     "qk_alignment",
     "qk_mean_dot",
     "qk_cos_concat",
@@ -189,10 +193,11 @@ def pair_avg_cos(x, seed: int = 0) -> tuple[float, float, int]:
 def centred_avg_cos(x, chunk_rows: int | None = None) -> float:
     """avg_cos of x_i - mean(x): the anisotropy left once the common drift is removed.
 
-    For any centred set of equal-norm vectors this is exactly -1/(N-1).
+    For any centred set of equal-norm vectors this is exactly -1/(N-1). NaN for a cloud without spread
+    (has_spread): its centred vectors are rounding.
     """
     x = _as_cloud(x)
-    if x.shape[0] == 0:
+    if not has_spread(x, chunk_rows):
         return float("nan")
     return avg_cos_from_sums(*unit_sum(x, shift=_mean(x, chunk_rows), chunk_rows=chunk_rows))
 
@@ -222,13 +227,37 @@ def drift(x, chunk_rows: int | None = None) -> tuple[float, float]:
     return drift_from_sums(sum_x, sum_norm, x.shape[0])
 
 
-def norm_spread_from_sums(sum_norm: float, sum_norm_sq: float, n: int) -> tuple[float, float]:
-    """(mean, population std) of vector norms from sum ||x_i|| and sum ||x_i||^2 (variance clipped at 0)."""
+def norm_spread_from_moments(sum_norm: float, m2_norm: float, n: int) -> tuple[float, float]:
+    """(mean, population std) of vector norms from sum ||x_i|| and M2 = sum_i (||x_i|| - mean)^2, streamed without
+    cancellation (anisweep.moments; sum ||x||^2 / n - mean^2 would lose the digits of mean^2 / variance)."""
     if n < 1:
         return float("nan"), float("nan")
-    mean = float(sum_norm) / n
-    var = float(sum_norm_sq) / n - mean * mean
-    return mean, float(np.sqrt(max(var, 0.0)))
+    return float(sum_norm) / n, float(np.sqrt(max(float(m2_norm), 0.0) / n))
+
+
+# --------------------------------------------------------------------------- spread
+#: The relative spread below which a cloud counts as one point: deviations from the mean under 1e-5 of the norm,
+#: about a hundred float32 roundings of it, where the "covariance" is rounding (a corpus of one repeated word at a
+#: layer that sees no position) and its eigenvalues describe the arithmetic, not the model.
+SPREAD_TOLERANCE = 1e-10
+
+
+def relative_spread(x, chunk_rows: int | None = None) -> float:
+    """``sum_i ||x_i - mean||^2 / sum_i ||x_i||^2``: the trace of the covariance (population) over the mean squared
+    norm, the share of the cloud's second moment that is spread about its mean, in [0, 1] (0: every point the
+    same). NaN for an empty or all-zero cloud."""
+    x = _as_cloud(x)
+    if x.shape[0] == 0:
+        return float("nan")
+    total = sum(float(np.einsum("ij,ij->", c, c)) for c in _chunks(x, chunk_rows))
+    shift = _mean(x, chunk_rows)
+    spread = sum(float(np.einsum("ij,ij->", c, c)) for c in _chunks(x, chunk_rows, shift))
+    return spread / total if total > 0 else float("nan")
+
+
+def has_spread(x, chunk_rows: int | None = None) -> bool:
+    """Whether the cloud's relative spread reaches SPREAD_TOLERANCE (False for an empty or all-zero cloud)."""
+    return relative_spread(x, chunk_rows) >= SPREAD_TOLERANCE
 
 
 # --------------------------------------------------------------------------- spectrum-based
@@ -249,7 +278,7 @@ def isoscore(x, chunk_rows: int | None = None) -> float:
     ``k = (d - delta^2 (d - sqrt d))^2 / d^2``, ``IsoScore = (d k - 1) / (d - 1)``.
     1 = equal variance in every direction; (k-1)/(d-1) = isotropic in a k-dim subspace; 0 = a line.
     Raises ValueError when n < d: the covariance then has rank < d and the score is artificially
-    low. NaN for d < 2 or a constant cloud.
+    low. NaN for d < 2 or a cloud without spread (has_spread).
     """
     x = _as_cloud(x)
     n, d = x.shape
@@ -258,7 +287,7 @@ def isoscore(x, chunk_rows: int | None = None) -> float:
             f"IsoScore needs at least d points (got n={n} points in d={d} dims); "
             "with fewer the covariance is rank-deficient and the score is artificially low: sample more tokens"
         )
-    if d < 2:
+    if d < 2 or not has_spread(x, chunk_rows):
         return float("nan")
     lam = cov_eigvals(x, chunk_rows)
     norm = np.linalg.norm(lam)
@@ -272,7 +301,9 @@ def isoscore(x, chunk_rows: int | None = None) -> float:
 
 
 def top_eig_share(x, chunk_rows: int | None = None) -> float:
-    """Largest eigenvalue of the centred covariance over its trace (NaN for a constant cloud)."""
+    """Largest eigenvalue of the centred covariance over its trace (NaN for a cloud without spread, has_spread)."""
+    if not has_spread(x, chunk_rows):
+        return float("nan")
     lam = cov_eigvals(x, chunk_rows)
     tr = lam.sum()
     return float(lam[0] / tr) if tr > 0 else float("nan")

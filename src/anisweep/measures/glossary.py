@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from anisweep.measures.geometry import SPREAD_TOLERANCE
 from anisweep.measures.sites import (
     HIDDEN_SITES,
     SAMPLED_SITES,
@@ -229,6 +230,11 @@ _QK = "per head, from the means over every valid token"
 _QK_SAMPLE = "per head, over the seeded sample of tokens (qk_sample.parquet)"
 _CORR = "per checkpoint (layer null), over the `resid` layers"
 _ROGUE_NAN = "NaN where avg_cos <= 0 (no anisotropy to share out)"
+_NO_SPREAD = (
+    f"NaN (status nan) where the sample has no spread, relative_spread < {SPREAD_TOLERANCE:g} (deviations from the"
+    " mean under 1e-5 of the norm, about a hundred float32 roundings: one vector up to rounding, e.g. a corpus of one"
+    " repeated word at a layer that sees no position), whose covariance is rounding"
+)
 _KINDS = (
     ("first", "their sequence's first valid token"),
     (
@@ -333,7 +339,8 @@ METRICS: tuple[Term, ...] = (
     ),
     Term(
         "score_std",
-        f"standard deviation (population) of the pre-softmax scores over every visible pair; {_ATTENTION}; the"
+        "standard deviation (population) of the pre-softmax scores over every visible pair (streamed M2, merged"
+        f" without cancellation); {_ATTENTION}; the"
         " per-layer row is the mean of the heads' stds, not the std of all the layer's scores"
         " (attention_softmax.png draws that pooled std, from the per-head rows)",
         GODEY,
@@ -365,7 +372,12 @@ METRICS: tuple[Term, ...] = (
     Term("drift_norm", f"||mean_i x_i||, the common drift, {_EXACT}", GODEY, HIDDEN_SITES),
     Term("drift_ratio", f"drift_norm / mean_i ||x_i||, in [0, 1], {_EXACT}", ANISWEEP, HIDDEN_SITES),
     Term("norm_mean", f"mean_i ||x_i|| {_EXACT}", MOLINA, HIDDEN_SITES),
-    Term("norm_std", f"standard deviation (population) of ||x_i|| {_EXACT}", MOLINA, HIDDEN_SITES),
+    Term(
+        "norm_std",
+        f"standard deviation (population) of ||x_i|| {_EXACT} (streamed M2, merged without cancellation)",
+        MOLINA,
+        HIDDEN_SITES,
+    ),
     Term(
         "norm_cv",
         "norm_std / norm_mean: the spread of norms (about 0 after a LayerNorm without its affine part)",
@@ -390,19 +402,28 @@ METRICS: tuple[Term, ...] = (
     # hidden.parquet, the seeded sample (measures.metrics.sample_rows)
     Term(
         "centred_avg_cos",
-        f"avg_cos of x_i - mean(x), the anisotropy left once the common drift is removed, {_SAMPLE}",
+        f"avg_cos of x_i - mean(x), the anisotropy left once the common drift is removed, {_SAMPLE}; {_NO_SPREAD}",
         BIS,
         SAMPLED_SITES,
     ),
     Term(
         "isoscore",
-        f"IsoScore (in [0, 1], 1 = isotropic) of the covariance's eigenvalues, {_SAMPLE}; NaN with fewer tokens than d",
+        f"IsoScore (in [0, 1], 1 = isotropic) of the covariance's eigenvalues, {_SAMPLE}; NaN with fewer tokens than"
+        f" d; {_NO_SPREAD}",
         ISOSCORE,
         SAMPLED_SITES,
     ),
     Term(
         "top_eig_share",
-        f"largest eigenvalue of the centred covariance over its trace, {_SAMPLE}",
+        f"largest eigenvalue of the centred covariance over its trace, {_SAMPLE}; {_NO_SPREAD}",
+        ANISWEEP,
+        SAMPLED_SITES,
+    ),
+    Term(
+        "relative_spread",
+        "sum_i ||x_i - mean(x)||^2 / sum_i ||x_i||^2, the covariance's trace over the mean squared norm: the share"
+        f" of the sample's second moment spread about its mean (0: every vector the same), {_SAMPLE}; below"
+        f" {SPREAD_TOLERANCE:g} the sample counts as one vector (anisweep.measures.geometry.SPREAD_TOLERANCE)",
         ANISWEEP,
         SAMPLED_SITES,
     ),
@@ -503,8 +524,9 @@ METRICS: tuple[Term, ...] = (
         Term(
             f"rogue_top{k}_share",
             f"share of avg_cos that the {k} dimension{'s' if k > 1 else ''} with the largest terms make: avg_cos ="
-            " sum_j c_j, c_j = ((sum_i u_ij)^2 - sum_i u_ij^2) / (n (n - 1)) over the unit vectors u_i of every valid"
-            f" token, exact; {_ROGUE_NAN}",
+            " sum_j c_j, c_j = ((sum_i u_ij)^2 - sum_i u_ij^2) / (n (n - 1)) = mean_j^2 - M2_j / (n (n - 1)) over"
+            " the unit vectors u_i of every valid token (mean_j and M2_j, the sum of squared deviations, of u_ij),"
+            f" exact; {_ROGUE_NAN}",
             TIMKEY,
             SAMPLED_SITES,
         )
@@ -528,9 +550,9 @@ METRICS: tuple[Term, ...] = (
     Term(
         "avg_cos_standardised",
         "avg_cos after standardising each dimension, z_ij = (x_ij - mean_j) / std_j (Timkey & van Schijndel's"
-        " post-processing): mean_j and std_j (population) exact over every valid token (streamed sums of x_j and"
-        f" x_j^2), the cosines averaged exactly over all pairs of the token sample, {_SAMPLE}: a token's norm after"
-        " the shift is unknown until the one streamed pass ends",
+        " post-processing): mean_j and std_j (population) exact over every valid token (streamed sum and M2 of x_j,"
+        f" merged without cancellation), the cosines averaged exactly over all pairs of the token sample, {_SAMPLE}:"
+        " a token's norm after the shift is unknown until the one streamed pass ends",
         TIMKEY,
         SAMPLED_SITES,
     ),
@@ -662,6 +684,10 @@ METRICS: tuple[Term, ...] = (
 
 ELHAGE = "Elhage et al. 2021 (A Mathematical Framework for Transformer Circuits)"
 LOGIT_LENS = "nostalgebraist 2020 (logit lens); Molina 2023 (Traveling Words)"
+_TIES = (
+    "ties broken at random, in expectation: a token whose own key ties with t others takes the mid-rank (the keys"
+    " above it plus t / 2), so that a fully tied row (a zero normalised embedding, [PAD] at initialisation) is chance"
+)
 _PROBE = (
     "the probe tokens' embeddings normalised by the norm before block `layer`'s attention (anisweep.measures.circuits)"
 )
@@ -687,13 +713,14 @@ WEIGHT_METRICS: tuple[Term, ...] = (
     Term(
         "qk_self_rank",
         f"per head, the mean rank (0 first) of a probe token's own key among all probe keys under x_i^T W_QK x_j,"
-        f" over (n - 1): 0 always attends most to itself, 0.5 chance; {_PROBE}",
+        f" over (n - 1): 0 always attends most to itself, 0.5 chance; {_TIES}; {_PROBE}",
         MOLINA,
         ("weights",),
     ),
     Term(
         "qk_self_top",
-        f"per head, the share of probe tokens whose highest-scoring key under W_QK = W_Q^T W_K is themselves; {_PROBE}",
+        "per head, the share of probe tokens whose highest-scoring key under W_QK = W_Q^T W_K is themselves"
+        f" (a token tied at the top with t others counts 1 / (t + 1)); {_TIES}; {_PROBE}",
         MOLINA,
         ("weights",),
     ),
@@ -706,7 +733,9 @@ WEIGHT_METRICS: tuple[Term, ...] = (
     ),
     Term(
         "qk_singular_value",
-        "per head, the `rank`-th singular value of W_QK = W_Q^T W_K (rank 1 to d_head)",
+        "per head, the `rank`-th singular value of W_QK = W_Q^T W_K (rank 1 to d_head), unscaled: Molina 2023's code"
+        " (santiag0m/traveling-words, svd_analysis.py) takes the singular values of W_QK / sqrt(d_head), the scores'"
+        " scaling, so the paper's are these divided by sqrt(d_head) (qk_top_sv_share is the same either way)",
         MOLINA,
         ("weights",),
     ),
@@ -960,6 +989,21 @@ LOGIT_LENS_ROW = (
 )
 
 
+#: How "exact over every valid token" is kept for the streamed variances (docs/metrics.md's introduction).
+_STREAMED = (
+    "Exact over every valid token means streamed through the one forward pass, summed in float64 across",
+    "mini-batches. Every streamed variance (`norm_std`, `score_std`, each dimension's mean and std behind",
+    "`avg_cos_standardised`, the rogue terms c_j, the gradients' covariance) comes from each mini-batch's own mean",
+    "and M2 (the sum of squared deviations from that mean), merged in float64 by Chan et al.'s update",
+    "(`anisweep.moments`), never from sum x^2 / n - mean^2, which loses as many digits as mean^2 / variance has:",
+    "against two-pass float64 on the same values it is within 1e-7 relative where a dimension is 1000 + 0.1 N(0, 1)",
+    "or a rogue one of mean 31.5 and variance 9.5e-3 (tests/extract/test_streamed_variances.py). The per-dimension",
+    "sums are in float64 within a mini-batch too; a score row's own M2 comes from its scores shifted by the row's",
+    "max, in float32; norms are float64 at the sampled sites and float32 at the others (`ln_*`), where norm_std",
+    "holds each norm's float32 rounding (6e-8 of it).",
+)
+
+
 def glossary_markdown(measures=()) -> str:
     """docs/metrics.md: the measures, and the metrics, sites and columns of metrics.parquet as markdown tables;
     `measures`, a user's (anisweep.measures.registry.user_measures), are listed after the built-in ones with
@@ -972,6 +1016,8 @@ def glossary_markdown(measures=()) -> str:
         "Generated from `src/anisweep/measures/glossary.py` (`python -m anisweep.measures.glossary`); edit the",
         "glossary, not this file. Natural log everywhere; padding is masked out of every statistic. One row of",
         "metrics.parquet is one (layer, head, site, metric, subspace, fit, rank, stratum) of a checkpoint.",
+        "",
+        *_STREAMED,
         "",
         "## Measures",
         "",

@@ -43,7 +43,7 @@ def ln_outlier_rows(layernorm: pl.DataFrame, stats: pl.DataFrame) -> list[dict]:
         if len(gain):
             values["ln_gain_outlier_dim_1"] = float(gain[0])
         out = outputs.get((r["layer"], "final_ln_out" if r["site"] == "final_ln" else "resid"))
-        if out is not None and out.get("sum_unit_sq") is not None and out["n"] >= 2:
+        if out is not None and out.get("m2_unit") is not None and out["n"] >= 2:
             rogue = set(top_dims(out, ROGUE_TOP))
             either = set(gain.tolist()) | (set() if bias is None else set(bias.tolist()))
             values["ln_outliers_in_rogue"] = float(len(either & rogue))

@@ -91,7 +91,7 @@ def stats_rows(stats: pl.DataFrame) -> list[dict]:
     for r in stats.iter_rows(named=True):
         n = r["n"]
         drift_norm, drift_ratio = geometry.drift_from_sums(np.asarray(r["sum_x"]), r["sum_norm"], n)
-        norm_mean, norm_std = geometry.norm_spread_from_sums(r["sum_norm"], r["sum_norm_sq"], n)
+        norm_mean, norm_std = geometry.norm_spread_from_moments(r["sum_norm"], r["m2_norm"], n)
         avg_cos = geometry.avg_cos_from_sums(np.asarray(r["sum_unit"]), n - (r.get("n_zero") or 0))
         values = {
             "avg_cos": avg_cos,
@@ -125,18 +125,29 @@ def sample_rows(hidden: pl.DataFrame) -> list[dict]:
         n, d = x.shape
         nan = float("nan")
         pairs, pairs_se, n_pairs = geometry.pair_avg_cos(x, seed=PAIR_SEED)
+        spread = geometry.relative_spread(x)
         values = {"centred_avg_cos": nan, "isoscore": nan, "top_eig_share": nan, "n_sampled": n}
-        values |= {"avg_cos_pairs": pairs, "avg_cos_pairs_se": pairs_se, "n_pairs": n_pairs}
-        if n >= 2:  # fewer: every sampled vector non-finite (a diverged layer), flagged by n_nonfinite
-            values["centred_avg_cos"] = geometry.centred_avg_cos(x)
-            values["top_eig_share"] = geometry.top_eig_share(x)
-        if n >= d:
-            values["isoscore"] = geometry.isoscore(x)
-        elif n >= 2:
+        values |= {"avg_cos_pairs": pairs, "avg_cos_pairs_se": pairs_se, "n_pairs": n_pairs, "relative_spread": spread}
+        if n < 2:  # every sampled vector non-finite (a diverged layer), flagged by n_nonfinite
+            pass
+        elif not spread >= geometry.SPREAD_TOLERANCE:
             warnings.warn(
-                f"layer {layer} {site}: {n} sampled tokens < d = {d}; IsoScore is NaN (raise extract.sample_tokens)",
+                f"layer {layer} {site}: the {n} sampled vectors have no spread (relative_spread {spread:.3g} <"
+                f" {geometry.SPREAD_TOLERANCE:g}: one vector up to rounding); centred_avg_cos, isoscore and"
+                " top_eig_share are NaN (status nan)",
                 stacklevel=2,
             )
+        else:
+            values["centred_avg_cos"] = geometry.centred_avg_cos(x)
+            values["top_eig_share"] = geometry.top_eig_share(x)
+            if n >= d:
+                values["isoscore"] = geometry.isoscore(x)
+            else:
+                warnings.warn(
+                    f"layer {layer} {site}: {n} sampled tokens < d = {d}; IsoScore is NaN (raise"
+                    " extract.sample_tokens)",
+                    stacklevel=2,
+                )
         rows += [{"layer": layer, "site": site, "metric": m, "value": v} for m, v in values.items()]
     return rows
 

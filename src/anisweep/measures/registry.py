@@ -30,7 +30,7 @@ import importlib.util
 import inspect
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -380,9 +380,9 @@ def measure_frame(measure: Measure, ident: dict, rows, defaults: dict | None = N
     Columns outside ROW_COLUMNS, rows without metric or value, values that are not numbers and two rows of
     one key are MeasureErrors naming the measure and the checkpoint."""
     where = f"measure {measure.name!r} ({measure.entry}) at {checkpoint_name(ident)}"
-    if isinstance(rows, pl.DataFrame):
-        rows = rows.to_dicts()
-    rows = [dict(defaults or {}) | dict(r) for r in (rows or [])]
+    if defaults and "site" in defaults:
+        where += f", layer {defaults.get('layer')} {defaults['site']}"
+    rows = [dict(defaults or {}) | dict(r) for r in _row_dicts(rows, where, measure.kind)]
     for r in rows:
         unknown = set(r) - ROW_COLUMNS
         if unknown:
@@ -395,6 +395,44 @@ def measure_frame(measure: Measure, ident: dict, rows, defaults: dict | None = N
         return metric_rows(ident, rows, measure.name)
     except (ValueError, TypeError, pl.exceptions.PolarsError) as error:
         raise MeasureError(f"{where}: {error}") from error
+
+
+#: What a measure returns (docs/measures.md, Rows), said where it returns something else.
+EXPECTED_ROWS = (
+    "expected its rows: a list (or any iterable) of dicts, each with 'metric' and 'value', or a polars DataFrame of "
+    "them (docs/measures.md, Rows)"
+)
+
+
+def _row_dicts(rows, where: str, kind: str) -> list:
+    """The rows a measure returned, as a list of mappings; anything else (an array, a tensor, a number, one dict, a
+    row that is not a dict) a MeasureError naming what was returned and what is expected."""
+    returned = f"{where}: {'finalize()' if kind == 'stream' else 'the ' + kind + ' measure'} returned"
+    if rows is None:
+        return []
+    if isinstance(rows, pl.DataFrame):
+        return rows.to_dicts()
+    if isinstance(rows, (str, bytes, Mapping)) or hasattr(rows, "shape") or not isinstance(rows, Iterable):
+        raise MeasureError(f"{returned} {described(rows)}; {EXPECTED_ROWS}")
+    rows = list(rows)
+    for i, r in enumerate(rows):
+        if not isinstance(r, Mapping):
+            raise MeasureError(f"{returned} a row {i} that is {described(r)}; {EXPECTED_ROWS}")
+    return rows
+
+
+def described(value) -> str:
+    """What a value is, for an error: its type (with its module, but builtins) and its shape where it has one."""
+    kind = type(value)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    shape = getattr(value, "shape", None)
+    return f"a {name}" + (f" of shape {tuple(shape)}" if shape is not None else "")
+
+
+def taken(rows):
+    """A generator's rows listed (where the caller blames the measure's own code for what fails while they are
+    made); anything else as it is, for measure_frame to check."""
+    return list(rows) if isinstance(rows, Iterator) else rows
 
 
 def _is_number(value) -> bool:
@@ -450,9 +488,7 @@ def run_table_measure(measure: Measure, folder: str | Path) -> pl.DataFrame:
     tables = CheckpointTables(folder, measure.tables)
     ident = tables.identity
     try:
-        rows = measure.target(tables)
-        if rows is not None and not isinstance(rows, pl.DataFrame):
-            rows = list(rows)
+        rows = taken(measure.target(tables))
     except MeasureError as error:
         where = f"measure {measure.name!r} ({measure.entry}) at {checkpoint_name(ident)}"
         raise MeasureError(f"{where}: {error}") from error

@@ -3,15 +3,17 @@ unit-vector sums of hidden_stats.parquet, exactly; and avg_cos after standardisi
 
 For n unit vectors u_i, avg_cos = (||sum_i u_i||^2 - n) / (n (n - 1)) = sum_j c_j, with the coordinate j's term
 
-    c_j = ((sum_i u_ij)^2 - sum_i u_ij^2) / (n (n - 1))
+    c_j = ((sum_i u_ij)^2 - sum_i u_ij^2) / (n (n - 1)) = mean_j^2 - M2_j / (n (n - 1))
 
-(sum_j sum_i u_ij^2 = n): each dimension's contribution to the mean pairwise cosine, which Timkey & van Schijndel
-average over pairs as u_ij u_kj. A rogue dimension is one whose c_j is a large share of avg_cos.
+(sum_j sum_i u_ij^2 = n; mean_j and M2_j, the sum of squared deviations from it, of u_j over the n unit vectors):
+each dimension's contribution to the mean pairwise cosine, which Timkey & van Schijndel average over pairs as
+u_ij u_kj. A rogue dimension is one whose c_j is a large share of avg_cos.
 
 Standardising (their post-processing: z_ij = (x_ij - mean_j) / std_j) needs each token's norm after the shift and
 scaling, which the one streamed pass cannot know in advance: the mean and std of each dimension are exact, over
-every valid token (from sum x_j and sum x_j^2), and the cosines are averaged exactly over all pairs of the seeded
-token sample (hidden.parquet) standardised with them. `avg_cos_sample` is the raw avg_cos of the same sample, the
+every valid token (from sum x_j and M2 of x_j, each mini-batch's about its own mean, merged without cancellation:
+anisweep.moments), and the cosines are averaged exactly over all pairs of the seeded token sample (hidden.parquet)
+standardised with them. `avg_cos_sample` is the raw avg_cos of the same sample, the
 like-for-like comparison; `avg_cos` (stream_geometry) is the raw value over every token.
 """
 
@@ -30,13 +32,14 @@ N_DIMS_NAMED = 3
 _SHARES = (*(f"rogue_top{k}_share" for k in TOP), "rogue_dims_90")
 
 
-def contributions(sum_unit, sum_unit_sq, n: int) -> np.ndarray:
-    """c_j for n unit vectors (zero vectors left out of n) from their sums sum_i u_ij and sum_i u_ij^2; sums to
-    avg_cos. NaN with fewer than two vectors."""
-    s, q = np.asarray(sum_unit, np.float64), np.asarray(sum_unit_sq, np.float64)
+def contributions(sum_unit, m2_unit, n: int) -> np.ndarray:
+    """c_j for n unit vectors (zero vectors left out of n) from their sums sum_i u_ij and the M2s sum_i (u_ij -
+    mean_j)^2; sums to avg_cos. NaN with fewer than two vectors."""
+    s, m2 = np.asarray(sum_unit, np.float64), np.asarray(m2_unit, np.float64)
     if n < 2:
         return np.full(s.shape, np.nan)
-    return (s * s - q) / (n * (n - 1.0))
+    mean = s / n
+    return mean * mean - m2 / (n * (n - 1.0))
 
 
 def summary(c: np.ndarray) -> dict[str, float]:
@@ -58,12 +61,11 @@ def summary(c: np.ndarray) -> dict[str, float]:
     return values
 
 
-def standardise(x: np.ndarray, sum_x, sum_x_sq, n: int) -> np.ndarray:
+def standardise(x: np.ndarray, sum_x, m2_x, n: int) -> np.ndarray:
     """x (tokens, d) shifted by each dimension's mean and divided by its std (population), both over the n tokens
-    whose sums are given; a dimension with std 0 becomes 0."""
+    whose sums sum_i x_ij and M2s sum_i (x_ij - mean_j)^2 are given; a dimension with std 0 becomes 0."""
     mean = np.asarray(sum_x, np.float64) / n
-    var = np.maximum(np.asarray(sum_x_sq, np.float64) / n - mean * mean, 0.0)
-    std = np.sqrt(var)
+    std = np.sqrt(np.asarray(m2_x, np.float64) / n)
     scale = np.divide(1.0, std, out=np.zeros_like(std), where=std > 0)
     return (x - mean) * scale
 
@@ -73,10 +75,10 @@ def rogue_rows(stats, samples: dict) -> list[dict]:
     polars DataFrame) and the sampled vectors `samples` {(layer, site): (tokens, d) float64}."""
     rows = []
     for r in stats.iter_rows(named=True):
-        if r["site"] not in ROGUE_SITES or r.get("sum_unit_sq") is None:
+        if r["site"] not in ROGUE_SITES or r.get("m2_unit") is None:
             continue
         n_unit = r["n"] - (r.get("n_zero") or 0)
-        values = summary(contributions(r["sum_unit"], r["sum_unit_sq"], n_unit))
+        values = summary(contributions(r["sum_unit"], r["m2_unit"], n_unit))
         x = samples.get((r["layer"], r["site"]))
         nan = float("nan")
         values |= {"avg_cos_standardised": nan, "avg_cos_sample": nan}
@@ -84,7 +86,7 @@ def rogue_rows(stats, samples: dict) -> list[dict]:
             x = x[np.isfinite(x).all(axis=1)]
             if len(x) >= 2:
                 values["avg_cos_sample"] = geometry.avg_cos(x)
-                values["avg_cos_standardised"] = geometry.avg_cos(standardise(x, r["sum_x"], r["sum_x_sq"], r["n"]))
+                values["avg_cos_standardised"] = geometry.avg_cos(standardise(x, r["sum_x"], r["m2_x"], r["n"]))
         rows += [{"layer": r["layer"], "site": r["site"], "metric": m, "value": v} for m, v in values.items()]
     return rows
 
@@ -92,5 +94,5 @@ def rogue_rows(stats, samples: dict) -> list[dict]:
 def top_dims(stats_row: dict, k: int = 10) -> list[int]:
     """The k dimensions with the largest contribution c_j at one hidden_stats row (largest first)."""
     n_unit = stats_row["n"] - (stats_row.get("n_zero") or 0)
-    c = contributions(stats_row["sum_unit"], stats_row["sum_unit_sq"], n_unit)
+    c = contributions(stats_row["sum_unit"], stats_row["m2_unit"], n_unit)
     return [int(j) for j in np.argsort(-c, kind="stable")[:k]]

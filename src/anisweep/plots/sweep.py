@@ -76,7 +76,8 @@ def attention_entropy(sweep: pl.DataFrame, path: Path) -> None:
 def pooled_score_std(sweep: pl.DataFrame) -> pl.DataFrame | None:
     """Per layer and step: the standard deviation of the pre-softmax scores pooled over the layer's heads and all
     their visible pairs, from the per-head score_mean and score_std (population): every head of a layer sees the
-    same (query, key) pairs, so the pooled variance is mean_h var_h + (mean_h m_h^2 - (mean_h m_h)^2). The
+    same (query, key) pairs, so the pooled variance is mean_h var_h + mean_h (m_h - mean_h m_h)^2 (the spread of
+    the means about their mean: mean_h m_h^2 - (mean_h m_h)^2 would cancel where a bias lifts every score). The
     per-layer score_std row is instead the mean over heads of the per-head stds, a few per cent lower. None
     where the sweep has no per-head rows."""
     scores = pl.col("metric").is_in(["score_mean", "score_std"])
@@ -85,8 +86,7 @@ def pooled_score_std(sweep: pl.DataFrame) -> pl.DataFrame | None:
         return None
     wide = heads.pivot(on="metric", index=["step", "tokens_seen", "layer", "head"], values="value")
     pooled = wide.group_by("step", "tokens_seen", "layer").agg(
-        ((pl.col("score_std") ** 2).mean() + (pl.col("score_mean") ** 2).mean() - pl.col("score_mean").mean() ** 2)
-        .clip(lower_bound=0.0)
+        ((pl.col("score_std") ** 2).mean() + ((pl.col("score_mean") - pl.col("score_mean").mean()) ** 2).mean())
         .sqrt()
         .alias("value")
     )

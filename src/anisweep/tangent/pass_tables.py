@@ -3,7 +3,8 @@ is computed afterwards from files, without the weights.
 
 gradient_sums.parquet, long: per (layer, site, stratum) of the three frequency strata (`all` is their sum, not
 stored) the quantities `n` and `grad_norm` (in `value`), `grad_sum`, `grad_unit`, `act_unit` (d-vectors in `vector`)
-and `grad_second` (the d x d second moment's upper triangle, row by row, in `vector`); and the pass's own numbers
+and `grad_second` and `grad_m2` (the d x d second moment's and centred scatter's upper triangles, row by row, in
+`vector`); and the pass's own numbers
 as rows of site `lm` (loss, n_targets, the strata's count quantiles), layer null, stratum `all`.
 
 gradient_sample.parquet: per (layer, site) the seeded token sample's activations and gradients (float32, as the
@@ -18,7 +19,7 @@ import numpy as np
 import polars as pl
 
 from anisweep.tangent.shares import STRATA
-from anisweep.tangent.sums import GradientPass, SiteSums
+from anisweep.tangent.sums import GradientPass, SiteSums, with_all
 
 SUMS_SCHEMA = {
     "layer": pl.Int64,
@@ -39,6 +40,7 @@ SAMPLE_SCHEMA = {
 PASS_TABLES = ("gradient_sums", "gradient_sample")
 SCALARS = ("n", "n_grad", "n_act", "grad_norm")
 VECTORS = ("grad_sum", "grad_unit", "act_unit")
+MATRICES = ("grad_second", "grad_m2")  # symmetric: their upper triangles
 
 
 def empty_pass_tables() -> dict[str, pl.DataFrame]:
@@ -56,8 +58,9 @@ def pass_tables(result: GradientPass) -> dict[str, pl.DataFrame]:
             for q in VECTORS:
                 rows.append({**where, "quantity": q, "vector": len(vectors)})
                 vectors.append(np.asarray(getattr(sums, q)[index], np.float64))
-            rows.append({**where, "quantity": "grad_second", "vector": len(vectors)})
-            vectors.append(sums.grad_second[index][upper])
+            for q in MATRICES:
+                rows.append({**where, "quantity": q, "vector": len(vectors)})
+                vectors.append(getattr(sums, q)[index][upper])
     lm = {"loss": result.loss, "n_targets": result.n_targets, **result.strata_info}
     rows += [{"layer": None, "site": "lm", "stratum": "all", "quantity": q, "value": float(v)} for q, v in lm.items()]
     sample = []
@@ -97,13 +100,13 @@ def _site_sums(rows: pl.DataFrame) -> SiteSums:
     arrays |= {q: np.stack([vector[at[(s, q)]].to_numpy() for s in strata]) for q in VECTORS}
     d = arrays["grad_sum"].shape[1]
     upper = np.triu_indices(d)
-    second = np.zeros((len(strata), d, d))
-    for index, s in enumerate(strata):
-        second[index][upper] = vector[at[(s, "grad_second")]].to_numpy()
-        second[index] = second[index] + np.triu(second[index], 1).T
-    arrays["grad_second"] = second
-    # `all` first, the strata's sum, as SiteSums.finish() leaves them
-    arrays = {q: np.concatenate([v.sum(0, keepdims=True), v]) for q, v in arrays.items()}
+    for q in MATRICES:
+        matrix = np.zeros((len(strata), d, d))
+        for index, s in enumerate(strata):
+            matrix[index][upper] = vector[at[(s, q)]].to_numpy()
+            matrix[index] = matrix[index] + np.triu(matrix[index], 1).T
+        arrays[q] = matrix
+    arrays = with_all(arrays)  # `all` first, as SiteSums.finish() leaves them
     for count in ("n", "n_grad", "n_act"):
         arrays[count] = arrays[count].astype(np.int64)
     return SiteSums.of(**arrays)

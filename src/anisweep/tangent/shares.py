@@ -82,10 +82,10 @@ def control_stats(value: float, controls: np.ndarray, null: tuple[float, float] 
 
 
 def moments(sums: SiteSums, index: int) -> tuple[np.ndarray, np.ndarray]:
-    """(second moment M, centred covariance C) of stratum `index`'s gradients, over the tokens that have one."""
+    """(second moment M, centred covariance C) of stratum `index`'s gradients, over the tokens that have one: C from
+    their streamed scatter about the mean (SiteSums.grad_m2), never M / n - mean mean^T."""
     n = max(int(sums.n_grad[index]), 1)
-    mean = sums.grad_sum[index] / n
-    return sums.grad_second[index], sums.grad_second[index] / n - np.outer(mean, mean)
+    return sums.grad_second[index], sums.grad_m2[index] / n
 
 
 def share_rows(bases: dict[str, np.ndarray], controls: list[np.ndarray], sums: SiteSums, rank: int) -> list[dict]:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from anisweep.moments import merge, safe
+
 #: `all` is the strata's sum; then the tokens by their id's count (anisweep.tangent.batch.frequency_strata), and
 #: the special tokens apart
 STRATA = ("all", "frequent", "middle", "rare", "special")
@@ -23,7 +25,10 @@ class SiteSums:
     `n` counts the valid tokens; `n_grad` those whose gradient is not zero, the tokens the gradient statistics
     are over (a zero vector has no direction: as geometry.unit_sum, it is left out, not counted). At an encoder's
     final sites only the masked targets have a gradient, at a decoder's the last position of a sequence has none.
-    `n_act` counts the tokens whose activation is not zero (`act_unit`'s)."""
+    `n_act` counts the tokens whose activation is not zero (`act_unit`'s). `grad_second` is sum_t g_t g_t^T;
+    `grad_m2` the same of g_t minus their mean, over the tokens with a gradient: each mini-batch's about its own
+    mean, merged by Chan et al.'s update (anisweep.moments), so that the covariance never comes from
+    grad_second / n - mean mean^T, which cancels where the mean is large against the spread."""
 
     d: int
     device: torch.device | str = "cpu"
@@ -32,6 +37,7 @@ class SiteSums:
     n_act: np.ndarray = field(init=False)
     grad_sum: np.ndarray = field(init=False)
     grad_second: np.ndarray = field(init=False)
+    grad_m2: np.ndarray = field(init=False)
     grad_unit: np.ndarray = field(init=False)
     act_unit: np.ndarray = field(init=False)
     grad_norm: np.ndarray = field(init=False)
@@ -44,6 +50,7 @@ class SiteSums:
             "n_act": zeros(),
             "grad_sum": zeros(self.d),
             "grad_second": zeros(self.d, self.d),
+            "grad_m2": zeros(self.d, self.d),
             "grad_unit": zeros(self.d),
             "act_unit": zeros(self.d),
             "grad_norm": zeros(),
@@ -61,6 +68,7 @@ class SiteSums:
         for index in range(len(STRATA) - 1):
             rows = stratum == index
             gs = g[rows]
+            self._merge_m2(index, g[rows & (g_norm[:, 0] > 0)])
             sums["n"][index] += gs.shape[0]
             sums["n_grad"][index] += (g_norm[rows] > 0).sum()
             sums["n_act"][index] += (a_norm[rows] > 0).sum()
@@ -69,6 +77,18 @@ class SiteSums:
             sums["grad_unit"][index] += g_unit[rows].sum(0)
             sums["act_unit"][index] += a_unit[rows].sum(0)
             sums["grad_norm"][index] += g_norm[rows].sum()
+
+    def _merge_m2(self, index: int, g: torch.Tensor) -> None:
+        """Merge the scatter about their own mean of one mini-batch's gradients `g` (those with a gradient) of
+        stratum `index` into grad_m2; before n_grad and grad_sum take them in."""
+        sums = self._sums
+        n = torch.tensor(float(len(g)), dtype=torch.float64, device=g.device)
+        mean = g.sum(0) / safe(n)
+        dev = g - mean
+        n_a = sums["n_grad"][index]
+        sums["grad_m2"][index] = merge(
+            n_a, sums["grad_sum"][index] / safe(n_a), sums["grad_m2"][index], n, mean, dev.T @ dev, outer=True
+        )[2]
 
     @classmethod
     def of(cls, **arrays: np.ndarray) -> SiteSums:
@@ -80,11 +100,23 @@ class SiteSums:
         return sums
 
     def finish(self) -> SiteSums:
-        for name, value in self._sums.items():
-            per_stratum = value.cpu().numpy()
-            setattr(self, name, np.concatenate([per_stratum.sum(0, keepdims=True), per_stratum]))
+        per_stratum = {name: value.cpu().numpy() for name, value in self._sums.items()}
+        for name, value in with_all(per_stratum).items():
+            setattr(self, name, value)
         self.n, self.n_grad, self.n_act = (x.astype(np.int64) for x in (self.n, self.n_grad, self.n_act))
         return self
+
+
+def with_all(per_stratum: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each quantity with `all` first, as STRATA lists them: the strata's sum, and for grad_m2 their scatters
+    merged (Chan et al.) about the mean of every token with a gradient."""
+    out = {name: np.concatenate([value.sum(0, keepdims=True), value]) for name, value in per_stratum.items()}
+    n, total, m2 = 0.0, np.zeros_like(per_stratum["grad_sum"][0]), np.zeros_like(per_stratum["grad_m2"][0])
+    for count, part_sum, part_m2 in zip(per_stratum["n_grad"], per_stratum["grad_sum"], per_stratum["grad_m2"]):
+        m2 = merge(n, total / safe(n), m2, count, part_sum / safe(count), part_m2, outer=True)[2]
+        n, total = n + count, total + part_sum
+    out["grad_m2"][0] = m2
+    return out
 
 
 @dataclass

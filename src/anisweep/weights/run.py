@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 
 from anisweep.checkpoints.base import Checkpoint
-from anisweep.measures.registry import Measure, MeasureError, checkpoint_name, measure_frame
+from anisweep.measures.registry import Measure, MeasureError, checkpoint_name, measure_frame, taken
 from anisweep.tables import IDENTITY, with_identity
 from anisweep.weights.checkpoint import CheckpointWeights
 from anisweep.weights.source import LocalSource
@@ -53,9 +53,7 @@ def run_weight_measure(measure: Measure, ckpt: Checkpoint, weights: CheckpointWe
     where = f"measure {measure.name!r} ({measure.entry}) at {checkpoint_name(ident)}"
     weights = weights if weights is not None else open_weights(ckpt, measure.tensors)
     try:
-        rows = measure.target(weights)
-        if rows is not None and not isinstance(rows, pl.DataFrame):
-            rows = list(rows)
+        rows = taken(measure.target(weights))
     except MeasureError as error:
         raise MeasureError(f"{where}: {error}") from error
     except Exception as error:
