@@ -836,7 +836,7 @@ COLUMNS: tuple[Term, ...] = (
     Term(
         "status",
         "sweep.parquet only: `ok`, `duplicate`, `nonfinite`, `nan` or `unfinished`; a step the audit left out has its"
-        " audit status, `duplicate`, `missing` or `no_weights` (see Statuses)",
+        " audit status, `duplicate`, `missing`, `no_weights` or `incomplete` (see Statuses)",
         ANISWEEP,
     ),
     Term("duplicate_of_step", "sweep.parquet only: the step whose weights a `duplicate` step repeats", ANISWEEP),
@@ -846,7 +846,7 @@ COLUMNS: tuple[Term, ...] = (
     Term(
         "audit",
         "sweep.parquet of a Hub model only: the audit's status of the step's branch (grid.parquet's `status`: `ok`,"
-        " `duplicate`, `partial`, `missing`, `no_weights`, `unchecked`; see Statuses)",
+        " `duplicate`, `partial`, `missing`, `no_weights`, `incomplete`, `unchecked`; see Statuses)",
         ANISWEEP,
     ),
     Term(
@@ -899,6 +899,12 @@ STATUSES: tuple[Status, ...] = (
         "no_weights",
         f"{_GRID}; {_SWEEP} of a step the audit left out",
         "a branch on the Hub without weight files",
+    ),
+    Status(
+        "incomplete",
+        f"{_GRID}; {_SWEEP} of a step the audit left out",
+        "a branch whose shard index names weight files the branch does not hold (grid.parquet's `absent_files`): it"
+        " cannot be loaded; not downloaded",
     ),
     Status(
         "unchecked",
