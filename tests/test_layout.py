@@ -38,6 +38,7 @@ STAGES = (
     "plots",
     "results",
     "cli",
+    "worker",  # the warm worker: runs cli.main in a fork of a process that imported the stages once
     "__main__",
 )
 MODULES = sorted(
