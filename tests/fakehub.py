@@ -151,6 +151,11 @@ class FakeHub:
             status, headers, payload = self._route(method, path, parse_qs(url.query), body, handler.headers)
         except KeyError as missing:
             status, headers, payload = 404, {"X-Error-Code": str(missing.args[0])}, b'{"error": "not found"}'
+        if method == "GET" and "/resolve/" in path:
+            # recorded before the first byte goes out: once the client has the bytes, `served` counts them (recorded
+            # after the write, a test that reads `served` as soon as its download returns could miss the last one)
+            with self._lock:
+                self.served.append((path, len(payload)))
         handler.send_response(status)
         for key, value in headers.items():
             handler.send_header(key, value)
@@ -158,9 +163,6 @@ class FakeHub:
         handler.end_headers()
         if method != "HEAD":
             handler.wfile.write(payload)
-            if "/resolve/" in path:
-                with self._lock:
-                    self.served.append((path, len(payload)))
 
     def _repo_and_rest(self, path: str) -> tuple[str, str]:
         for repo_id in self.repos:

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from anisweep import cli
+from anisweep.checkpoints.config_checks import check_local_runs
 from anisweep.checkpoints.hub import Pythia
 from anisweep.config import checkpoints, complete
 from anisweep.corpus import write_texts
@@ -287,6 +288,51 @@ def test_two_entries_of_one_local_run_are_an_error_naming_both(models, tmp_path)
     assert str(run) in str(error.value) and str(other) in str(error.value)
 
 
+def local_entry(run: Path, steps="all") -> dict:
+    return {"family": "local", "name": "run", "path": str(run), "steps": steps}
+
+
+def mixed_run(models, tmp_path) -> Path:
+    """A local run whose steps 0 and 64 are GPT-NeoX and whose step 1000 is a BERT."""
+    run = tmp_path / "mixed"
+    for step, kind in ((0, "pythia"), (64, "pythia"), (1000, "bert")):
+        shutil.copytree(models[kind], run / f"step{step}")
+    return run
+
+
+def test_a_local_run_of_two_architectures_is_an_error_naming_the_step_and_both(models, tmp_path):
+    run = mixed_run(models, tmp_path)
+    config = complete({"models": [local_entry(run)], "extract": EXTRACT})
+    with pytest.raises(ConfigError) as error:
+        check_local_runs(checkpoints(config), config)
+    message = str(error.value)
+    assert message.startswith(
+        "local/run: step 1000 is bert (BertForPreTraining), but steps 0, 64 are gpt_neox (GPTNeoXForCausalLM): "
+    ), message
+    assert f"out of {run}" in message
+    one_model = complete({**config, "models": [local_entry(run, [0, 64])]})
+    check_local_runs(checkpoints(one_model), one_model)
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"seq_len": 80}, "local/run/step1: extract.seq_len = 80 is longer than the 64 positions the model has"),
+        ({"sample_tokens": 16}, "local/run/step1: extract.sample_tokens = 16 keeps fewer hidden-state samples"),
+    ],
+    ids=["seq-len-above-positions", "sample-below-d-model"],
+)
+def test_a_local_runs_config_json_is_checked_against_the_extract_settings_when_the_config_is_read(
+    models, tmp_path, settings, named
+):
+    run = local_run_without_tokenizer(models, tmp_path)
+    config = complete({"models": [local_entry(run)], "extract": EXTRACT})
+    check_local_runs(checkpoints(config), config)
+    config = complete({**config, "extract": {**EXTRACT, **settings}})
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        check_local_runs(checkpoints(config), config)
+
+
 def test_a_config_of_models_alone_gets_every_default(models, tmp_path):
     config = complete({"models": [{"family": "local", "name": "run", "path": str(models["root"]), "steps": "all"}]})
     media = {"modality": "text", "max_items": 512, "seed": 0, "resample": False, "max_seconds": 10.0}
@@ -338,6 +384,30 @@ def test_config_errors_stop_snakemake_before_any_job(tmp_path, change, named):
     done = snakemake(tmp_path, config)
     assert done.returncode != 0 and named in done.stderr, done.stderr[-2000:]
     assert not (tmp_path / "resources").exists() and not (tmp_path / "results").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kind", "settings", "named"),
+    [
+        ("mixed", {}, "local/run: step 1000 is bert (BertForPreTraining), but steps 0, 64 are gpt_neox"),
+        ("pythia", {"seq_len": 80}, "local/run/step1: extract.seq_len = 80 is longer than the 64 positions"),
+    ],
+    ids=["two-architectures", "seq-len-above-positions"],
+)
+def test_a_local_runs_config_errors_stop_snakemake_before_any_job(models, tmp_path, kind, settings, named):
+    """Before these were read with the config, the weights job (which needs no fetch) ran first and failed on
+    something else, or the run's steps were swept as one model."""
+    run = mixed_run(models, tmp_path) if kind == "mixed" else local_run_without_tokenizer(models, tmp_path, kind)
+    config = {
+        "models": [local_entry(run)],
+        "extract": {**EXTRACT, **settings},
+    }
+    work = tmp_path / "work"
+    work.mkdir()
+    done = snakemake(work, config)
+    assert done.returncode != 0 and named in done.stderr, done.stderr[-2000:]
+    assert not any((work / name).exists() for name in ("logs", "results", "resources", "weights"))
 
 
 @pytest.mark.slow

@@ -1,18 +1,21 @@
 """The metric rows of the weight measure `circuits` and of the logit lens for a tiny saved GPT-NeoX LM, as
-metrics.parquet joins them: for tests that need every metric the pipeline writes (test_glossary.py)."""
+metrics.parquet joins them, and the rows they write where they cannot read a checkpoint (a BERT saved without its
+head, an encoder-decoder): for tests that need every metric the pipeline writes (test_glossary.py)."""
 
 from __future__ import annotations
 
 import polars as pl
-from transformers import GPTNeoXForCausalLM
+from transformers import BertForMaskedLM, GPTNeoXForCausalLM, T5ForConditionalGeneration
 
 from anisweep.checkpoints.base import Checkpoint
 from anisweep.measures.circuits import circuit_tables
 from anisweep.tables import metric_rows
-from anisweep.weights.lens import lens_from_hidden
+from anisweep.weights.builtin import circuits_of
+from anisweep.weights.lens import lens_from_hidden, lens_not_measured
 from anisweep.weights.run import open_weights
+from anisweep.weights.source import Unmeasurable
 
-from conftest import neox_config, padded_batch, run_extract, saved
+from conftest import bert_config, neox_config, padded_batch, run_extract, saved, t5_config
 
 IDENT = {"family": "test", "model": "m", "seed": 0, "step": 3, "tokens_seen": 30}
 
@@ -24,4 +27,25 @@ def weight_metrics(folder) -> pl.DataFrame:
     batch = padded_batch()
     tables, _ = run_extract(path, batch)
     lens = lens_from_hidden(tables["hidden"], batch["input_ids"], batch["attention_mask"], weights.layout)
-    return pl.concat([metric_rows(IDENT, rows, "circuits"), metric_rows(IDENT, lens, "logit_lens")])
+    return pl.concat(
+        [metric_rows(IDENT, rows, "circuits"), metric_rows(IDENT, lens, "logit_lens"), *unreadable_metrics(folder)]
+    )
+
+
+def unreadable_metrics(folder) -> list[pl.DataFrame]:
+    """A BERT saved without its MLM head: its circuits (`head_saved` 0) and the logit lens's row that says why; an
+    encoder-decoder's circuits: the row that says why."""
+    BertForMaskedLM.from_pretrained(saved(folder, BertForMaskedLM, bert_config(), "bert")).bert.save_pretrained(
+        folder / "headless"
+    )
+    headless = open_weights(Checkpoint(**IDENT, path=str(folder / "headless")))
+    try:
+        lens_from_hidden(pl.DataFrame(), [], [], headless.layout)
+    except Unmeasurable as error:
+        lens = lens_not_measured(IDENT, "test/m/step3", error)
+    t5 = Checkpoint(**IDENT, path=str(saved(folder, T5ForConditionalGeneration, t5_config(), "t5")))
+    return [
+        metric_rows(IDENT, circuit_tables(headless)[0], "circuits"),
+        lens,
+        metric_rows(IDENT, circuits_of(t5)[0], "circuits"),
+    ]

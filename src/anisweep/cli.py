@@ -306,7 +306,7 @@ def cmd_weights(args) -> None:
     from anisweep.checkpoints.base import Checkpoint
     from anisweep.measures.registry import MeasureError, load
     from anisweep.tables import write_atomic
-    from anisweep.weights.run import identity, open_weights, pair_frame, run_weight_measure
+    from anisweep.weights.run import identity, pair_frame, run_weight_measure
 
     ckpt = Checkpoint.from_dict(args.checkpoint)
     if args.entry:
@@ -315,21 +315,12 @@ def cmd_weights(args) -> None:
             raise MeasureError(f"measure {args.entry!r} is a {measure.kind} measure, not a weight measure")
         write_atomic(run_weight_measure(measure, ckpt), args.out)
         return
-    from anisweep.measures.circuits import circuit_tables, circuits
-    from anisweep.measures.registry import measure_frame, measure_of
-    from anisweep.weights.layout import UnsupportedLayout
+    from anisweep.measures.registry import measure_frame
+    from anisweep.weights.builtin import MEASURE, circuits_of
 
-    measure = measure_of(circuits, "anisweep.measures.circuits:circuits", builtin=True)
-    try:
-        weights = open_weights(ckpt, measure.tensors)
-    except UnsupportedLayout as error:  # an image or audio model, an encoder-decoder: no rows, said in the log
-        print(f"weights: {ckpt.key}: {error}: circuits writes no rows", file=sys.stderr)
-        rows, pairs = [], []
-    else:
-        rows, pairs = circuit_tables(weights, args.probe_tokens)
-        print(f"weights: read {len(weights.read)} tensors, {weights.source.bytes_read} bytes", file=sys.stderr)
+    rows, pairs = circuits_of(ckpt, args.probe_tokens)
     write_atomic(pair_frame(identity(ckpt), pairs), args.pairs_out)
-    write_atomic(measure_frame(measure, identity(ckpt), rows), args.out)
+    write_atomic(measure_frame(MEASURE, identity(ckpt), rows), args.out)
 
 
 def cmd_logit_lens(args) -> None:
@@ -337,17 +328,16 @@ def cmd_logit_lens(args) -> None:
     from anisweep.checkpoints.base import Checkpoint
     from anisweep.corpus import read_corpus
     from anisweep.extract.model import ExtractSettings
-    from anisweep.tables import empty_metrics, write_atomic
-    from anisweep.weights.layout import UnsupportedLayout
-    from anisweep.weights.lens import logit_lens_table
-    from anisweep.weights.run import open_weights
+    from anisweep.tables import write_atomic
+    from anisweep.weights.lens import lens_not_measured, logit_lens_table
+    from anisweep.weights.run import identity, open_weights
+    from anisweep.weights.source import Unmeasurable
 
     ckpt = Checkpoint.from_dict(args.checkpoint)
     try:
         weights = open_weights(ckpt)
-    except UnsupportedLayout as error:  # an image or audio model, an encoder-decoder: no rows, said in the log
-        print(f"logit lens: {ckpt.key}: {error}: no rows", file=sys.stderr)
-        write_atomic(empty_metrics(), args.out)
+    except Unmeasurable as error:  # an image or audio model, an encoder-decoder: the row that says so
+        write_atomic(lens_not_measured(identity(ckpt), ckpt.key, error), args.out)
         return
     table = logit_lens_table(args.extract_dir, weights, ExtractSettings(**args.settings), read_corpus(args.texts))
     write_atomic(table, args.out)

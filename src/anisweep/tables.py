@@ -221,6 +221,7 @@ METRIC_SCHEMA = {
     "stratum": pl.String,
     "value": pl.Float64,
     "measure": pl.String,  # the registered measure that wrote the row (anisweep.measures.registry)
+    "reason": pl.String,  # why the value is NaN, where the measure knows (`unmeasured_row`); null elsewhere
 }
 
 
@@ -302,6 +303,21 @@ def empty_metrics() -> pl.DataFrame:
     return pl.DataFrame(schema=METRIC_SCHEMA)
 
 
+def unmeasured_row(measure: str, site: str, reason: str) -> dict:
+    """The one row of a measure that cannot run on a checkpoint (a model saved without the head it reads, an
+    architecture it cannot read): its metric is the measure's own name, its value NaN (status `nan` in the sweep),
+    `reason` says why. It takes none of the checkpoint's other rows down."""
+    return {"site": site, "metric": measure, "value": float("nan"), "reason": reason}
+
+
+def in_metric_schema(df: pl.DataFrame) -> pl.DataFrame:
+    """A metric table in METRIC_SCHEMA; one written before `reason` was a column (a stream measure's, which extract
+    wrote) gets it as nulls."""
+    if "reason" not in df.columns:
+        df = df.with_columns(pl.lit(None, pl.String).alias("reason"))
+    return df.select(list(METRIC_SCHEMA)).cast(METRIC_SCHEMA)
+
+
 def check_metric_keys(df: pl.DataFrame, key: tuple[str, ...] = METRIC_KEY, where: str = "metrics") -> None:
     """Raise ValueError when two rows of a metric table share their `key` columns: a metric measured twice at
     the same place, or a parameter (subspace, fit, rank, stratum) that was left out of a row."""
@@ -312,8 +328,8 @@ def check_metric_keys(df: pl.DataFrame, key: tuple[str, ...] = METRIC_KEY, where
 
 
 def metric_rows(ident: dict, rows: list[dict], measure: str | None = None) -> pl.DataFrame:
-    """Tidy metric rows (layer, head, site, metric, subspace, fit, rank, stratum, value; a missing key is null)
-    with the identity columns and `measure`, in METRIC_SCHEMA. Raises ValueError when two rows share their
+    """Tidy metric rows (layer, head, site, metric, subspace, fit, rank, stratum, value, reason; a missing key is
+    null) with the identity columns and `measure`, in METRIC_SCHEMA. Raises ValueError when two rows share their
     METRIC_KEY."""
     if not rows:
         return empty_metrics()
@@ -323,10 +339,11 @@ def metric_rows(ident: dict, rows: list[dict], measure: str | None = None) -> pl
                 **{column: r.get(column) for column in METRIC_KEY},
                 "metric": r["metric"],
                 "value": None if r["value"] is None else float(r["value"]),
+                "reason": r.get("reason"),
             }
             for r in rows
         ],
-        schema={k: METRIC_SCHEMA[k] for k in (*METRIC_KEY, "value")},
+        schema={k: METRIC_SCHEMA[k] for k in (*METRIC_KEY, "value", "reason")},
     )
     check_metric_keys(df)
     df = df.with_columns(pl.lit(measure, pl.String).alias("measure"))

@@ -219,9 +219,11 @@ def test_identity_and_schema(measured):
         "stratum",
         "value",
         "measure",
+        "reason",
     ]
     assert list(metrics.schema.items()) == list(METRIC_SCHEMA.items())
     assert metrics["measure"].null_count() == 0
+    assert metrics["reason"].null_count() == metrics.height  # every built-in table measure runs on a BERT
     assert metrics["step"].unique().to_list() == [3]
     assert metrics.filter(pl.col("metric") == "n_nonfinite")["value"].sum() == 0
     assert not metrics.select(list(METRIC_KEY)).is_duplicated().any()  # the key columns name every row

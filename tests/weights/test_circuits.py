@@ -6,6 +6,7 @@ from those full matrices with numpy; and a planted copying, self-attending head 
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from transformers import (
     LlamaForCausalLM,
     Olmo2ForCausalLM,
     OlmoForCausalLM,
+    T5ForConditionalGeneration,
 )
 
 from anisweep.checkpoints.base import Checkpoint
@@ -25,7 +27,16 @@ from anisweep.measures.circuits import circuit_tables
 from anisweep.measures.registry import MeasureError, measure_of, weight_measure
 from anisweep.weights.run import open_weights, run_weight_measure
 
-from conftest import bert_config, gpt2_config, llama_config, neox_config, olmo2_config, olmo_config, saved
+from conftest import (
+    bert_config,
+    gpt2_config,
+    llama_config,
+    neox_config,
+    olmo2_config,
+    olmo_config,
+    saved,
+    t5_config,
+)
 
 FAMILIES = {
     "bert": (BertForMaskedLM, bert_config, True),
@@ -115,8 +126,9 @@ def mid_rank(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (s > own).sum(1), (s == own).sum(1) - 1
 
 
-def brute(model, family: str) -> dict:
-    """{(layer, head): metrics} from the full vocabulary x vocabulary matrices."""
+def brute(model, family: str, headless: bool = False) -> dict:
+    """{(layer, head): metrics} from the full vocabulary x vocabulary matrices; `headless`: read through the input
+    embeddings without the final norm's gain, as a BERT saved without its MLM head is."""
     model = zero_biases(model).double().eval()
     c = model.config
     n_layers, n_heads = c.num_hidden_layers, c.num_attention_heads
@@ -128,7 +140,7 @@ def brute(model, family: str) -> dict:
         u = model.get_output_embeddings().weight
         for layer in range(n_layers):
             norm, qkv, o_proj, gain = parts(model, family, layer)
-            ug = u * gain if gain is not None else u
+            ug = e if headless else u * gain if gain is not None else u
             x = norm(e)
             q, k, v = (t.view(len(x), n_heads, dh) for t in qkv(x))
             eye_q, eye_k, eye_v = (t.view(d, n_heads, dh) for t in qkv(torch.eye(d, dtype=torch.float64)))
@@ -209,6 +221,34 @@ def test_tied_rows_take_the_mid_rank_and_share_the_top():
     assert (zero["self_rank"], zero["self_top"]) == (pytest.approx(0.5), pytest.approx(1 / n))
 
 
+def test_a_bert_saved_without_its_head_reads_w_ov_through_its_tied_embeddings(tmp_path):
+    """A BertModel saved alone (no cls.predictions.*, as a sentence-embedding BERT is): every circuit metric, W_OV
+    read through the word embeddings (BERT's MLM decoder is tied to them) without the head's transform gain; its
+    QK circuits are the whole model's."""
+    path = saved(tmp_path, BertForMaskedLM, bert_config(), "bert")
+    model = BertForMaskedLM.from_pretrained(path)
+    model.bert.save_pretrained(tmp_path / "headless")
+    weights = open_weights(checkpoint(tmp_path / "headless"))
+    assert not any(name.startswith("cls.") for name in weights.source.names()) and not weights.head_saved
+    rows, _ = circuit_tables(weights)
+    got = {(r.get("layer"), r.get("head"), r["metric"], r.get("rank")): r["value"] for r in rows}
+    assert got[(None, None, "head_saved", None)] == 0.0 and got[(None, None, "tied_embeddings", None)] == 1.0
+    expected = brute(model, "bert", headless=True)
+    whole = {
+        (r.get("layer"), r.get("head"), r["metric"]): r["value"]
+        for r in circuit_tables(open_weights(checkpoint(path)))[0]
+    }
+    assert whole[(None, None, "head_saved")] == 1.0
+    for (layer, head), want in expected.items():
+        for metric in ("qk_self_rank", "qk_self_top", "qk_symmetric_share", "ov_copying", "ov_positive_eigen"):
+            tolerance = 1e-6 if metric == "ov_positive_eigen" else 1e-9
+            assert got[(layer, head, metric, None)] == pytest.approx(want[metric], abs=tolerance), (layer, head, metric)
+            if metric.startswith("qk"):
+                assert got[(layer, head, metric, None)] == whole[(layer, head, metric)]
+    gains = model.cls.predictions.transform.LayerNorm.weight
+    assert not torch.allclose(gains, torch.ones_like(gains))  # so that the whole model's OV differs: not a no-op
+
+
 def top_rows(m: np.ndarray, k: int = 5) -> list[tuple[float, int, int]]:
     """The k rows of largest maximum, each with its best column: (value, row, column)."""
     rows = np.argsort(-m.max(1), kind="stable")[:k]
@@ -263,6 +303,38 @@ def test_weight_measure_reads_only_the_roles_it_names(tmp_path):
     assert weights.read == ["gpt_neox.embed_in.weight"]
     with pytest.raises(MeasureError, match=r"greedy.*reads 'unembedding' but declares tensors=\['embedding'\]"):
         run_weight_measure(measure_of(greedy, "test:greedy"), checkpoint(path))
+
+
+def test_a_weight_measure_of_what_a_checkpoint_lacks_writes_the_row_that_says_why(tmp_path, capsys):
+    """A BertModel saved alone has no final norm (its MLM head's): a measure reading it gets one NaN row with the
+    reason, never a failed job; a measure reading what is there is unaffected; a T5 has no layout at all."""
+    BertForMaskedLM.from_pretrained(saved(tmp_path, BertForMaskedLM, bert_config(), "bert")).bert.save_pretrained(
+        tmp_path / "headless"
+    )
+
+    @weight_measure(tensors=["final_norm"])
+    def final_gain(weights):
+        """Mean gain of the final norm."""
+        return [{"metric": "final_gain", "value": float(weights.final_norm().weight.mean())}]
+
+    @weight_measure(tensors=["embedding"])
+    def embedding_norm(weights):
+        """Mean norm of the token embeddings."""
+        return [{"metric": "embedding_norm", "value": float(weights.embedding().norm(dim=1).mean())}]
+
+    headless = checkpoint(tmp_path / "headless")
+    df = run_weight_measure(measure_of(final_gain, "test:final_gain"), headless)
+    assert df.select("measure", "metric", "site").rows() == [("final_gain", "final_gain", "weights")]
+    assert math.isnan(df["value"][0]) and "saved without its MLM head" in df["reason"][0]
+    assert (
+        "measure 'final_gain' (test:final_gain) at local/m/step3: bert: the checkpoint was saved"
+        in capsys.readouterr().err
+    )
+    df = run_weight_measure(measure_of(embedding_norm, "test:embedding_norm"), headless)
+    assert df["metric"].to_list() == ["embedding_norm"] and df["reason"].to_list() == [None]
+    t5 = checkpoint(saved(tmp_path, T5ForConditionalGeneration, t5_config(), "t5"))
+    df = run_weight_measure(measure_of(embedding_norm, "test:embedding_norm"), t5)
+    assert df["metric"].to_list() == ["embedding_norm"] and "model_type is 't5'" in df["reason"][0]
 
 
 def test_weight_measure_declaration_errors():

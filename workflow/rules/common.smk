@@ -13,6 +13,7 @@ from anisweep.code_inputs import code_inputs
 from anisweep.checkpoints.identity import source_identity
 from anisweep.checkpoints import sweep_audit
 from anisweep.checkpoints.audit import AuditError
+from anisweep.checkpoints.config_checks import check_local_runs
 from anisweep.adapters import UnsupportedArchitecture, adapter_for
 from anisweep.checkpoints.hub_repo import HubRepo, check_hub_config
 from anisweep.checkpoints.preflight import PreflightError, check_corpus_modality
@@ -49,6 +50,9 @@ if workflow.is_main_process and workflow.local_exec and not workflow.touch:
 try:
     config.update(anisweep_config.complete(config))
     CHECKPOINTS = {c.key: c for c in anisweep_config.checkpoints(config)}
+    # A saved local run's config.json files (one architecture; each step against the extract settings), read now as
+    # a toy's spec is: no job runs before them.
+    check_local_runs(CHECKPOINTS.values(), config)
     # Each Hub model's published grid audited from file metadata (anisweep.checkpoints.sweep_audit): its health
     # printed, and under audit.flagged: skip the steps whose weights are another branch's, or that have none, left
     # out of the run (the sweep lists them). results/{family}/{model}/grid.parquet is written when the run starts

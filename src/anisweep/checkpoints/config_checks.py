@@ -1,13 +1,18 @@
 """What the schema cannot say, checked when the config is read (anisweep.config), before any job: values that must
 agree with each other (a bin range, the gradient sample against the rank) and with each model's shape (the rank
-below d_model, the qk_svd heads inside the model). Each failure is a ConfigError naming the key and what to change.
+below d_model, the qk_svd heads inside the model), and a saved local run's config.json files (one architecture,
+each step against the extract settings). Each failure is a ConfigError naming the key and what to change.
 A model whose shape is unknown until it is fetched is left to the checks of the jobs. No torch here."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import SimpleNamespace
 
-from anisweep.checkpoints.preflight import ModelShape
+from anisweep.checkpoints.base import Checkpoint
+from anisweep.checkpoints.preflight import ModelShape, PreflightError, check_model_config, model_modality
 from anisweep.errors import ConfigError
 
 
@@ -141,3 +146,66 @@ def check_models(config: dict, shapes: Mapping[str, ModelShape | None], analysed
                 f"0..{shape.n_layers - 1} and heads 0..{shape.n_heads - 1}; every model's figures draw these heads, "
                 "so name pairs inside each model's range, or set qk_svd.heads: auto"
             )
+
+
+def check_local_runs(checkpoints: Iterable[Checkpoint], config: dict) -> None:
+    """What a saved local run's config.json files tell, checked when the workflow reads the config (`config`: with its
+    defaults), as a toy's spec is before it is trained, so that no job runs first: every step one architecture, and
+    each step against the extract settings as its fetch checks them (its positions against seq_len, its width
+    against the sample). A step without a readable config.json is left to its fetch, which names it."""
+    from anisweep.media import modality_of
+
+    settings = SimpleNamespace(**config["extract"])
+    text_corpus = modality_of(config["corpus"]) == "text"
+    runs: dict[str, dict[int, dict]] = {}
+    folders: dict[str, Path] = {}
+    for c in checkpoints:
+        hf_config = _config_json(Path(c.path)) if c.family == "local" and c.path else None
+        if hf_config is None:
+            continue
+        runs.setdefault(c.model, {})[c.step] = hf_config
+        folders[c.model] = Path(c.path).parent
+    for model, configs in runs.items():
+        _check_one_architecture(f"local/{model}", configs, folders[model])
+        for step, hf_config in sorted(configs.items()):
+            if text_corpus and model_modality(hf_config) == "text":  # an image or audio model: its own checks at fetch
+                try:
+                    check_model_config(hf_config, settings, f"local/{model}/step{step}")
+                except PreflightError as error:
+                    raise ConfigError(str(error)) from None
+
+
+def _config_json(folder: Path) -> dict | None:
+    try:
+        hf_config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return hf_config if isinstance(hf_config, dict) else None
+
+
+def _architecture(hf_config: dict) -> str:
+    """A config.json's model_type, with the class it names: `bert (BertModel)`."""
+    classes = hf_config.get("architectures") or []
+    return str(hf_config.get("model_type")) + (f" ({', '.join(classes)})" if classes else "")
+
+
+def _check_one_architecture(run: str, configs: dict[int, dict], folder: Path) -> None:
+    """A run's steps are one model over training: a step of another model_type (a BERT saved among GPT-NeoX steps)
+    would be drawn as one training with them. Each architecture is named with its steps, the fewest first."""
+    by_type: dict[str, list[int]] = {}
+    for step, hf_config in sorted(configs.items()):
+        by_type.setdefault(str(hf_config.get("model_type")), []).append(step)
+    if len(by_type) < 2:
+        return
+    groups = sorted(by_type.values(), key=len)
+
+    def named(steps: list[int]) -> str:
+        shown = ", ".join(map(str, steps[:5])) + (f" and {len(steps) - 5} more" if len(steps) > 5 else "")
+        verb = "are" if len(steps) > 1 else "is"
+        return f"step{'s' if len(steps) > 1 else ''} {shown} {verb} {_architecture(configs[steps[0]])}"
+
+    raise ConfigError(
+        f"{run}: {named(groups[0])}, but {'; '.join(named(g) for g in groups[1:])}: a run's checkpoints are one "
+        f"model over training, drawn as one line. Move the other model's step folders out of {folder} (and sweep "
+        "them as a run of their own), or leave those steps out of the entry's steps"
+    )

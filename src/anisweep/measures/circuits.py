@@ -3,7 +3,8 @@ from the weights alone: the built-in weight measure `circuits`.
 
 Per layer l and head h, with X the probe tokens' embeddings normalised by the norm that acts before layer l's
 attention (LayerNorm puts them on its hypersphere; anisweep.weights.layout names it per architecture) and U the
-unembedding times the final norm's gain (an encoder's MLM decoder times its transform LayerNorm's gain):
+unembedding times the final norm's gain (an encoder's MLM decoder times its transform LayerNorm's gain; a BERT saved
+without its MLM head: the word embeddings its decoder is tied to, without a gain, and `head_saved` 0):
 
 - W_QK = W_Q[h]^T W_K[h] and the scores S = X W_QK X^T / sqrt(d_head): which token attends to which, with position
   left out (rotary models: the scores at equal positions). The singular values are W_QK's, unscaled: Molina 2023's
@@ -22,9 +23,9 @@ import math
 import numpy as np
 import torch
 
-from anisweep.measures.registry import BUILTIN_WEIGHT, weight_measure
+from anisweep.measures.registry import BUILTIN_WEIGHT, WEIGHT_SITE, weight_measure
 
-SITE = "weights"  # the rows' site: the checkpoint's weights, no activations
+SITE = WEIGHT_SITE  # the rows' site: the checkpoint's weights, no activations
 PROBE_TOKENS = 4096
 TOP_PAIRS = 5
 CHUNK = 512
@@ -118,18 +119,27 @@ def ov_head(o: torch.Tensor, v: torch.Tensor, x: torch.Tensor, u: torch.Tensor, 
     }
 
 
+def final_gain(weights) -> torch.Tensor | None:
+    """The gain of the norm before the unembedding; none where the checkpoint was saved without its head (a
+    BertModel: its MLM decoder is the word embeddings, its transform LayerNorm is not saved)."""
+    if not weights.head_saved:
+        return None
+    return weights.final_norm().weight
+
+
 def circuit_tables(weights, probe_tokens: int = PROBE_TOKENS) -> tuple[list[dict], list[dict]]:
     """(metric rows, pair rows) of every layer and head of the checkpoint `weights` (CheckpointWeights), probed
     with at most `probe_tokens` tokens."""
     s = weights.shapes
     ids = probe_ids(s.vocab_size, probe_tokens)
     embedding = weights.embedding()[ids]
-    norm = weights.final_norm()
+    gain = final_gain(weights)
     u = weights.unembedding()
-    u = u * norm.weight if norm.weight is not None else u
+    u = u * gain if gain is not None else u
     u_probe = u[ids]
     rows = [
         {"metric": "tied_embeddings", "site": SITE, "value": float(weights.tied)},
+        {"metric": "head_saved", "site": SITE, "value": float(weights.head_saved)},
         {"metric": "probe_tokens", "site": SITE, "value": float(len(ids))},
     ]
     pairs = []

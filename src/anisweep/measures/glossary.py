@@ -705,8 +705,24 @@ WEIGHT_METRICS: tuple[Term, ...] = (
         ("weights",),
     ),
     Term(
+        "head_saved",
+        "1 where the checkpoint holds its output head, 0 where it was saved without it (a BertModel, without"
+        " cls.predictions.*: a sentence-embedding BERT): W_OV is then read through the word embeddings, which BERT's"
+        " MLM decoder is tied to, without the head's transform LayerNorm gain, and the logit lens has no head to read"
+        " (its row `logit_lens` says so)",
+        ANISWEEP,
+        ("weights",),
+    ),
+    Term(
         "probe_tokens",
         "how many tokens probe W_QK and W_OV: the vocabulary, or a seeded sample of `weights.probe_tokens`",
+        ANISWEEP,
+        ("weights",),
+    ),
+    Term(
+        "circuits",
+        "the one row of a checkpoint whose circuits cannot be read, value NaN (status `nan`) and `reason` why: an"
+        " architecture no weight layout names (an image or audio model, an encoder-decoder); its other tables stand",
         ANISWEEP,
         ("weights",),
     ),
@@ -744,7 +760,7 @@ WEIGHT_METRICS: tuple[Term, ...] = (
         "ov_copying",
         f"per head, the share of probe tokens whose largest logit of U W_O W_V x over the whole vocabulary is"
         f" themselves, U the unembedding times the final norm's gain (an encoder's MLM decoder times its transform"
-        f" LayerNorm's gain); {_PROBE}",
+        f" LayerNorm's gain; a BERT saved without its head: the word embeddings, see `head_saved`); {_PROBE}",
         MOLINA,
         ("weights",),
     ),
@@ -780,6 +796,15 @@ WEIGHT_METRICS: tuple[Term, ...] = (
         ("resid",),
     ),
     Term("lens_tokens", "how many tokens the lens read that have a target (layer null)", LOGIT_LENS, ("resid",)),
+    Term(
+        "logit_lens",
+        "the one row of a checkpoint the logit lens cannot read, value NaN (status `nan`) and `reason` why: a model"
+        " saved without its head (a BertModel), an encoder whose tokenizer has no mask token (extract's masked pass"
+        " keeps no states), an architecture no weight layout names, an evaluation batch that is no longer the one"
+        " extract ran on; its other tables stand",
+        ANISWEEP,
+        ("resid",),
+    ),
 )
 METRICS = (*METRICS, *WEIGHT_METRICS)
 
@@ -831,6 +856,12 @@ COLUMNS: tuple[Term, ...] = (
     Term(
         "measure",
         "the registered measure that wrote the row: a built-in's name (see Measures), `gradients`, or a user's measure",
+        ANISWEEP,
+    ),
+    Term(
+        "reason",
+        "why the row's value is NaN, where the measure knows: the one row (metric = the measure's name) of a measure"
+        " that cannot run on the checkpoint, e.g. the logit lens of a model saved without its head; null elsewhere",
         ANISWEEP,
     ),
     Term(
@@ -917,7 +948,12 @@ STATUSES: tuple[Status, ...] = (
         "the checkpoint's activations went NaN or inf (`n_nonfinite` > 0, or NaN attention, query/key or embedding"
         " statistics): every row of the step, left out of the figures",
     ),
-    Status("nan", _SWEEP, "the row's own value is NaN or inf (an undefined metric); the rest of the step is analysed"),
+    Status(
+        "nan",
+        _SWEEP,
+        "the row's own value is NaN or inf (an undefined metric; `reason` says why where the measure knows, as in the"
+        " one row of a measure that cannot run on the checkpoint); the rest of the step is analysed",
+    ),
     Status(
         "unfinished",
         _SWEEP,
@@ -1031,7 +1067,9 @@ def glossary_markdown(measures=()) -> str:
         "(`results/{family}/{model}/figures/`) that draw them. A table measure reads the checkpoint's extract tables;",
         "a stream measure listens at sites of the forward pass; a weight measure reads the checkpoint's weights alone",
         "(docs/measures.md). The logit lens reads extract's sampled residual states (an encoder's at masked tokens)",
-        "through the checkpoint's own head.",
+        "through the checkpoint's own head. A measure that cannot run on a checkpoint (the logit lens of a model saved",
+        "without its head) writes one row whose metric is its own name, with value NaN and the `reason`; the",
+        "checkpoint's other rows stand.",
         "",
         *_table(
             ("measure", "kind", "reads", "figures", "definition", "from"),

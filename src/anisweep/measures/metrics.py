@@ -27,8 +27,8 @@ from anisweep.tables import (
     ATTENTION_STATISTICS,
     IDENTITY,
     METRIC_KEY,
-    METRIC_SCHEMA,
     check_metric_keys,
+    in_metric_schema,
     metric_rows,
     read_parquet,
 )
@@ -320,7 +320,7 @@ def checkpoint_metrics(
         from anisweep.measures.gradient_metrics import gradient_metric_rows
 
         frames.append(metric_rows(ident, gradient_metric_rows(read_parquet(gradients)), GRADIENT_MEASURE))
-    frames += [read_parquet(path).select(list(METRIC_SCHEMA)).cast(METRIC_SCHEMA) for path in measure_tables]
+    frames += [in_metric_schema(read_parquet(path)) for path in measure_tables]
     metrics = pl.concat(frames)
     check_metric_keys(metrics, (*IDENTITY, *METRIC_KEY), "metrics")
     return metrics.sort(list(METRIC_KEY), nulls_last=True)

@@ -15,10 +15,11 @@ A measure is one of three kinds (docs/measures.md walks through them):
   checkpoint's by range reads); adding or editing one reruns its own jobs (rule `weight_measure`), never extract.
 
 Rows are dicts (or a polars DataFrame) with `metric` and `value`, and optionally `layer`, `head`, `site`,
-`subspace`, `fit`, `rank`, `stratum`; a stream measure's rows get their site's layer and name where they leave
-them out. They land in metrics.parquet and sweep.parquet with `measure` = the measure's name. A user's measure
-comes from the config (`measures: [mypkg.mymod:effective_rank]`) or from an installed package's entry point in
-the group `anisweep.measures`; its source files are inputs of the rules that run it.
+`subspace`, `fit`, `rank`, `stratum` and `reason` (why a value is NaN); a stream measure's rows get their site's
+layer and name where they leave them out. They land in metrics.parquet and sweep.parquet with `measure` = the
+measure's name. A user's measure comes from the config (`measures: [mypkg.mymod:effective_rank]`) or from an
+installed package's entry point in the group `anisweep.measures`; its source files are inputs of the rules that
+run it.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ from anisweep.tables import EXTRACT_TABLES, IDENTITY, METRIC_KEY, metric_rows, r
 
 ENTRY_POINT_GROUP = "anisweep.measures"
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-#: The columns a measure's rows may hold; every other is an error naming the measure.
-ROW_COLUMNS = frozenset({*METRIC_KEY, "value"})
+#: The columns a measure's rows may hold; every other is an error naming the measure. `reason`: why a value is NaN.
+ROW_COLUMNS = frozenset({*METRIC_KEY, "value", "reason"})
 #: The built-in measures, in the order metrics.parquet lists them: name -> (the extract tables it reads, the figures
 #: of each model that draw its rows). anisweep.measures.metrics binds each to its function (`builtin_measure`),
 #: anisweep.plots.sweep draws these figures (MODEL_FIGURES), the glossary lists them. Here, so that the workflow
@@ -78,6 +79,7 @@ WEIGHT_FIGURES = (*BUILTIN_WEIGHT["circuits"], *LENS_FIGURES)
 #: architecture): the token embedding, the unembedding (an encoder's MLM decoder), the final norm (an encoder's MLM
 #: transform LayerNorm), every layer's W_Q, W_K, W_V, W_O, and the norm before each layer's attention.
 WEIGHT_ROLES = ("embedding", "unembedding", "final_norm", "attention", "attention_norm")
+WEIGHT_SITE = "weights"  # the site of a weight measure's rows: the checkpoint's weights, no activations
 LOGIT_LENS_MEASURE = "logit_lens"  # the `measure` of the logit lens's rows (anisweep.measures.logit_lens)
 #: The names no user's measure may take.
 BUILTIN_NAMES = (*BUILTIN, *BUILTIN_WEIGHT, LOGIT_LENS_MEASURE, GRADIENT_MEASURE)
@@ -391,6 +393,8 @@ def measure_frame(measure: Measure, ident: dict, rows, defaults: dict | None = N
             raise MeasureError(f"{where}: every row needs a 'metric' (a string) and a 'value': got {r}")
         if r["value"] is not None and not _is_number(r["value"]):
             raise MeasureError(f"{where}: metric {r['metric']!r} has value {r['value']!r}, not a number")
+        if r.get("reason") is not None and not isinstance(r["reason"], str):
+            raise MeasureError(f"{where}: metric {r['metric']!r} has reason {r['reason']!r}, not a string")
     try:
         return metric_rows(ident, rows, measure.name)
     except (ValueError, TypeError, pl.exceptions.PolarsError) as error:

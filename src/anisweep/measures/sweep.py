@@ -29,6 +29,7 @@ from anisweep.tables import (
     METRIC_PARAMETERS,
     METRIC_SCHEMA,
     check_metric_keys,
+    in_metric_schema,
     read_parquet,
 )
 
@@ -141,7 +142,7 @@ def read_metrics(path: str | Path) -> pl.DataFrame:
                 " missing): rerun its metrics (snakemake --forcerun metrics)"
             )
         df = df.with_columns(pl.lit(None, METRIC_SCHEMA[column]).alias(column) for column in missing)
-    return df.select(list(METRIC_SCHEMA)).cast(METRIC_SCHEMA)
+    return in_metric_schema(df)
 
 
 def aggregate(

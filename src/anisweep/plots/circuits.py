@@ -15,6 +15,7 @@ from anisweep.plots.kit import (
     lines_per_layer,
     not_measured,
     pyplot,
+    reasons_not_measured,
     save_figure,
     step_axis,
     sweep_title,
@@ -31,6 +32,7 @@ OV_PANELS = {
     "ov_positive_eigen": "positive-eigenvalue share (OV)",
 }
 MEASURE = "circuits"
+LENS = "logit_lens"
 
 
 def _rows(sweep: pl.DataFrame, metric: str) -> pl.DataFrame:
@@ -48,7 +50,7 @@ def heads_over_training(sweep: pl.DataFrame, path: Path, panels: dict[str, str],
     """A row per metric of `panels`, a column per layer, a line per head against the step."""
     panels = {m: label for m, label in panels.items() if _rows(sweep, m).height}
     if not panels:
-        not_measured(sweep, path, title, "no circuits rows: weights.enabled is false, or metrics predate it")
+        not_measured(sweep, path, title, _why_no_circuits(sweep))
         return
     layers = sorted(_rows(sweep, next(iter(panels)))["layer"].unique().to_list())
     plt = pyplot()
@@ -82,6 +84,10 @@ def heads_over_training(sweep: pl.DataFrame, path: Path, panels: dict[str, str],
     save_figure(fig, path)
 
 
+def _why_no_circuits(sweep: pl.DataFrame) -> str:
+    return reasons_not_measured(sweep, MEASURE) or "no circuits rows: weights.enabled is false, or metrics predate it"
+
+
 def chosen_heads(sweep: pl.DataFrame) -> list[tuple[str, int, int, str]]:
     """(kind, layer, head, why) of the heads the pairs figure shows: the one most self-attending (qk) and the one
     most copying (ov) at the last step."""
@@ -113,7 +119,12 @@ def pairs_table(sweep: pl.DataFrame, pairs: pl.DataFrame, path: Path) -> None:
     chosen steps, a column per step, by rank."""
     heads = chosen_heads(sweep)
     if not heads or pairs.height == 0:
-        not_measured(sweep, path, "top token pairs", "no circuits rows or weight_pairs tables")
+        not_measured(
+            sweep,
+            path,
+            "top token pairs",
+            reasons_not_measured(sweep, MEASURE) or "no circuits rows or weight_pairs tables",
+        )
         return
     steps = chosen_steps(pairs["step"].unique().to_list())
     plt = pyplot()
@@ -170,11 +181,10 @@ LENS_PANELS = {
 
 def plot_logit_lens(sweep: pl.DataFrame, path: Path) -> None:
     """The logit lens over training: a panel per metric, a line per layer (anisweep.measures.logit_lens)."""
-    lens = sweep.filter(pl.col("measure") == "logit_lens")
+    lens = sweep.filter((pl.col("measure") == LENS) & (pl.col("metric") != LENS))  # not its rows that say why not
     if lens.height == 0:
-        not_measured(
-            sweep, Path(path), "logit lens", "no logit_lens rows: weights.enabled is false, or metrics predate it"
-        )
+        why = reasons_not_measured(sweep, LENS) or "no logit_lens rows: weights.enabled is false, or metrics predate it"
+        not_measured(sweep, Path(path), "logit lens", why)
         return
     # the angle starts at layer 1: a NaN row at layer 0 keeps each layer's colour that of the other panels
     first = lens.filter((pl.col("metric") == "lens_prob") & (pl.col("layer") == 0))

@@ -256,6 +256,22 @@ def not_measured(sweep: pl.DataFrame, path: Path, what: str, why: str = "not in 
     save_figure(fig, path)
 
 
+def reasons_not_measured(rows: pl.DataFrame, measure: str) -> str | None:
+    """Why `measure` could not run, from its rows that say so (anisweep.tables.unmeasured_row: metric = its name, a
+    reason): each reason once with the steps it holds at; None where no row says so."""
+    if "reason" not in rows.columns:
+        return None
+    said = rows.filter((pl.col("measure") == measure) & (pl.col("metric") == measure) & pl.col("reason").is_not_null())
+    if said.height == 0:
+        return None
+    lines = []
+    for (reason,), group in said.sort("step").group_by("reason", maintain_order=True):
+        steps = group["step"].unique().sort().to_list()
+        shown = ", ".join(map(str, steps[:6])) + (", ..." if len(steps) > 6 else "")
+        lines.append(f"step{'s' if len(steps) > 1 else ''} {shown}: {reason}")
+    return "\n".join(lines)
+
+
 def lines_per_layer(
     sweep: pl.DataFrame,
     path: Path,

@@ -10,7 +10,16 @@ import polars as pl
 
 from anisweep.measures.registry import Measure, MeasureError
 from anisweep.measures.sweep import analysed
-from anisweep.plots.kit import legend_beside, lines_by, not_measured, panel_grid, save_figure, step_axis, sweep_title
+from anisweep.plots.kit import (
+    legend_beside,
+    lines_by,
+    not_measured,
+    panel_grid,
+    reasons_not_measured,
+    save_figure,
+    step_axis,
+    sweep_title,
+)
 from anisweep.tables import METRIC_PARAMETERS
 
 PANEL = ("metric", "site", *METRIC_PARAMETERS)
@@ -40,6 +49,9 @@ def why_not_drawn(sweep: pl.DataFrame, name: str) -> str:
     rows = sweep.filter(pl.col("measure") == name)
     if rows.is_empty():
         return "not in this sweep's metrics"
+    said = reasons_not_measured(rows, name)
+    if said is not None and rows.filter(pl.col("metric") != name).is_empty():
+        return said
     statuses = ", ".join(f"{n} {status}" for status, n in sorted(rows["status"].value_counts().iter_rows()))
     if set(rows["status"]) == {"nan"}:
         return f"every one of its {rows.height} rows is NaN or inf\n(status nan in sweep.parquet)"

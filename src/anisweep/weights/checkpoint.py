@@ -1,10 +1,12 @@
 """What a weight measure gets: one checkpoint's weights by role, read on first use, never a forward pass.
 
 `CheckpointWeights(source, allowed)` answers `shapes` (layers, heads, d_head, d_model, vocabulary, encoder or
-not), `config` (its config.json), `tokens(ids)` (the tokenizer's strings), and the tensors of the roles a measure
-declares (anisweep.weights.layout.ROLES): `embedding()`, `unembedding()` (an encoder's MLM decoder; `tied` says
-whether it is the embedding), `final_norm()`, `attention(layer)` (W_Q, W_K, W_V, W_O per head) and
-`attention_norm(layer)`. A role the measure did not declare is a MeasureError; `read` lists the tensors read.
+not), `config` (its config.json), `tokens(ids)` (the tokenizer's strings), `head_saved` (False for a BERT saved
+without its MLM head), and the tensors of the roles a measure declares (anisweep.weights.layout.ROLES):
+`embedding()`, `unembedding()` (an encoder's MLM decoder; `tied` says whether it is the embedding), `final_norm()`,
+`attention(layer)` (W_Q, W_K, W_V, W_O per head) and `attention_norm(layer)`. A role the measure did not declare is
+a MeasureError; `read` lists the tensors read. What the checkpoint lacks (`final_norm()` of a model saved without
+its head) is anisweep.weights.source.Unmeasurable: the measure's one row then says why.
 """
 
 from __future__ import annotations
@@ -61,6 +63,12 @@ class CheckpointWeights:
     def unembedding(self) -> torch.Tensor:
         self._allow("unembedding")
         return self.layout.unembedding()
+
+    @property
+    def head_saved(self) -> bool:
+        """Whether the checkpoint holds its output head (a BertModel is saved without its MLM head: `final_norm()`
+        then raises anisweep.weights.layout.MissingHead, `unembedding()` is the tied word embeddings)."""
+        return self.layout.head_saved
 
     @cached_property
     def tied(self) -> bool:

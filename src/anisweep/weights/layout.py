@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from anisweep.measures.registry import WEIGHT_ROLES as ROLES  # the roles a weight measure may name
-from anisweep.weights.source import WeightsError
+from anisweep.weights.source import Unmeasurable, WeightsError
 
-__all__ = ["ROLES", "Heads", "Layout", "Norm", "Shapes", "UnsupportedLayout", "layout_for"]
+__all__ = ["ROLES", "Heads", "Layout", "MissingHead", "Norm", "Shapes", "UnsupportedLayout", "layout_for"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,15 @@ class Layout:
             encoder=self.ENCODER,
         )
 
+    @property
+    def head_saved(self) -> bool:
+        """Whether the checkpoint holds the output head the logit lens reads (an encoder's MLM head: a BertModel is
+        saved without one)."""
+        return True
+
+    def check_head(self) -> None:
+        """MissingHead where the checkpoint was saved without its output head."""
+
     def embedding(self) -> torch.Tensor:
         return self.get(self.prefix + self.EMBEDDING)
 
@@ -169,14 +178,25 @@ class Bert(Layout):
         base = "embeddings.LayerNorm" if layer == 0 else f"encoder.layer.{layer - 1}.output.LayerNorm"
         return self._norm("layer", self.prefix + base)
 
+    @property
+    def head_saved(self) -> bool:
+        return self.has("cls.predictions.transform.LayerNorm.weight")
+
+    def check_head(self) -> None:
+        if not self.head_saved:
+            raise MissingHead(
+                "bert: the checkpoint was saved without its MLM head (no cls.predictions.* among its tensors: a "
+                "BertModel, e.g. a sentence-embedding model), so no states can be read through it"
+            )
+
     def final_norm(self) -> Norm:
         """The MLM head's transform LayerNorm, right before its decoder."""
-        if not self.has("cls.predictions.transform.LayerNorm.weight"):
-            raise WeightsError("bert: no MLM head (cls.predictions.*) among the checkpoint's tensors")
+        self.check_head()
         return self._norm("layer", "cls.predictions.transform.LayerNorm")
 
     def lm_head(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """The MLM head: dense, its activation, the transform LayerNorm, the decoder and its bias."""
+        self.check_head()
         dense = self.get("cls.predictions.transform.dense.weight")
         dense_bias = self.get("cls.predictions.transform.dense.bias")
         norm, u = self.final_norm(), self.unembedding()
@@ -280,9 +300,14 @@ class GPT2(Layout):
 LAYOUTS = {"bert": Bert, "gpt_neox": GPTNeoX, "llama": Llama, "olmo": Olmo, "olmo2": Olmo2, "gpt2": GPT2}
 
 
-class UnsupportedLayout(WeightsError):
-    """An architecture whose tensors no layout names: the built-in weight measure and the logit lens write no rows
-    for it (a user's weight measure fails)."""
+class UnsupportedLayout(Unmeasurable):
+    """An architecture whose tensors no layout names: the weight measures and the logit lens record why, as their one
+    row with a reason."""
+
+
+class MissingHead(Unmeasurable):
+    """A checkpoint saved without its output head (a BertModel, without cls.predictions.*): no logit lens, and no
+    final norm (the MLM head's transform LayerNorm); the circuits read W_OV through the tied word embeddings."""
 
 
 def layout_for(config: dict, names: list[str], get: Callable[[str], torch.Tensor]) -> Layout:

@@ -4,15 +4,16 @@ measure = its name; the built-in `circuits` also its top token pairs, weight_pai
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import polars as pl
 
 from anisweep.checkpoints.base import Checkpoint
-from anisweep.measures.registry import Measure, MeasureError, checkpoint_name, measure_frame, taken
-from anisweep.tables import IDENTITY, with_identity
+from anisweep.measures.registry import WEIGHT_SITE, Measure, MeasureError, checkpoint_name, measure_frame, taken
+from anisweep.tables import IDENTITY, unmeasured_row, with_identity
 from anisweep.weights.checkpoint import CheckpointWeights
-from anisweep.weights.source import LocalSource
+from anisweep.weights.source import LocalSource, Unmeasurable
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json")
 PAIR_SCHEMA = {
@@ -48,17 +49,28 @@ def open_weights(ckpt: Checkpoint, allowed=None) -> CheckpointWeights:
 
 
 def run_weight_measure(measure: Measure, ckpt: Checkpoint, weights: CheckpointWeights | None = None) -> pl.DataFrame:
-    """The measure's rows of the checkpoint, any failure a MeasureError naming the measure and the checkpoint."""
+    """The measure's rows of the checkpoint, any failure a MeasureError naming the measure and the checkpoint. Where
+    what it reads is not in the checkpoint (an architecture no layout names, a model saved without its head), its
+    one row says why (anisweep.tables.unmeasured_row), said in the log too."""
     ident = identity(ckpt)
     where = f"measure {measure.name!r} ({measure.entry}) at {checkpoint_name(ident)}"
-    weights = weights if weights is not None else open_weights(ckpt, measure.tensors)
     try:
-        rows = taken(measure.target(weights))
+        rows = _rows(measure, weights if weights is not None else open_weights(ckpt, measure.tensors), where)
+    except Unmeasurable as error:
+        print(f"weights: {where}: {error}: its row says why", file=sys.stderr)
+        rows = [unmeasured_row(measure.name, WEIGHT_SITE, str(error))]
+    return measure_frame(measure, ident, rows)
+
+
+def _rows(measure: Measure, weights: CheckpointWeights, where: str):
+    try:
+        return taken(measure.target(weights))
+    except Unmeasurable:
+        raise
     except MeasureError as error:
         raise MeasureError(f"{where}: {error}") from error
     except Exception as error:
         raise MeasureError(f"{where} failed: {type(error).__name__}: {error}") from error
-    return measure_frame(measure, ident, rows)
 
 
 def pair_frame(ident: dict, pairs: list[dict]) -> pl.DataFrame:

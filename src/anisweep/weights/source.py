@@ -30,6 +30,12 @@ class WeightsError(ValueError):
     """A tensor a measure needs that the checkpoint lacks, or a folder with no weights."""
 
 
+class Unmeasurable(WeightsError):
+    """What an analysis of the weights reads is not in this checkpoint (an architecture no layout names, a model
+    saved without its head), or not in what extract kept of it: the analysis records why, as its one row with a
+    `reason` (anisweep.tables.unmeasured_row), and the checkpoint's other tables stand."""
+
+
 class LocalSource:
     """The tensors of a saved model folder (config.json and safetensors or .bin files)."""
 
