@@ -103,21 +103,17 @@ def run_loop(folder: Path, workflow_folder: Path, jobs: list[dict]) -> dict:
     return loop | {"process_wall_s": wall}
 
 
-def rule_of(argv: list[str]) -> str:
-    return argv[0]
-
-
 def overheads(workflow: dict, loop: dict) -> dict:
     work = {json.dumps(job["argv"]): job["work_s"] for job in loop["jobs"]}
-    per_job = [(rule_of(job["argv"]), job["wall_s"] - work[json.dumps(job["argv"])]) for job in workflow["jobs"]]
+    per_job = [(job["argv"][0], job["wall_s"] - work[json.dumps(job["argv"])]) for job in workflow["jobs"]]
     values = sorted(value for _, value in per_job)
-    by_rule = {}
-    for rule, value in per_job:
-        by_rule.setdefault(rule, []).append(value)
+    by_command = {}
+    for command, value in per_job:
+        by_command.setdefault(command, []).append(value)
     return {
         "median_s": statistics.median(values),
         "p90_s": values[int(0.9 * (len(values) - 1))],
-        "by_command": {rule: statistics.median(v) for rule, v in sorted(by_rule.items())},
+        "by_command": {command: statistics.median(v) for command, v in sorted(by_command.items())},
     }
 
 
