@@ -17,6 +17,7 @@ from anisweep.code_inputs import ROOT, closure, code_inputs, direct_imports
 # The flow, in order: a module may import its own stage and the stages before it, never one after it.
 STAGES = (
     "errors",
+    "arguments",  # the command line's argument types (JSON, step lists), shared by the stages' commands
     "atomic",
     "job_failure",
     "code_inputs",
@@ -37,6 +38,7 @@ STAGES = (
     "live",
     "plots",
     "results",
+    "commands",  # each stage's `commands` module: its commands and their arguments, which run its code and others'
     "cli",
     "worker",  # the warm worker: runs cli.main in a fork of a process that imported the stages once
     "__main__",
@@ -54,12 +56,22 @@ RULE_MODULES = sorted(
 
 
 def stage(module: str) -> int:
+    if module.endswith(".commands"):
+        return STAGES.index("commands")
     return STAGES.index(module.split(".")[0])
 
 
 def test_every_module_has_a_stage():
     assert len(RULE_MODULES) >= 10  # the rules' code inputs were found
     assert {m.split(".")[0] for m in MODULES} <= set(STAGES)
+    assert {m for m in MODULES if m.endswith(".commands")} >= {"checkpoints.commands", "extract.commands"}
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m.endswith(".commands")])
+def test_a_stages_commands_import_no_other_stages_commands(module):
+    """The command line is built by cli from every stage's commands; a stage's commands stand alone."""
+    others = sorted(n for n in direct_imports(module) if n.endswith(".commands"))
+    assert not others, f"{module} imports {others}"
 
 
 @pytest.mark.parametrize("module", MODULES)
