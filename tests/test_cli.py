@@ -27,3 +27,29 @@ def test_help_lists_every_command(capsys):
     help_text = parser().format_help()
     missing = sorted(c for c in commands() if not re.search(rf"^\s+{re.escape(c)}\s", help_text, re.M))
     assert not missing
+
+
+def test_help_and_parsing_import_no_torch():
+    """Each stage's commands import what they run when they run: the parser alone loads no heavy library."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys; from anisweep.cli import parser; top = parser(); top.format_help(); "
+        "sub = next(a for a in top._actions if a.dest == 'command'); [p.format_help() for p in sub.choices.values()]; "
+        "top.parse_args(['extract', '--manifest', 'm.json', '--out', 'o', '--settings', '{}']); "
+        "top.parse_args(['weights', '--checkpoint', '{}', '--out', 'o']); "
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert not {"torch", "transformers", "numpy", "polars", "matplotlib"} & set(loaded)
+
+
+def test_each_command_is_beside_its_stage():
+    sub = next(a for a in parser()._actions if a.dest == "command")
+    modules = {name: p.get_default("run").__module__ for name, p in sub.choices.items()}
+    assert modules["fetch"] == "anisweep.checkpoints.commands"
+    assert modules["extract"] == "anisweep.extract.commands"
+    assert modules["metrics"] == "anisweep.measures.commands"
+    assert all(m.endswith(".commands") for m in modules.values()), modules

@@ -17,6 +17,7 @@ from anisweep.code_inputs import ROOT, closure, code_inputs, direct_imports
 # The flow, in order: a module may import its own stage and the stages before it, never one after it.
 STAGES = (
     "errors",
+    "arguments",  # the command line's argument types (JSON, step lists), shared by the stages' commands
     "atomic",
     "job_failure",
     "code_inputs",
@@ -37,6 +38,7 @@ STAGES = (
     "live",
     "plots",
     "results",
+    "commands",  # each stage's `commands` module: its commands and their arguments, which run its code and others'
     "cli",
     "worker",  # the warm worker: runs cli.main in a fork of a process that imported the stages once
     "__main__",
@@ -54,12 +56,22 @@ RULE_MODULES = sorted(
 
 
 def stage(module: str) -> int:
+    if module.endswith(".commands"):
+        return STAGES.index("commands")
     return STAGES.index(module.split(".")[0])
 
 
 def test_every_module_has_a_stage():
     assert len(RULE_MODULES) >= 10  # the rules' code inputs were found
     assert {m.split(".")[0] for m in MODULES} <= set(STAGES)
+    assert {m for m in MODULES if m.endswith(".commands")} >= {"checkpoints.commands", "extract.commands"}
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m.endswith(".commands")])
+def test_a_stages_commands_import_no_other_stages_commands(module):
+    """The command line is built by cli from every stage's commands; a stage's commands stand alone."""
+    others = sorted(n for n in direct_imports(module) if n.endswith(".commands"))
+    assert not others, f"{module} imports {others}"
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -118,3 +130,39 @@ def test_a_rules_code_input_holds_every_module_its_command_imports(module):
     packages_only = {m for m in loaded if (ROOT / m.replace(".", "/")).is_dir()}
     missing = sorted(loaded - set(closure(module)) - packages_only)
     assert not missing, f"{module}'s code input misses {missing}"
+
+
+def test_a_rules_code_input_holds_its_stages_commands_not_what_their_other_commands_run():
+    files = code_inputs("measures.metrics", commands="measures.commands")
+    assert str(ROOT / "measures" / "commands.py") in files
+    assert str(ROOT / "arguments.py") in files  # what the commands module imports when it loads
+    assert str(ROOT / "checkpoints" / "audit.py") not in files  # the sweep command runs it, metrics does not
+    assert str(ROOT / "cli.py") not in files
+
+
+RULES = ROOT.parents[1] / "workflow" / "rules"
+CODE_OF = {  # ANALYSIS_CODE["plots"], WEIGHTS_CODE, code_inputs(...) -> the code_inputs call it names
+    **{f'ANALYSIS_CODE["{key}"]': call for key, call in re.findall(r'"(\w+)": (code_inputs\([^)]*\))', COMMON_SMK)},
+    **dict(re.findall(r"^(\w+_CODE) = (code_inputs\([^)]*\))", (RULES / "weights_inputs.smk").read_text(), re.M)),
+}
+RULE_COMMANDS = sorted(
+    (name, command, CODE_OF.get(code, code))
+    for smk in RULES.glob("*.smk")
+    for name, body in re.findall(r"^rule (\w+):\n(.*?)(?=^\S|\Z)", smk.read_text(), re.M | re.S)
+    for code in re.findall(r"^        code=((?:\w+_CODE|code_inputs)\b.*),$", body, re.M)
+    for command in re.findall(r'(?:\{params\.cli\} |figure_command\(\s*")([a-z-]+)', body)
+)
+
+
+@pytest.mark.parametrize(("rule", "command", "code"), RULE_COMMANDS)
+def test_a_rules_code_input_names_the_commands_module_its_command_is_in(rule, command, code):
+    from anisweep.cli import parser
+
+    sub = next(a for a in parser()._actions if a.dest == "command")
+    module = sub.choices[command].get_default("run").__module__.removeprefix("anisweep.")
+    assert f'commands="{module}"' in code, f"rule {rule} runs `anisweep {command}` ({module}); its code input: {code}"
+
+
+def test_every_rule_with_a_code_input_was_found():
+    assert len(RULE_COMMANDS) >= 20
+    assert {"metrics", "weights", "logit_lens", "plot_circuits", "gradients"} <= {rule for rule, _, _ in RULE_COMMANDS}

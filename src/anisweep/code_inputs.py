@@ -2,7 +2,10 @@
 
 A rule names the module its command runs (`measures.metrics`); its code input is that module's file and the
 file of every anisweep module it imports, directly or through others, at the top or inside a function. Editing
-any of them reruns the rule (Snakemake's mtime trigger); editing anything else does not.
+any of them reruns the rule (Snakemake's mtime trigger); editing anything else does not. The command itself is
+one function of its stage's `commands` module (`measures.commands`), which holds that stage's other commands
+too: the rule's code input holds that module's file and what it imports when it loads, never what its other
+commands run.
 """
 
 from __future__ import annotations
@@ -41,11 +44,16 @@ def _runtime_nodes(tree: ast.AST):
         yield from _runtime_nodes(node)
 
 
-def imported_names(file: Path, package: str) -> set[str]:
-    """Every dotted name `file` imports when it runs, made absolute: `import a.b` gives a.b; `from .c import d`
-    in the package `package` gives package.c and package.c.d (d a module or an attribute)."""
+def imported_names(file: Path, package: str, on_load: bool = False) -> set[str]:
+    """Every dotted name `file` imports when it runs (with `on_load`, when it loads: none of its functions' imports),
+    made absolute: `import a.b` gives a.b; `from .c import d` in the package `package` gives package.c and
+    package.c.d (d a module or an attribute)."""
+    tree = ast.parse(file.read_text(), str(file))
+    if on_load:
+        functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+        tree = ast.Module(body=[node for node in tree.body if not isinstance(node, functions)], type_ignores=[])
     found = set()
-    for node in _runtime_nodes(ast.parse(file.read_text(), str(file))):
+    for node in _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -59,13 +67,14 @@ def imported_names(file: Path, package: str) -> set[str]:
 
 
 @functools.cache
-def direct_imports(module: str) -> frozenset[str]:
-    """The anisweep modules `module` imports (relative to the package: `extract.model`)."""
+def direct_imports(module: str, on_load: bool = False) -> frozenset[str]:
+    """The anisweep modules `module` imports (relative to the package: `extract.model`); with `on_load`, those it
+    imports when it loads, not inside a function."""
     file = module_file(module)
     package = module if file.name == "__init__.py" else module.rpartition(".")[0]
     found = {
         name[len(PACKAGE) + 1 :]
-        for name in imported_names(file, ".".join(filter(None, [PACKAGE, package])))
+        for name in imported_names(file, ".".join(filter(None, [PACKAGE, package])), on_load)
         if name.startswith(PACKAGE + ".") and _is_module(name[len(PACKAGE) + 1 :])
     }
     found.discard(module)
@@ -85,6 +94,11 @@ def closure(*modules: str) -> list[str]:
     return sorted(seen)
 
 
-def code_inputs(*modules: str) -> list[str]:
-    """The source files of `modules` and of everything they import: a rule's `code` input."""
-    return [str(module_file(m)) for m in closure(*modules)]
+def code_inputs(*modules: str, commands: str | None = None) -> list[str]:
+    """The source files of `modules` and of everything they import: a rule's `code` input. `commands`: the stage's
+    commands module that holds the rule's command (`measures.commands`), whose file and whose imports on load are
+    in it too (what the command runs is `modules`)."""
+    found = set(closure(*modules))
+    if commands:
+        found |= {commands, *closure(*direct_imports(commands, on_load=True))}
+    return [str(module_file(m)) for m in sorted(found)]

@@ -164,27 +164,28 @@ check_architectures(CHECKPOINTS.values())
 
 
 # The package code that a job runs is an input of its rule, so editing that code reruns it (Snakemake's mtime
-# trigger), derived from the import graph of the module its command runs (anisweep.code_inputs). Fetch and
-# extract have none, since the model runs are the cost; a change to the code that runs a model takes --forcerun.
+# trigger), derived from the import graph of the module its command runs and of its stage's commands module
+# (anisweep.code_inputs). Fetch and extract have none, since the model runs are the cost; a change to the code that
+# runs a model takes --forcerun.
 ANALYSIS_CODE = {
-    "metrics": code_inputs("measures.metrics", "measures.spectra"),
-    "sweep": code_inputs("measures.sweep"),
-    "plots": code_inputs("plots.sweep"),
-    "plot_families": code_inputs("plots.families"),
-    "plot_survey": code_inputs("plots.survey"),
-    "untrained": code_inputs("mechanism.untrained"),
-    "untrained_plots": code_inputs("plots.untrained"),
-    "qk_svd": code_inputs("mechanism.qk_svd", "plots.distributions"),
-    "score_hist": code_inputs("plots.distributions"),
-    "spectra": code_inputs("plots.spectra"),
-    "fixed_bases": code_inputs("tangent.fixed"),
-    "fixed_shares": code_inputs("tangent.analysis"),
-    "gradients": code_inputs("tangent.analysis"),
-    "gradients_sweep": code_inputs("tangent.sweep"),
-    "plot_gradients": code_inputs("plots.gradients"),
-    "measure": code_inputs("measures.registry"),
-    "plot_measure": code_inputs("plots.measures"),
-    "glossary": code_inputs("measures.glossary"),
+    "metrics": code_inputs("measures.metrics", "measures.spectra", commands="measures.commands"),
+    "sweep": code_inputs("measures.sweep", commands="measures.commands"),
+    "plots": code_inputs("plots.sweep", commands="plots.commands"),
+    "plot_families": code_inputs("plots.families", commands="plots.commands"),
+    "plot_survey": code_inputs("plots.survey", commands="plots.commands"),
+    "untrained": code_inputs("mechanism.untrained", commands="mechanism.commands"),
+    "untrained_plots": code_inputs("plots.untrained", commands="plots.commands"),
+    "qk_svd": code_inputs("mechanism.qk_svd", "plots.distributions", commands="mechanism.commands"),
+    "score_hist": code_inputs("plots.distributions", commands="plots.commands"),
+    "spectra": code_inputs("plots.spectra", commands="plots.commands"),
+    "fixed_bases": code_inputs("tangent.fixed", commands="tangent.commands"),
+    "fixed_shares": code_inputs("tangent.analysis", commands="tangent.commands"),
+    "gradients": code_inputs("tangent.analysis", commands="tangent.commands"),
+    "gradients_sweep": code_inputs("tangent.sweep", commands="tangent.commands"),
+    "plot_gradients": code_inputs("plots.gradients", commands="plots.commands"),
+    "measure": code_inputs("measures.registry", commands="measures.commands"),
+    "plot_measure": code_inputs("plots.measures", commands="plots.commands"),
+    "glossary": code_inputs("measures.glossary", commands="measures.commands"),
 }
 
 

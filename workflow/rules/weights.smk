@@ -33,7 +33,7 @@ rule weights:
 rule weight_measure:
     input:
         toy_checkpoints_dir,
-        code=code_inputs("weights.run"),
+        code=code_inputs("weights.run", commands="weights.commands"),
     output:
         "results/{family}/{model}/step{step}/measures/{measure}.parquet",
     log:
@@ -65,7 +65,7 @@ rule logit_lens:
         masked="results/{family}/{model}/step{step}/masked_resid.parquet",
         info="results/{family}/{model}/step{step}/extract.json",
         texts=rules.corpus.output[0],
-        code=code_inputs("weights.lens"),
+        code=code_inputs("weights.lens", commands="weights.commands"),
     output:
         "results/{family}/{model}/step{step}/logit_lens.parquet",
     log:
@@ -88,7 +88,7 @@ rule logit_lens:
 rule plot_logit_lens:
     input:
         sweep="results/{family}/{model}/sweep.parquet",
-        code=code_inputs("plots.circuits"),
+        code=code_inputs("plots.circuits", commands="plots.commands"),
     output:
         **model_figures(LENS_FIGURES),
     log:
@@ -108,7 +108,7 @@ rule plot_circuits:
     input:
         weights=per_checkpoint("weights.parquet"),
         pairs=per_checkpoint("weight_pairs.parquet"),
-        code=code_inputs("plots.circuits"),
+        code=code_inputs("plots.circuits", commands="plots.commands"),
     output:
         **model_figures(BUILTIN_WEIGHT["circuits"]),
     log:

@@ -2,7 +2,8 @@
 from anisweep.measures.registry import BUILTIN_WEIGHT, LENS_FIGURES, WEIGHT_FIGURES
 
 WEIGHT_MEASURES = {name: m for name, m in MEASURES.items() if m.kind == "weight"}
-WEIGHTS_CODE = code_inputs("weights.builtin")  # the circuits, the weights' readers, the job's table
+# the circuits, the weights' readers, the job's table
+WEIGHTS_CODE = code_inputs("weights.builtin", commands="weights.commands")
 if WEIGHT_MEASURES and LIVE_MODELS:
     raise WorkflowError(
         f"config: weight measures {sorted(WEIGHT_MEASURES)} read saved weights, which the live models {LIVE_MODELS} "

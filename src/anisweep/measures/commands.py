@@ -1,0 +1,96 @@
+"""The measures stage's commands: metrics, measure, glossary and sweep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from anisweep.arguments import step_list
+
+
+def cmd_metrics(args) -> None:
+    from anisweep.measures.metrics import checkpoint_metrics
+    from anisweep.tables import write_atomic
+
+    write_atomic(checkpoint_metrics(args.extract_dir, args.gradients, args.measure_table or []), args.out)
+    if args.spectra_out:
+        from anisweep.measures.spectra import checkpoint_spectra
+
+        write_atomic(checkpoint_spectra(args.extract_dir), args.spectra_out)
+
+
+def cmd_measure(args) -> None:
+    from anisweep.measures.registry import MeasureError, load, run_table_measure
+    from anisweep.tables import write_atomic
+
+    measure = load(args.entry)
+    if measure.kind != "table":
+        raise MeasureError(f"measure {args.entry!r} is a stream measure: extract runs it (--stream-measure)")
+    write_atomic(run_table_measure(measure, args.extract_dir), args.out)
+
+
+def cmd_glossary(args) -> None:
+    from anisweep.atomic import write_text
+    from anisweep.measures.glossary import glossary_markdown
+    from anisweep.measures.registry import measures_of
+
+    text = glossary_markdown(measures_of(args.measure or []))
+    if args.out:
+        write_text(text, Path(args.out))
+    else:
+        print(text)
+
+
+def cmd_sweep(args) -> None:
+    from anisweep.checkpoints.audit import with_audit
+    from anisweep.measures.sweep import aggregate
+    from anisweep.tables import write_atomic
+
+    sweep = aggregate(
+        [Path(p) for p in args.metrics],
+        expected_steps=args.expected_steps,
+        final_step=args.final_step,
+        gradient_fixed_shares=args.gradient_fixed_shares,
+    )
+    if args.audit:
+        sweep = with_audit(sweep, args.audit, args.flagged_steps, args.seed)
+    write_atomic(sweep, args.out)
+
+
+def add_commands(sub) -> None:
+    """Add this stage's commands to `anisweep`'s sub-commands."""
+    p = sub.add_parser("metrics", help="every metric of one checkpoint from extract's Parquet")
+    p.add_argument("--extract-dir", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--spectra-out", help="spectra.parquet: normalised singular values of the sampled vectors")
+    p.add_argument("--gradients", help="the checkpoint's gradients.parquet: its shares become metric rows too")
+    p.add_argument("--measure-table", nargs="*", help="tables of the user's measures (measures/{name}.parquet)")
+    p.set_defaults(run=cmd_metrics)
+
+    p = sub.add_parser("measure", help="one table measure of one checkpoint, from extract's Parquet")
+    p.add_argument("--entry", required=True, help="module:attribute of the measure")
+    p.add_argument("--extract-dir", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=cmd_measure)
+
+    p = sub.add_parser("glossary", help="every measure, metric, site and column with its definition (markdown)")
+    p.add_argument("--measure", action="append", help="module:attribute of a user's measure to list too")
+    p.add_argument("--out", help="write here instead of printing")
+    p.set_defaults(run=cmd_glossary)
+
+    p = sub.add_parser("sweep", help="one tidy table per model's sweep, from its checkpoints' metrics")
+    p.add_argument("--out", required=True)
+    p.add_argument(
+        "--expected-steps",
+        type=step_list,
+        default=[],
+        help="comma-separated steps the config names; absent ones are listed as missing",
+    )
+    p.add_argument(
+        "--final-step", type=int, help="the step trusted when several steps share weights (the published final model)"
+    )
+    p.add_argument("--gradient-fixed-shares", help="the model's gradient_fixed_shares.parquet: its rows become metrics")
+    p.add_argument("--audit", help="the model's grid.parquet: each step's audit, and a row per step it left out")
+    p.add_argument("--flagged-steps", type=step_list, default=[], help="comma-separated steps the audit left out")
+    p.add_argument("--seed", type=int, help="the model's seed, for the rows of the steps left out")
+    p.add_argument("metrics", nargs="*")
+    p.set_defaults(run=cmd_sweep)
