@@ -412,6 +412,15 @@ def cmd_plot_survey(args) -> None:
     plot_survey(read_complete_sweeps(args.sweeps), Path(args.out_dir), groups=args.groups)
 
 
+def cmd_explore(args) -> None:
+    from anisweep.plots.explore import read_sweeps, write_explore
+
+    sources = [Path(source) for source in args.sources]
+    out = Path(args.out) if args.out else (sources[0] if sources[0].is_dir() else sources[0].parent) / "explore.html"
+    limit = {} if args.max_values is None else {"max_values": args.max_values}
+    print(write_explore(read_sweeps(sources), out, **limit))
+
+
 def cmd_untrained(args) -> None:
     import torch
 
@@ -696,6 +705,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--groups", type=_json, default={}, help='JSON {"family/model": group}: a panel per group')
     p.add_argument("sweeps", nargs="+")
     p.set_defaults(run=cmd_plot_survey)
+
+    p = sub.add_parser("explore", help="one self-contained HTML page to explore every model's metrics over training")
+    p.add_argument("sources", nargs="+", help="a results folder (its models' sweep.parquet), or sweep.parquet files")
+    p.add_argument("--out", help="the page to write (default: explore.html in the results folder)")
+    p.add_argument(
+        "--max-values",
+        type=int,
+        help="values in the page (default 2.8 million); past them each model's steps are thinned",
+    )
+    p.set_defaults(run=cmd_explore)
 
     p = sub.add_parser("untrained", help="the untrained block with an injected common bias (Godey et al. Sec. 4)")
     p.add_argument(

@@ -172,6 +172,7 @@ ANALYSIS_CODE = {
     "plots": code_inputs("plots.sweep"),
     "plot_families": code_inputs("plots.families"),
     "plot_survey": code_inputs("plots.survey"),
+    "explore": code_inputs("plots.explore", "plots.explore_page"),
     "untrained": code_inputs("mechanism.untrained"),
     "untrained_plots": code_inputs("plots.untrained"),
     "qk_svd": code_inputs("mechanism.qk_svd", "plots.distributions"),
@@ -382,7 +383,7 @@ def all_outputs():
     outputs += [f"results/figures/{name}" for name in SURVEY_FIGURES]
     if config["untrained"]["enabled"]:
         outputs += [f"results/untrained/figures/{name}" for name in UNTRAINED_FIGURES]
-    return outputs + gradient_outputs() + ["results/glossary.md"]
+    return outputs + gradient_outputs() + ["results/glossary.md", "results/explore.html"]
 
 
 def toy_checkpoints_dir(wildcards):
