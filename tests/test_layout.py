@@ -37,6 +37,7 @@ STAGES = (
     "live",
     "plots",
     "results",
+    "explore",  # the explorer page: reads a results folder
     "cli",
     "worker",  # the warm worker: runs cli.main in a fork of a process that imported the stages once
     "__main__",

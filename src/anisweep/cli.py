@@ -413,7 +413,7 @@ def cmd_plot_survey(args) -> None:
 
 
 def cmd_explore(args) -> None:
-    from anisweep.plots.explore import read_sweeps, write_explore
+    from anisweep.explore.data import read_sweeps, write_explore
 
     sources = [Path(source) for source in args.sources]
     out = Path(args.out) if args.out else (sources[0] if sources[0].is_dir() else sources[0].parent) / "explore.html"

@@ -172,7 +172,7 @@ ANALYSIS_CODE = {
     "plots": code_inputs("plots.sweep"),
     "plot_families": code_inputs("plots.families"),
     "plot_survey": code_inputs("plots.survey"),
-    "explore": code_inputs("plots.explore", "plots.explore_page"),
+    "explore": code_inputs("explore.data", "explore.page"),
     "untrained": code_inputs("mechanism.untrained"),
     "untrained_plots": code_inputs("plots.untrained"),
     "qk_svd": code_inputs("mechanism.qk_svd", "plots.distributions"),

@@ -131,7 +131,7 @@ rule plot_survey:
         )
 
 
-# One self-contained HTML page to explore every model's per-layer metrics over training (plots/explore.py).
+# One self-contained HTML page to explore every model's per-layer metrics over training (explore/data.py).
 rule explore:
     input:
         sweeps=[f"results/{f}/{m}/sweep.parquet" for f, m in MODELS],

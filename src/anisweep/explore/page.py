@@ -1,5 +1,5 @@
 """The explorer's HTML: Plotly's own minified JavaScript (from the plotly wheel, inline: the page needs no network),
-the data (anisweep.plots.explore.page_data) as JSON, and the controls that draw it.
+the data (anisweep.explore.data.page_data) as JSON, and the controls that draw it.
 
 Views: `per model` draws the chosen metric at the chosen site over training, one panel per model and seed, a line
 per chosen layer (x: step or tokens seen, log or linear; on a log axis step 0 sits at 1, the axis being step + 1);
@@ -63,7 +63,6 @@ function available(metric, site) {
 
 function refreshChoices() {
   const metric = $("metric").value;
-  $("definition").textContent = metric + ": " + (D.definitions[metric] || "");
   const site = $("site").value;
   const sites = available(metric, site).sites;
   fill("site", sites, [sites.includes(site) ? site : (sites.includes("resid") ? "resid" : sites[0])]);
@@ -203,7 +202,8 @@ def page(data_json: str, title: str = "anisweep explorer") -> str:
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style>"
         f"<script>{get_plotlyjs()}</script></head><body>"
         f'<h1>{html.escape(title)}</h1><div id="summary"></div><div id="controls">{controls}</div>'
-        '<div id="definition"></div><div id="plot"></div>'
+        '<div id="definition">What each metric and site means: glossary.md beside this page (docs/metrics.md).</div>'
+        '<div id="plot"></div>'
         f'<script type="application/json" id="anisweep-data">{safe_json}</script>'
         f"<script>{_SCRIPT}</script></body></html>\n"
     )

@@ -77,8 +77,6 @@ def thinned(rows: pl.DataFrame, max_values: int = MAX_VALUES) -> pl.DataFrame:
 def page_data(rows: pl.DataFrame, all_steps: dict | None = None) -> dict:
     """The page's data: the models (family, model, seed, steps, tokens seen), the series (model, site, metric,
     layer: one value per step of its model, NaN where it has none) and their values, float32 base64."""
-    from anisweep.measures.glossary import METRICS
-
     keys = rows.select(KEY).unique().sort(KEY, nulls_last=True)
     keys = keys.with_row_index("k")
     steps = rows.select(*KEY, "step", "tokens_seen").unique([*KEY, "step"]).sort([*KEY, "step"], nulls_last=True)
@@ -115,12 +113,10 @@ def page_data(rows: pl.DataFrame, all_steps: dict | None = None) -> dict:
                 "all_steps": (all_steps or {}).get(name, own.height),
             }
         )
-    definitions = {t.name: t.definition for t in METRICS}
     return {
         "models": models,
         "sites": sites,
         "metrics": metrics,
-        "definitions": {m: definitions.get(m, "") for m in metrics},
         "series": {
             "model": series["k"].to_list(),
             "site": series["s"].to_list(),
@@ -145,7 +141,7 @@ def explore_data(sweeps: pl.DataFrame, max_values: int = MAX_VALUES) -> dict:
 def write_explore(sweeps: pl.DataFrame, out: str | os.PathLike, max_values: int = MAX_VALUES) -> Path:
     """Write the explorer page of `sweeps` to `out` (atomically)."""
     from anisweep.atomic import write_text
-    from anisweep.plots.explore_page import page
+    from anisweep.explore.page import page
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

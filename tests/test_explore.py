@@ -1,4 +1,4 @@
-"""The explorer page (anisweep.plots.explore): the per-layer rows of the analysed steps, each value the sweep's at
+"""The explorer page (anisweep.explore.data): the per-layer rows of the analysed steps, each value the sweep's at
 float32, nothing per head or per token; Plotly inline and no address to fetch; thinned evenly past its size limit;
 `anisweep explore results/` writes it."""
 
@@ -13,7 +13,7 @@ import pytest
 from explore_sweeps import MODELS, STEPS, expected, write_results
 
 from anisweep.cli import main
-from anisweep.plots.explore import explore_data, read_sweeps, write_explore
+from anisweep.explore.data import explore_data, read_sweeps, write_explore
 
 
 @pytest.fixture
