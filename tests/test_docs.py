@@ -77,6 +77,8 @@ NOT_RUN = {
     ("README.md", 'pip install -e ".[slurm]"'): "installs from PyPI and submits to a SLURM cluster "
     "(tests/workflow/test_slurm.py runs the profile on a one-node SLURM it starts)",
     ("docs/slurm.md", 'pip install -e ".[slurm]"'): "installs from PyPI",
+    ("README.md", "xdg-open results/explore.html"): "opens a browser; tests/test_explore.py runs `anisweep explore` "
+    "on a results folder and tests/test_explore_browser.py opens its page in headless Chromium",
     ("README.md", "tensorboard --logdir"): "starts TensorBoard's server; the README's callback block runs with "
     'report_to=["tensorboard"] and its test reads the event file back with TensorBoard\'s own reader',
     ("docs/modalities.md", "--configfile my_images.yaml"): "my_images.yaml is the config above it, whose ViT "

@@ -712,7 +712,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-values",
         type=int,
-        help="values in the page (default 2.8 million); past them each model's steps are thinned",
+        help="values in the page (default 2.4 million); past them each model's steps are thinned",
     )
     p.set_defaults(run=cmd_explore)
 

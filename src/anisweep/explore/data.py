@@ -25,8 +25,8 @@ from anisweep.measures.sweep import analysed
 KEY = ("family", "model", "seed")
 SERIES = (*KEY, "site", "metric", "layer")
 _PARAMETERS = ("head", "subspace", "fit", "rank", "stratum")
-#: Values kept whole (float32, 4 bytes, base64 in the page): 3M values are some 16 MB of data beside Plotly's 4.8 MB.
-MAX_VALUES = 2_800_000
+#: Values kept (float32, 4 bytes, base64 in the page): 2.4 million are some 13 MB beside plotly.js, 4.8 MB.
+MAX_VALUES = 2_400_000
 
 
 def read_sweeps(sources: Sequence[str | os.PathLike]) -> pl.DataFrame:
