@@ -77,6 +77,10 @@ NOT_RUN = {
     ("README.md", 'pip install -e ".[slurm]"'): "installs from PyPI and submits to a SLURM cluster "
     "(tests/workflow/test_slurm.py runs the profile on a one-node SLURM it starts)",
     ("docs/slurm.md", 'pip install -e ".[slurm]"'): "installs from PyPI",
+    ("README.md", "xdg-open results/explore.html"): "opens a browser; tests/test_explore.py runs `anisweep explore` "
+    "on a results folder and tests/test_explore_browser.py opens its page in headless Chromium",
+    ("README.md", "tensorboard --logdir"): "starts TensorBoard's server; the README's callback block runs with "
+    'report_to=["tensorboard"] and its test reads the event file back with TensorBoard\'s own reader',
     ("docs/modalities.md", "--configfile my_images.yaml"): "my_images.yaml is the config above it, whose ViT "
     "downloads from the Hub and whose images are the user's (tests/workflow/test_media_run.py runs it offline, a tiny "
     "ViT under the same repository id, on images it makes)",
@@ -137,6 +141,10 @@ def trainer_run(tmp_path: Path):
     from anisweep.corpus import load_texts, make_batch
     from anisweep.toy.tokenizers import build_neox_tokenizer
 
+    try:  # the `test` extra has it; the block runs without it too
+        from tensorboard.backend.event_processing import event_accumulator as tensorboard
+    except ImportError:
+        tensorboard = None
     texts = load_texts({"source": "builtin"})[:400]
     tokenizer = build_neox_tokenizer(texts, 256)
     torch.manual_seed(0)
@@ -155,7 +163,7 @@ def trainer_run(tmp_path: Path):
             max_steps=1,
             per_device_train_batch_size=4,
             use_cpu=True,
-            report_to="none",
+            report_to=["tensorboard"] if tensorboard else "none",
             disable_tqdm=True,
             save_strategy="no",
             logging_strategy="no",
@@ -165,6 +173,11 @@ def trainer_run(tmp_path: Path):
     def check(namespace):
         assert (tmp_path / "results/local/my-run/step0/extract.json").is_file()
         assert (tmp_path / "results/local/my-run/step0/gradient_sums.parquet").is_file()
+        if tensorboard:  # the README's `tensorboard --logdir out/runs` shows these
+            (events,) = (tmp_path / "trainer" / "runs").rglob("events.out.tfevents.*")
+            reader = tensorboard.EventAccumulator(str(events.parent))
+            reader.Reload()
+            assert "train/geometry/avg_cos/resid/layer_2" in reader.Tags()["scalars"]
 
     return namespace, check
 

@@ -38,6 +38,7 @@ STAGES = (
     "live",
     "plots",
     "results",
+    "explore",  # the explorer page: reads a results folder
     "commands",  # each stage's `commands` module: its commands and their arguments, which run its code and others'
     "cli",
     "worker",  # the warm worker: runs cli.main in a fork of a process that imported the stages once

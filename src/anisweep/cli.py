@@ -13,6 +13,7 @@ from pathlib import Path
 
 from anisweep.checkpoints import commands as checkpoints
 from anisweep.errors import DISK_FULL
+from anisweep.explore import commands as explore
 from anisweep.extract import commands as extract
 from anisweep.live import commands as live
 from anisweep.measures import commands as measures
@@ -24,7 +25,7 @@ from anisweep.weights import commands as weights
 
 # Each stage adds its own commands (its `commands` module, beside the code they run), in the flow's order; they
 # import what they run only when they run, so that `anisweep --help` and parsing a command import no torch.
-STAGES = (toy, live, checkpoints, extract, measures, weights, tangent, mechanism, plots)
+STAGES = (toy, live, checkpoints, extract, measures, weights, tangent, mechanism, plots, explore)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -178,3 +178,19 @@ def test_every_glossary_entry_is_written_by_some_architecture(written):
     listed = {(m, s) for m, s in listed if m not in found_only}
     pairs = {(m, s) for m, s in pairs if m not in found_only}
     assert listed == pairs, (sorted(listed - pairs), sorted(pairs - listed))
+
+
+def test_the_trainer_loggers_names_are_glossary_metrics_at_their_sites():
+    """Each metric AnisweepCallback sends to the Trainer's loggers is a glossary metric, at sites the glossary lists
+    for it, made by one of the measures it names; docs/metrics.md gives their naming scheme."""
+    from anisweep.measures.logged import LOGGED, LOGGED_MEASURES, scalar_name
+    from anisweep.measures.metrics import builtin_measures
+
+    sites_of = {term.name: set(term.sites) for term in glossary.METRICS}
+    for metric, sites in LOGGED:
+        assert metric in sites_of and set(sites) <= sites_of[metric], metric
+    assert set(LOGGED_MEASURES) <= {m.name for m in builtin_measures()}
+    assert scalar_name("avg_cos", "resid", 3) == "geometry/avg_cos/resid/layer_3"
+    markdown = glossary.glossary_markdown()
+    assert "## Trainer loggers" in markdown and "`geometry/<metric>/<site>/layer_<n>`" in markdown
+    assert all(f"`{scalar_name(metric, '<site>', '<n>')}`" in markdown for metric, _ in LOGGED)

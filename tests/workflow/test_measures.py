@@ -120,6 +120,7 @@ def test_editing_a_measure_reruns_exactly_its_jobs(swept, installed):
         "plot_family": 1,
         "plot_spectra": 1,
         "plot_survey": 1,
+        "explore": 1,  # the explorer reads every sweep
         "plot_logit_lens": 1,
         "glossary": 1,
     }

@@ -140,7 +140,8 @@ def test_one_checkpoint_alone_then_the_sweep_tables(run):
     at_once = planned(workdir, configfile, "--forcerun", f"{NEOX}/step8/extract.json")  # both in one command
     per_model = {"sweep": 1, "plot_model": 1, "plot_family": 1, "qk_svd": 1, "plot_score_hist": 1, "plot_spectra": 1}
     per_model |= {"plot_logit_lens": 1}  # the circuit figures read weights.parquet, which no model run changes
-    assert at_once == {"fetch": 1, "extract": 1, "logit_lens": 1, "metrics": 1, **per_model, "plot_survey": 1}
+    across_models = {"plot_survey": 1, "explore": 1}
+    assert at_once == {"fetch": 1, "extract": 1, "logit_lens": 1, "metrics": 1, **per_model, **across_models}
 
 
 def test_results_from_before_the_outlier_tables_rerun_their_model_jobs(run, tmp_path):
@@ -225,7 +226,8 @@ def test_growing_the_sweep_schedules_only_the_new_checkpoints(run):
         ("measures/metrics.py", {"metrics": 3, "sweep": 1, "plot_model": 1, "plot_family": 1}, ()),
         ("measures/sweep.py", {"sweep": 1, "plot_model": 1, "plot_family": 1}, ("metrics",)),
         ("plots/sweep.py", {"plot_model": 1, "plot_family": 1}, ("metrics", "sweep")),
-        ("plots/survey.py", {"plot_survey": 1}, ("metrics", "sweep", "plot_model")),
+        ("plots/survey.py", {"plot_survey": 1}, ("metrics", "sweep", "plot_model", "explore")),
+        ("explore/page.py", {"explore": 1}, ("metrics", "sweep", "plot_model", "plot_survey")),
         ("measures/rogue.py", {"metrics": 3, "sweep": 1, "plot_model": 1, "plot_family": 1}, ()),
         ("measures/sinks.py", {"metrics": 3, "sweep": 1, "plot_model": 1, "plot_family": 1}, ()),
         ("plots/outliers.py", {"plot_model": 1, "plot_family": 1}, ("metrics", "sweep")),

@@ -173,6 +173,7 @@ ANALYSIS_CODE = {
     "plots": code_inputs("plots.sweep", commands="plots.commands"),
     "plot_families": code_inputs("plots.families", commands="plots.commands"),
     "plot_survey": code_inputs("plots.survey", commands="plots.commands"),
+    "explore": code_inputs("explore.data", "explore.page", commands="explore.commands"),
     "untrained": code_inputs("mechanism.untrained", commands="mechanism.commands"),
     "untrained_plots": code_inputs("plots.untrained", commands="plots.commands"),
     "qk_svd": code_inputs("mechanism.qk_svd", "plots.distributions", commands="mechanism.commands"),
@@ -383,7 +384,7 @@ def all_outputs():
     outputs += [f"results/figures/{name}" for name in SURVEY_FIGURES]
     if config["untrained"]["enabled"]:
         outputs += [f"results/untrained/figures/{name}" for name in UNTRAINED_FIGURES]
-    return outputs + gradient_outputs() + ["results/glossary.md"]
+    return outputs + gradient_outputs() + ["results/glossary.md", "results/explore.html"]
 
 
 def toy_checkpoints_dir(wildcards):

@@ -131,6 +131,21 @@ rule plot_survey:
         )
 
 
+# One self-contained HTML page to explore every model's per-layer metrics over training (explore/data.py).
+rule explore:
+    input:
+        sweeps=[f"results/{f}/{m}/sweep.parquet" for f, m in MODELS],
+        code=ANALYSIS_CODE["explore"],
+    output:
+        report("results/explore.html", caption="../report/explore.rst", category="explore"),
+    log:
+        "logs/plots/explore.log",
+    conda:
+        CONDA_ENV
+    shell:
+        figure_command("explore --out {output} {input.sweeps}", "explore")
+
+
 rule plot_score_hist:
     input:
         hists=per_checkpoint("score_hist.parquet"),

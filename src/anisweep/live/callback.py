@@ -24,6 +24,7 @@ from anisweep.extract.model import ExtractSettings, LoadedModel
 from anisweep.extract.recorder import ATTENTION_NAME, register_attention
 from anisweep.extract.run import extract_info, timed_run, write_extract
 from anisweep.extract.tables import tables
+from anisweep.live.report import calling_handler, checkpoint_scalars, log_through
 from anisweep.live.take import live_ident
 from anisweep.tangent.checkpoint import pass_tables_of
 from anisweep.tangent.settings import GradientSettings
@@ -114,7 +115,12 @@ class AnisweepCallback(_trainer_callback_base()):
     evaluation batch is built once from `texts` with the tokenizer (a PreflightError there when the tokenizer cannot
     read the texts: more unknown tokens than settings.max_unknown_token_share); preflight's checks of the model's
     config run at on_train_begin, before any step. Chosen steps a resumed training has passed, and steps it never
-    reached, are warned about (once each)."""
+    reached, are warned about (once each).
+
+    With `report` (the default) each analysed step's scalar summaries (anisweep.measures.logged: avg_cos per layer,
+    attention entropy, sink mass, rogue and massive shares, IsoScore after the final norm), computed from the
+    tables it wrote, go through the Trainer's logging as its loss does, named `geometry/<metric>/<site>/layer_<n>`
+    at the step's global_step: every `report_to` integration records them."""
 
     def __init__(
         self,
@@ -126,6 +132,7 @@ class AnisweepCallback(_trainer_callback_base()):
         settings: ExtractSettings | None = None,
         gradients: GradientSettings | None = None,
         tokens_per_step: int | None = None,
+        report: bool = True,
     ):
         from anisweep.checkpoints.preflight import check_unknown_tokens
         from anisweep.corpus import make_batch
@@ -135,6 +142,8 @@ class AnisweepCallback(_trainer_callback_base()):
         self.settings = settings or ExtractSettings(device="cpu")
         self.gradients = gradients
         self.tokens_per_step = tokens_per_step
+        self.report = report
+        self.unreported_warned = False
         s = self.settings
         self.batch = make_batch(tokenizer, list(texts), s.n_sequences, s.seq_len, s.seed)
         source = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
@@ -145,13 +154,29 @@ class AnisweepCallback(_trainer_callback_base()):
     def _out(self, step: int) -> Path:
         return self.results / "local" / self.run_name / f"step{step}"
 
-    def _analyse(self, args, step: int, model) -> None:
+    def _analyse(self, args, state, control, step: int, model) -> None:
         if step not in self.pending or model is None:
             return
         ident = live_ident(self.run_name, step, self.tokens_per_step, getattr(args, "seed", None))
         out = analyse_live(model, self.batch, self.tokenizer, self._out(step), ident, self.settings, self.gradients)
         self.written.append(out)
         self.pending.discard(step)
+        if self.report:
+            self._report(args, state, control, out)
+
+    def _report(self, args, state, control, out: Path) -> None:
+        handler = calling_handler()
+        if handler is None:
+            if not self.unreported_warned:
+                warnings.warn(
+                    f"AnisweepCallback({self.run_name!r}): not called by a transformers Trainer's callback handler, "
+                    "so its summaries go to no logger (the Parquet is written); call it from Trainer.train(), or "
+                    "pass report=False",
+                    stacklevel=3,
+                )
+                self.unreported_warned = True
+            return
+        log_through(handler, args, state, control, checkpoint_scalars(out))
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         step = state.global_step  # 0, or the checkpoint's step when the training resumes from one
@@ -167,11 +192,11 @@ class AnisweepCallback(_trainer_callback_base()):
             )
         if step and (self._out(step) / "extract.json").is_file():
             self.pending.discard(step)  # analysed by the run that saved the checkpoint
-        self._analyse(args, step, model)
+        self._analyse(args, state, control, step, model)
         return control
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        self._analyse(args, state.global_step, model)
+        self._analyse(args, state, control, state.global_step, model)
         return control
 
     def on_train_end(self, args, state, control, **kwargs):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from anisweep.measures.geometry import SPREAD_TOLERANCE
+from anisweep.measures.logged import LOGGED, LOGGED_MEASURES, scalar_name
 from anisweep.measures.sites import (
     HIDDEN_SITES,
     SAMPLED_SITES,
@@ -1046,6 +1047,33 @@ _STREAMED = (
 )
 
 
+def _trainer_loggers() -> list[str]:
+    """The names under which anisweep.live.AnisweepCallback sends each step's summaries to the Trainer's loggers."""
+    definitions = {term.name: term.definition for term in METRICS}
+    measures = ", ".join(f"`{m}`" for m in LOGGED_MEASURES)
+    scheme = scalar_name("<metric>", "<site>", "<n>")
+    return [
+        "## Trainer loggers",
+        "",
+        "`anisweep.live.AnisweepCallback` sends these per-layer values of each step it analyses through the Trainer's",
+        "own logging, as the Trainer sends the loss, so every `report_to` integration (TensorBoard, Weights & Biases,",
+        f"MLflow, ...) records them at the step's `global_step`. Each is named `{scheme}`",
+        "(`<n>` numbered as metrics.parquet's `layer`) and is the value of metrics.parquet's per-layer row (head",
+        "null) of that metric, site and layer, computed from the tables the step wrote, by the measures",
+        f"{measures} (no second forward pass). TensorBoard and Weights & Biases show",
+        "them under `train/`, as the loss (`train/geometry/...`); a NaN value is a gap in the curve.",
+        "",
+        *_table(
+            ("name", "sites", "definition"),
+            [
+                (f"`{scalar_name(metric, '<site>', '<n>')}`", _sites(sites), definitions[metric])
+                for metric, sites in LOGGED
+            ],
+        ),
+        "",
+    ]
+
+
 def glossary_markdown(measures=()) -> str:
     """docs/metrics.md: the measures, and the metrics, sites and columns of metrics.parquet as markdown tables;
     `measures`, a user's (anisweep.measures.registry.user_measures), are listed after the built-in ones with
@@ -1092,6 +1120,7 @@ def glossary_markdown(measures=()) -> str:
         "",
         *_table(("column", "definition", "source"), [(f"`{t.name}`", t.definition, t.source) for t in COLUMNS]),
         "",
+        *_trainer_loggers(),
         "## Statuses",
         "",
         "Every status word the tables write, each with one meaning wherever it stands. A step the audit left out of",

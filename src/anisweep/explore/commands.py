@@ -1,0 +1,27 @@
+"""The explorer's command: explore."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def cmd_explore(args) -> None:
+    from anisweep.explore.data import read_sweeps, write_explore
+
+    sources = [Path(source) for source in args.sources]
+    out = Path(args.out) if args.out else (sources[0] if sources[0].is_dir() else sources[0].parent) / "explore.html"
+    limit = {} if args.max_values is None else {"max_values": args.max_values}
+    print(write_explore(read_sweeps(sources), out, **limit))
+
+
+def add_commands(sub) -> None:
+    """Add this stage's commands to `anisweep`'s sub-commands."""
+    p = sub.add_parser("explore", help="one self-contained HTML page to explore every model's metrics over training")
+    p.add_argument("sources", nargs="+", help="a results folder (its models' sweep.parquet), or sweep.parquet files")
+    p.add_argument("--out", help="the page to write (default: explore.html in the results folder)")
+    p.add_argument(
+        "--max-values",
+        type=int,
+        help="values in the page (default 2.4 million); past them each model's steps are thinned",
+    )
+    p.set_defaults(run=cmd_explore)

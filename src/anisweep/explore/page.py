@@ -1,0 +1,209 @@
+"""The explorer's HTML: Plotly's own minified JavaScript (from the plotly wheel, inline: the page needs no network),
+the data (anisweep.explore.data.page_data) as JSON, and the controls that draw it.
+
+Views: `per model` draws the chosen metric at the chosen site over training, one panel per model and seed, a line
+per chosen layer (x: step or tokens seen, log or linear; on a log axis step 0 sits at 1, the axis being step + 1);
+`survey` draws it across depth (layer over the model's last layer) at each model's last step shown, a line per
+model, as Godey et al. 2024 Fig. 1-4 do. Hovering a point gives its value, step, tokens seen and checkpoint.
+Each drawn trace carries `meta` (model, seed, site, metric, layer) so a test can read back what is drawn.
+"""
+
+from __future__ import annotations
+
+import html
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 12px 18px; color: #222; }
+h1 { font-size: 1.25em; margin: 0 0 4px 0; }
+#summary, #definition { color: #555; font-size: 0.9em; margin: 2px 0 8px 0; }
+#controls { display: flex; flex-wrap: wrap; gap: 10px 18px; align-items: flex-start; }
+#controls label { display: flex; flex-direction: column; font-size: 0.85em; gap: 2px; }
+select[multiple] { min-width: 9em; }
+"""
+
+_SCRIPT = r"""
+"use strict";
+const D = JSON.parse(document.getElementById("anisweep-data").textContent);
+const raw = atob(D.values);
+const bytes = new Uint8Array(raw.length);
+for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
+const V = new Float32Array(bytes.buffer);
+const S = D.series;
+const offset = new Int32Array(S.model.length + 1);
+const index = new Map();
+for (let i = 0; i < S.model.length; i++) {
+  offset[i + 1] = offset[i] + D.models[S.model[i]].steps.length;
+  index.set(S.model[i] + "|" + S.site[i] + "|" + S.metric[i] + "|" + S.layer[i], i);
+}
+const bare = new Set(["toy", "local", "hub"]);
+const name = (m) => (bare.has(m.family) ? m.model : m.family + "/" + m.model);
+const seedName = (m) => m.seed === null ? "none" : String(m.seed);
+const $ = (id) => document.getElementById(id);
+const chosen = (id) => Array.from($(id).selectedOptions).map((o) => o.value);
+
+function fill(id, values, selected) {
+  const el = $(id), keep = new Set(selected);
+  el.replaceChildren(...values.map((v) => {
+    const o = document.createElement("option");
+    o.value = o.textContent = String(v);
+    o.selected = keep.has(String(v));
+    return o;
+  }));
+}
+
+function available(metric, site) {
+  const m = D.metrics.indexOf(metric), s = D.sites.indexOf(site), layers = new Set(), sites = new Set();
+  for (let i = 0; i < S.model.length; i++) {
+    if (S.metric[i] !== m) continue;
+    sites.add(D.sites[S.site[i]]);
+    if (S.site[i] === s) layers.add(S.layer[i]);
+  }
+  return { sites: [...sites].sort(), layers: [...layers].sort((a, b) => a - b) };
+}
+
+function refreshChoices() {
+  const metric = $("metric").value;
+  const site = $("site").value;
+  const sites = available(metric, site).sites;
+  fill("site", sites, [sites.includes(site) ? site : (sites.includes("resid") ? "resid" : sites[0])]);
+  const before = chosen("layers"), layers = available(metric, $("site").value).layers.map(String);
+  const kept = before.filter((l) => layers.includes(l));
+  fill("layers", layers, kept.length ? kept : layers);
+}
+
+function models() {
+  const names = new Set(chosen("models")), seeds = new Set(chosen("seeds"));
+  return D.models.map((m, k) => ({ ...m, k })).filter((m) => names.has(name(m)) && seeds.has(seedName(m)));
+}
+
+function values(i) {
+  return Array.from(V.subarray(offset[i], offset[i + 1]), (v) => (Number.isNaN(v) ? null : v));
+}
+
+function colour(t) {  // viridis, t in [0, 1]
+  const stops = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+  const x = Math.min(Math.max(t, 0), 1) * (stops.length - 1), j = Math.min(Math.floor(x), stops.length - 2);
+  const f = x - j, c = stops[j].map((a, n) => Math.round(a + f * (stops[j + 1][n] - a)));
+  return "rgb(" + c.join(",") + ")";
+}
+
+function perModel(metric, site) {
+  const m = D.metrics.indexOf(metric), s = D.sites.indexOf(site), layers = chosen("layers").map(Number);
+  const byTokens = $("x").value === "tokens", log = $("xscale").value === "log";
+  const panels = models(), traces = [], layout = { grid: { rows: Math.max(panels.length, 1), columns: 1,
+    pattern: "independent", ygap: 0.35 }, height: 120 + 260 * Math.max(panels.length, 1), annotations: [],
+    showlegend: true, hovermode: "closest", margin: { t: 30 } };
+  const all = available(metric, site).layers, top = Math.max(...all, 1);
+  panels.forEach((model, p) => {
+    const ax = p === 0 ? "" : String(p + 1);
+    const xs = (byTokens ? model.tokens : model.steps).map((v) => (log ? v + 1 : v));
+    const custom = model.steps.map((st, j) => [st, model.tokens[j], model.family + "/" + model.model + "/step" + st]);
+    for (const layer of layers) {
+      const i = index.get(model.k + "|" + s + "|" + m + "|" + layer);
+      if (i === undefined) continue;
+      traces.push({ x: xs, y: values(i), customdata: custom, xaxis: "x" + ax, yaxis: "y" + ax, type: "scatter",
+        mode: "lines+markers", line: { color: colour(layer / top) }, marker: { size: 4 },
+        name: name(model) + " seed " + seedName(model) + " · layer " + layer, legendgroup: "layer " + layer,
+        meta: { family: model.family, model: model.model, seed: model.seed, site, metric, layer },
+        hovertemplate: "%{fullData.name}<br>" + metric + " = %{y:.6g}<br>step %{customdata[0]}, " +
+          "%{customdata[1]} tokens<br>%{customdata[2]}<extra></extra>" });
+    }
+    const xTitle = (byTokens ? "tokens seen" : "step") + (log ? " + 1 (log)" : "");
+    layout["xaxis" + ax] = { type: log ? "log" : "linear", title: { text: xTitle } };
+    layout["yaxis" + ax] = { type: $("yscale").value, title: { text: metric + " (" + site + ")" } };
+    const shown = model.steps.length < model.all_steps ? " (" + model.steps.length + " of its " +
+      model.all_steps + " steps)" : "";
+    layout.annotations.push({ text: name(model) + " seed " + seedName(model) + shown, showarrow: false,
+      xref: "x" + ax + " domain", yref: "y" + ax + " domain", x: 0, y: 1.12, xanchor: "left" });
+  });
+  return { traces, layout };
+}
+
+function survey(metric, site) {
+  const m = D.metrics.indexOf(metric), s = D.sites.indexOf(site), traces = [];
+  for (const model of models()) {
+    const last = model.steps.length - 1, points = [];
+    for (let i = 0; i < S.model.length; i++) {
+      const ours = S.model[i] === model.k && S.site[i] === s && S.metric[i] === m;
+      if (ours) points.push([S.layer[i], V[offset[i] + last]]);
+    }
+    if (!points.length) continue;
+    points.sort((a, b) => a[0] - b[0]);
+    const deepest = Math.max(points[points.length - 1][0], 1), step = model.steps[last];
+    traces.push({ x: points.map((p) => p[0] / deepest), y: points.map((p) => (Number.isNaN(p[1]) ? null : p[1])),
+      customdata: points.map((p) => [p[0], step, model.family + "/" + model.model + "/step" + step]),
+      type: "scatter", mode: "lines+markers", name: name(model) + " seed " + seedName(model) + " (step " + step + ")",
+      meta: { family: model.family, model: model.model, seed: model.seed, site, metric, step },
+      hovertemplate: "%{fullData.name}<br>layer %{customdata[0]}: " + metric + " = %{y:.6g}<br>%{customdata[2]}" +
+        "<extra></extra>" });
+  }
+  return { traces, layout: { height: 560, hovermode: "closest", margin: { t: 30 },
+    xaxis: { title: { text: "relative depth (layer / last layer)" } },
+    yaxis: { type: $("yscale").value, title: { text: metric + " (" + site + "), each model's last step shown" } } } };
+}
+
+let draws = 0;
+function draw() {
+  const metric = $("metric").value, site = $("site").value;
+  const survey_ = $("view").value === "survey";
+  for (const id of ["layers", "x", "xscale"]) $(id).disabled = survey_;
+  const { traces, layout } = survey_ ? survey(metric, site) : perModel(metric, site);
+  Plotly.react("plot", traces, layout, { responsive: true }).then(() => {
+    draws += 1;
+    document.body.dataset.draws = String(draws);
+    if (draws === 1) window.exploreDrawnAt = performance.now();
+  });
+}
+
+const names = [...new Set(D.models.map(name))].sort(), seeds = [...new Set(D.models.map(seedName))].sort();
+fill("metric", D.metrics, [D.metrics.includes("avg_cos") ? "avg_cos" : D.metrics[0]]);
+fill("models", names, names);
+fill("seeds", seeds, seeds);
+refreshChoices();
+$("metric").addEventListener("change", () => { refreshChoices(); draw(); });
+$("site").addEventListener("change", () => { refreshChoices(); draw(); });
+for (const id of ["view", "layers", "models", "seeds", "x", "xscale", "yscale"]) $(id).addEventListener("change", draw);
+const checkpoints = D.models.reduce((n, m) => n + m.all_steps, 0);
+const shown = D.models.reduce((n, m) => n + m.steps.length, 0);
+const thinnedNote = ", " + shown + " of them shown (each model's steps evenly thinned to keep the page small)";
+$("summary").textContent = D.models.length + " models (with their seeds), " + checkpoints +
+  " analysed checkpoints" + (shown < checkpoints ? thinnedNote : "") +
+  "; per-layer values (head null) of each model's sweep.parquet.";
+draw();
+"""
+
+
+def _select(id_: str, label: str, options: tuple[str, ...] = (), multiple: bool = False) -> str:
+    inner = "".join(f'<option value="{html.escape(o)}">{html.escape(o)}</option>' for o in options)
+    size = ' multiple size="6"' if multiple else ""
+    return f'<label>{html.escape(label)}<select id="{id_}"{size}>{inner}</select></label>'
+
+
+def page(data_json: str, title: str = "anisweep explorer") -> str:
+    """The whole page around `data_json` (page_data as JSON)."""
+    from plotly.offline import get_plotlyjs
+
+    controls = "".join(
+        [
+            _select("view", "view", ("per-model", "survey")),
+            _select("metric", "metric"),
+            _select("site", "site"),
+            _select("layers", "layers", multiple=True),
+            _select("models", "models", multiple=True),
+            _select("seeds", "seeds", multiple=True),
+            _select("x", "x axis", ("step", "tokens")),
+            _select("xscale", "x scale", ("log", "linear")),
+            _select("yscale", "y scale", ("linear", "log")),
+        ]
+    )
+    safe_json = data_json.replace("</", "<\\/")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style>"
+        f"<script>{get_plotlyjs()}</script></head><body>"
+        f'<h1>{html.escape(title)}</h1><div id="summary"></div><div id="controls">{controls}</div>'
+        '<div id="definition">What each metric and site means: glossary.md beside this page (docs/metrics.md).</div>'
+        '<div id="plot"></div>'
+        f'<script type="application/json" id="anisweep-data">{safe_json}</script>'
+        f"<script>{_SCRIPT}</script></body></html>\n"
+    )

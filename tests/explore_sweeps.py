@@ -1,0 +1,60 @@
+"""Synthetic sweep tables for the explorer's tests: two models (one with two seeds), their per-layer rows at
+resid and attention, and rows the page must leave out (a head's, a gradient subspace's, a duplicate step's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+MODELS = {("toy", "toy-neox", 0): 2, ("toy", "toy-neox", 1): 2, ("pythia", "pythia-70m", 0): 3}  # key: layers
+STEPS = [0, 1, 8, 64, 512]
+
+
+def sweep_rows(family: str, model: str, seed: int, n_layers: int) -> pl.DataFrame:
+    rng = np.random.default_rng([len(model), seed])
+    rows = []
+    for step in STEPS:
+        base = {"family": family, "model": model, "seed": seed, "step": step, "tokens_seen": step * 2048}
+        base |= {"status": "duplicate" if step == 8 and model == "pythia-70m" else "ok"}
+        for layer in range(n_layers + 1):
+            for metric in ("avg_cos", "isoscore"):
+                rows.append(base | {"layer": layer, "site": "resid", "metric": metric, "value": rng.uniform(0.1, 0.9)})
+        for layer in range(n_layers):
+            rows.append(base | {"layer": layer, "site": "attention", "metric": "entropy_mean", "value": rng.uniform()})
+            rows.append(base | {"layer": layer, "head": 0, "site": "attention", "metric": "entropy_mean", "value": 9.0})
+        rows.append(base | {"layer": 1, "site": "resid", "metric": "avg_cos", "subspace": "top", "value": 9.0})
+        rows.append(base | {"layer": None, "site": "resid", "metric": "drift_avg_cos_spearman_r", "value": 0.5})
+    schema = {"head": pl.Int64, "subspace": pl.String, "layer": pl.Int64, "value": pl.Float64}
+    return pl.DataFrame(rows, schema_overrides=schema, infer_schema_length=None)
+
+
+def write_results(root: Path) -> list[Path]:
+    """One sweep.parquet per model (its seeds in one table), as the workflow files them."""
+    paths = []
+    for family, model in sorted({(f, m) for f, m, _ in MODELS}):
+        frames = [sweep_rows(f, m, s, n) for (f, m, s), n in MODELS.items() if (f, m) == (family, model)]
+        path = root / family / model / "sweep.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pl.concat(frames, how="diagonal").write_parquet(path)
+        paths.append(path)
+    return paths
+
+
+def expected(root: Path, family: str, model: str, seed: int, site: str, metric: str, layer: int) -> pl.DataFrame:
+    """(step, value) of one model's per-layer metric at its analysed steps, as the sweep holds it."""
+    sweep = pl.read_parquet(root / family / model / "sweep.parquet")
+    return (
+        sweep.filter(
+            pl.col("seed") == seed,
+            pl.col("site") == site,
+            pl.col("metric") == metric,
+            pl.col("layer") == layer,
+            pl.col("head").is_null(),
+            pl.col("subspace").is_null(),
+            pl.col("status") == "ok",
+        )
+        .select("step", "tokens_seen", "value")
+        .sort("step")
+    )
