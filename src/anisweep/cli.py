@@ -174,7 +174,8 @@ def cmd_metrics(args) -> None:
     from anisweep.measures.metrics import checkpoint_metrics
     from anisweep.tables import write_atomic
 
-    write_atomic(checkpoint_metrics(args.extract_dir, args.gradients, args.measure_table or []), args.out)
+    metrics = checkpoint_metrics(args.extract_dir, args.gradients, args.measure_table or [], args.sink_epsilon)
+    write_atomic(metrics, args.out)
     if args.spectra_out:
         from anisweep.measures.spectra import checkpoint_spectra
 
@@ -302,7 +303,8 @@ def cmd_measure(args) -> None:
 
 
 def cmd_weights(args) -> None:
-    """A weight measure of one checkpoint from its weights (the built-in `circuits` without --entry)."""
+    """A weight measure of one checkpoint from its weights (the built-in `circuits` and `weight_matrices` without
+    --entry)."""
     from anisweep.checkpoints.base import Checkpoint
     from anisweep.measures.registry import MeasureError, load
     from anisweep.tables import write_atomic
@@ -315,12 +317,11 @@ def cmd_weights(args) -> None:
             raise MeasureError(f"measure {args.entry!r} is a {measure.kind} measure, not a weight measure")
         write_atomic(run_weight_measure(measure, ckpt), args.out)
         return
-    from anisweep.measures.registry import measure_frame
-    from anisweep.weights.builtin import MEASURE, circuits_of
+    from anisweep.weights.builtin import builtin_weight_tables
 
-    rows, pairs = circuits_of(ckpt, args.probe_tokens)
+    metrics, pairs = builtin_weight_tables(ckpt, args.probe_tokens)
     write_atomic(pair_frame(identity(ckpt), pairs), args.pairs_out)
-    write_atomic(measure_frame(MEASURE, identity(ckpt), rows), args.out)
+    write_atomic(metrics, args.out)
 
 
 def cmd_logit_lens(args) -> None:
@@ -569,6 +570,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--spectra-out", help="spectra.parquet: normalised singular values of the sampled vectors")
     p.add_argument("--gradients", help="the checkpoint's gradients.parquet: its shares become metric rows too")
     p.add_argument("--measure-table", nargs="*", help="tables of the user's measures (measures/{name}.parquet)")
+    p.add_argument(
+        "--sink-epsilon", type=float, default=0.3, help="the first-key importance above which a head sinks (Sink_1^eps)"
+    )
     p.set_defaults(run=cmd_metrics)
 
     p = sub.add_parser("measure", help="one table measure of one checkpoint, from extract's Parquet")

@@ -135,6 +135,7 @@ EXTRACT_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
         "first_received": pl.Float64,
         "received": pl.List(pl.Float64),
         "key_count": pl.List(pl.Int64),
+        "first_importance": pl.List(pl.Float64),
     },
     "sink_keys": {
         "layer": pl.Int64,
