@@ -64,8 +64,8 @@ def sink_rows(
     if sinks.height:
         every = [v for importance in sinks["first_importance"].to_list() for v in importance]
         rows += [
-            {"site": "attention", "metric": "sink1_eps", "value": sink_share(every, epsilon)},
-            {"site": "attention", "metric": "sink1_epsilon", "value": float(epsilon)},
+            {"layer": None, "site": "attention", "metric": "sink1_eps", "value": sink_share(every, epsilon)},
+            {"layer": None, "site": "attention", "metric": "sink1_epsilon", "value": float(epsilon)},
         ]
     return rows
 
