@@ -1,6 +1,6 @@
-"""The metric rows of the weight measure `circuits` and of the logit lens for a tiny saved GPT-NeoX LM, as
-metrics.parquet joins them, and the rows they write where they cannot read a checkpoint (a BERT saved without its
-head, an encoder-decoder): for tests that need every metric the pipeline writes (test_glossary.py)."""
+"""The metric rows of the weight measures `circuits` and `weight_matrices` and of the logit lens for a tiny saved
+GPT-NeoX LM, as metrics.parquet joins them, and the rows they write where they cannot read a checkpoint (a BERT
+saved without its head, an encoder-decoder): for tests that need every metric the pipeline writes (test_glossary.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from transformers import BertForMaskedLM, GPTNeoXForCausalLM, T5ForConditionalGe
 
 from anisweep.checkpoints.base import Checkpoint
 from anisweep.measures.circuits import circuit_tables
+from anisweep.measures.matrices import matrix_rows
 from anisweep.tables import metric_rows
-from anisweep.weights.builtin import circuits_of
+from anisweep.weights.builtin import builtin_weight_tables
 from anisweep.weights.lens import lens_from_hidden, lens_not_measured
 from anisweep.weights.run import open_weights
 from anisweep.weights.source import Unmeasurable
@@ -28,13 +29,18 @@ def weight_metrics(folder) -> pl.DataFrame:
     tables, _ = run_extract(path, batch)
     lens = lens_from_hidden(tables["hidden"], batch["input_ids"], batch["attention_mask"], weights.layout)
     return pl.concat(
-        [metric_rows(IDENT, rows, "circuits"), metric_rows(IDENT, lens, "logit_lens"), *unreadable_metrics(folder)]
+        [
+            metric_rows(IDENT, rows, "circuits"),
+            metric_rows(IDENT, matrix_rows(weights), "weight_matrices"),
+            metric_rows(IDENT, lens, "logit_lens"),
+            *unreadable_metrics(folder),
+        ]
     )
 
 
 def unreadable_metrics(folder) -> list[pl.DataFrame]:
     """A BERT saved without its MLM head: its circuits (`head_saved` 0) and the logit lens's row that says why; an
-    encoder-decoder's circuits: the row that says why."""
+    encoder-decoder's built-in weight measures: each one's row that says why."""
     BertForMaskedLM.from_pretrained(saved(folder, BertForMaskedLM, bert_config(), "bert")).bert.save_pretrained(
         folder / "headless"
     )
@@ -47,5 +53,5 @@ def unreadable_metrics(folder) -> list[pl.DataFrame]:
     return [
         metric_rows(IDENT, circuit_tables(headless)[0], "circuits"),
         lens,
-        metric_rows(IDENT, circuits_of(t5)[0], "circuits"),
+        builtin_weight_tables(t5)[0],
     ]

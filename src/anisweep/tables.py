@@ -135,6 +135,7 @@ EXTRACT_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
         "first_received": pl.Float64,
         "received": pl.List(pl.Float64),
         "key_count": pl.List(pl.Int64),
+        "first_importance": pl.List(pl.Float64),
     },
     "sink_keys": {
         "layer": pl.Int64,
@@ -154,8 +155,8 @@ EXTRACT_TABLES = tuple(EXTRACT_SCHEMAS)
 #: analyses read and an older one did not write: the extract rule takes it as a param, so that over a results folder
 #: written before, every checkpoint's model job runs again (docs/reruns.md) rather than its metrics failing on the
 #: missing columns. 2: hidden_stats' M2 columns and gradient_sums' `grad_m2` (streamed variances without
-#: cancellation).
-EXTRACT_FORMAT = 2
+#: cancellation). 3: sinks' `first_importance` (each sequence's first-key importance, for Sink_1^epsilon).
+EXTRACT_FORMAT = 3
 
 #: The tables of the untrained-block experiment (anisweep.mechanism.untrained), `results/untrained/{name}.parquet`,
 #: with their columns and types (no identity columns: an init, seed and bias norm say where a row comes from).

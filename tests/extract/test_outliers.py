@@ -117,6 +117,9 @@ def check_sinks(tables, ref, batch):
             assert row["first_received"] == pytest.approx(float(colsum[:, head, 0].sum()), abs=1e-5)
             np.testing.assert_allclose(row["received"], colsum[:, head].sum(0).numpy(), atol=1e-5)
             assert row["key_count"] == valid.sum(0).tolist()
+            # Gu et al. 2024's first-token importance, each sequence's own valid rows
+            importance = colsum[:, head, 0] / rows_per_seq
+            np.testing.assert_allclose(row["first_importance"], importance.numpy(), atol=1e-6)
             first_mass = float(p[:, head, :, 0].sum()) / int(valid.sum())
             row_max = float(p[:, head].amax(-1).sum()) / int(valid.sum())
             assert measured[(layer, head, "sink_first_mass")] == pytest.approx(first_mass, abs=1e-6)

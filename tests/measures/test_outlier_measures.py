@@ -132,6 +132,7 @@ def test_sink_rows_per_head_and_per_layer():
     sink_table = pl.DataFrame(
         {"layer": [0, 0], "head": [0, 1], "n_rows": [10, 10], "n_seqs": [2, 2], "first_received": [9.0, 1.0]}
         | {"received": [[9.0, 1.0], [1.0, 9.0]], "key_count": [[2, 2], [2, 2]]}
+        | {"first_importance": [[0.9, 0.2], [0.1, float("nan")]]}
     )
     keys = pl.DataFrame(
         {"layer": [0, 0], "head": [0, 1], "rank": [0, 0], "position": [0, 1]}
@@ -143,5 +144,7 @@ def test_sink_rows_per_head_and_per_layer():
     assert rows[(0, None, "sink_first_mass")] == pytest.approx(0.5)
     assert rows[(0, 1, "sink_row_max_mass")] == 0.85 and rows[(0, 1, "sink_top_key_position")] == 1
     assert rows[(0, None, "sink_top_first_share")] == 0.5
+    assert rows[(0, 0, "sink1_eps")] == 0.5 and rows[(0, 1, "sink1_eps")] == 0.0  # a NaN sequence (no rows) left out
+    assert rows[(0, None, "sink1_eps")] == 0.25 and rows[(None, None, "sink1_eps")] == pytest.approx(1 / 3)
     by_position = sinks.received_by_position(sink_table)
     assert by_position.filter(pl.col("head") == 1)["received"].to_list() == [0.5, 4.5]

@@ -39,15 +39,29 @@ def run(path, tmp_path) -> tuple[int, pl.DataFrame, pl.DataFrame]:
 def test_the_builtin_writes_its_rows_and_pairs(tmp_path):
     code, rows, pairs = run(saved(tmp_path, GPTNeoXForCausalLM, neox_config(), "lm"), tmp_path)
     assert code == 0
-    assert set(rows["measure"]) == {"circuits"} and set(rows["site"]) == {"weights"} and rows["step"][0] == 3
+    circuits = rows.filter(pl.col("measure") == "circuits")
+    assert set(rows["measure"]) == {"circuits", "weight_matrices"} and rows["step"][0] == 3
+    assert set(circuits["site"]) == {"weights"}
+    assert set(rows.filter(pl.col("measure") == "weight_matrices")["site"]) == {
+        "w_q",
+        "w_k",
+        "w_v",
+        "w_o",
+        "embed_in",
+        "embed_out",
+    }
     assert pairs.height == 2 * 4 * 2 * 5 and set(pairs["kind"]) == {"qk", "ov"}  # layers x heads x kinds x ranks
 
 
 def test_an_architecture_without_a_layout_gets_the_row_that_says_why(tmp_path, capsys):
     code, rows, pairs = run(saved(tmp_path, T5ForConditionalGeneration, t5_config(), "t5"), tmp_path)
     assert code == 0 and pairs.height == 0
-    assert rows.select("measure", "metric", "site").rows() == [("circuits", "circuits", "weights")]
-    assert math.isnan(rows["value"][0]) and "this checkpoint's model_type is 't5'" in rows["reason"][0]
+    assert rows.select("measure", "metric", "site").rows() == [
+        ("circuits", "circuits", "weights"),
+        ("weight_matrices", "weight_matrices", "weights"),
+    ]
+    assert all(math.isnan(v) for v in rows["value"])
+    assert all("this checkpoint's model_type is 't5'" in reason for reason in rows["reason"])
     assert "model_type is 't5'" in capsys.readouterr().err
 
 
@@ -104,8 +118,11 @@ def test_a_bert_saved_without_its_head_keeps_its_circuits_and_says_why_it_has_no
     step = bert_step(tmp_path, headless=True)
     code, rows, pairs = run(step, tmp_path)
     assert code == 0 and pairs.height == 2 * 4 * 2 * 5
-    value = {r["metric"]: r["value"] for r in rows.filter(pl.col("head").is_null()).iter_rows(named=True)}
+    circuits = rows.filter((pl.col("measure") == "circuits") & pl.col("head").is_null())
+    value = {r["metric"]: r["value"] for r in circuits.iter_rows(named=True)}
     assert value == {"tied_embeddings": 1.0, "head_saved": 0.0, "probe_tokens": value["probe_tokens"]}
+    matrices = rows.filter(pl.col("measure") == "weight_matrices")
+    assert "embed_out" not in set(matrices["site"]) and matrices["value"].is_finite().all()  # tied: embed_in alone
     assert rows.filter(pl.col("head").is_not_null())["value"].is_finite().all()
     assert rows["reason"].is_null().all()
 

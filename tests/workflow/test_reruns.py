@@ -233,6 +233,8 @@ def test_growing_the_sweep_schedules_only_the_new_checkpoints(run):
         ("plots/outliers.py", {"plot_model": 1, "plot_family": 1}, ("metrics", "sweep")),
         # the weight measures and the logit lens read the weights (never a forward pass) and extract's Parquet
         ("measures/circuits.py", {"weights": 3, "metrics": 3, "sweep": 1, "plot_circuits": 1}, ("logit_lens",)),
+        # the spectral measures' math: the metrics (per sampled site) and the weights job (per weight matrix)
+        ("measures/spectral.py", {"weights": 3, "metrics": 3, "sweep": 1}, ("logit_lens",)),
         ("weights/layout.py", {"weights": 3, "logit_lens": 3, "metrics": 3, "plot_logit_lens": 1}, ()),
         ("measures/logit_lens.py", {"logit_lens": 3, "metrics": 3, "plot_logit_lens": 1}, ("weights",)),
         ("plots/circuits.py", {"plot_circuits": 1, "plot_logit_lens": 1}, ("metrics", "sweep", "weights")),
@@ -365,7 +367,12 @@ def _set(section: str, **values):
         (lambda c: c.update(gradients=_reversed(c["gradients"])), {}),
         (_set("extract", batch_size=2, device="cpu"), {}),
         (_set("extract", max_unknown_token_share=0.5), {}),  # whether a run may start, not what it writes
-        (lambda c: c.update(corpus={"source": "builtin"}, fetch={"keep_weights": False, "retries": 3}), {}),
+        (
+            lambda c: c.update(
+                corpus={"source": "builtin"}, fetch={"keep_weights": False, "retries": 3}, sinks={"epsilon": 0.3}
+            ),
+            {},
+        ),
         (_set("gradients", rank=[4], subspaces="both"), {}),
         # settings of the analyses that read Parquet: no model reruns
         (_set("gradients", rank=3), {"gradients": 2, "gradient_fixed_bases": 1, "gradient_fixed_shares": 1}),
@@ -375,6 +382,7 @@ def _set(section: str, **values):
         (_set("qk_svd", fraction=0.5), {"qk_svd": 1}),
         (lambda c: c.update(weights={"probe_tokens": 16}), {"weights": 3, "metrics": 3, "sweep": 1}),
         (lambda c: c.update(weights={"enabled": False}), {"metrics": 3, "sweep": 1}),
+        (lambda c: c.update(sinks={"epsilon": 0.5}), {"metrics": 3, "sweep": 1}),
         # what changes the model runs: those checkpoints alone
         (_set("gradients", steps=[0, 8, 32]), {"fetch": 1, "extract": 1, "gradients": 1}),
         (_set("gradients", layers=[0, 1]), {"fetch": 2, "extract": 2, "gradients": 2}),
@@ -401,6 +409,7 @@ def _set(section: str, **values):
         "qk-svd",
         "weights-probe-tokens",
         "weights-off",
+        "sink-epsilon",
         "new-gradient-step",
         "gradient-layers",
         "embedding-tokens",

@@ -19,9 +19,10 @@ rule metrics:
         extract_dir=lambda wildcards, output: os.path.dirname(output[0]),
         gradients=lambda wildcards, input: f"--gradients {input.gradients}" if input.gradients else "",
         measures=lambda wildcards, input: f"--measure-table {input.measures}" if input.measures else "",
+        sink_epsilon=config["sinks"]["epsilon"],
     shell:
         "{params.cli} metrics --extract-dir {params.extract_dir} --out {output.metrics} --spectra-out {output.spectra} "
-        "{params.gradients} {params.measures} 2> {log} {params.on_failure}"
+        "--sink-epsilon {params.sink_epsilon} {params.gradients} {params.measures} 2> {log} {params.on_failure}"
 
 
 # A user's table measure of one checkpoint, from the extract tables it declares: its own job, so that adding or

@@ -139,12 +139,14 @@ def massive_table(recorder, kinds: TokenKinds) -> pl.DataFrame:
 def sinks_table(recorder) -> pl.DataFrame:
     """Per layer and head: the valid query rows, the attention on each sequence's first valid key summed over them,
     and per key position the attention received summed over rows and sequences (`received`) and the number of
-    sequences whose key there is valid (`key_count`)."""
+    sequences whose key there is valid (`key_count`); per sequence, its first valid key's importance (the attention
+    it receives summed over the sequence's valid rows over their number, `first_importance`)."""
     rows = []
     for layer, stats in sorted(recorder.sinks.items()):
         first = stats.first.cpu().tolist()
         received = stats.received.cpu().tolist()
         counts = stats.key_counts.cpu().tolist()
+        importance = stats.first_importances().tolist()
         for head in range(stats.n_heads):
             rows.append(
                 {
@@ -155,6 +157,7 @@ def sinks_table(recorder) -> pl.DataFrame:
                     "first_received": first[head],
                     "received": received[head],
                     "key_count": counts,
+                    "first_importance": importance[head],
                 }
             )
     return pl.DataFrame(rows, schema=EXTRACT_SCHEMAS["sinks"])

@@ -313,7 +313,7 @@ class Recorder:
         )
         (self.cross_attention if cross else self.attention)[layer].update(row_stats, rows_valid, n_visible, row_counts)
         if not cross:
-            self.sinks[layer].update(colsum, keys_valid, row_counts[0])
+            self.sinks[layer].update(colsum, keys_valid, row_counts[0], rows_valid)
         return output.transpose(1, 2).contiguous()
 
     def _attention(self, query, key, value, scaling, bias, causal) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -477,6 +477,7 @@ class SinkStats:
         self.key_counts = torch.zeros(0, dtype=torch.int64, device=device)  # per position: sequences with a valid key
         self.n_rows = 0
         self.n_seqs = 0
+        self.first_importance: list[torch.Tensor] = []  # per mini-batch (B, H): first key's sum over rows / rows
         self.tops: list[tuple[dict, int]] = []  # per mini-batch: its keys that receive the most, its first sequence
 
     def update(self, colsum: torch.Tensor, valid: torch.Tensor, n_rows: int, rows_valid=None) -> None:
@@ -489,17 +490,26 @@ class SinkStats:
             self.received = torch.nn.functional.pad(self.received, (0, grow))
             self.key_counts = torch.nn.functional.pad(self.key_counts, (0, grow))
         _, first = _sequences(valid)
-        self.first += colsum.gather(2, first[:, None, None].expand(b, h, 1)).sum(dim=(0, 2))
+        on_first = colsum.gather(2, first[:, None, None].expand(b, h, 1))[:, :, 0]  # (B, H)
+        self.first += on_first.sum(dim=0)
         self.received[:, :t] += colsum.sum(dim=0)
         self.key_counts[:t] += valid.sum(dim=0)
         self.n_rows += n_rows
         flat = torch.where(valid[:, None, :], colsum, -1.0).transpose(0, 1).reshape(h, b * t)  # padding keys last
         received, index = flat.topk(min(TOP_K, b * t), dim=1)
         rows = (valid if rows_valid is None else rows_valid).sum(dim=1)  # per sequence, its valid query rows
+        self.first_importance.append(on_first.double() / rows[:, None].double())  # 0 / 0: NaN, a sequence of no rows
         self.tops.append(
             ({"received": received, "index": index, "rows": rows, "first": first, "width": t}, self.n_seqs)
         )
         self.n_seqs += b
+
+    def first_importances(self) -> torch.Tensor:
+        """(H, sequences): each sequence's first valid key's importance, the attention it receives summed over the
+        sequence's valid query rows over their number (Gu et al. 2024's first-token importance score)."""
+        if not self.first_importance:
+            return torch.zeros(self.n_heads, 0, dtype=torch.float64)
+        return torch.cat(self.first_importance).T.cpu()
 
     def top_keys(self) -> dict[str, list]:
         """Per head (outer list), the TOP_K keys of the whole batch that receive the most, most first (ties: the

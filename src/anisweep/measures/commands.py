@@ -11,7 +11,8 @@ def cmd_metrics(args) -> None:
     from anisweep.measures.metrics import checkpoint_metrics
     from anisweep.tables import write_atomic
 
-    write_atomic(checkpoint_metrics(args.extract_dir, args.gradients, args.measure_table or []), args.out)
+    metrics = checkpoint_metrics(args.extract_dir, args.gradients, args.measure_table or [], args.sink_epsilon)
+    write_atomic(metrics, args.out)
     if args.spectra_out:
         from anisweep.measures.spectra import checkpoint_spectra
 
@@ -64,6 +65,9 @@ def add_commands(sub) -> None:
     p.add_argument("--spectra-out", help="spectra.parquet: normalised singular values of the sampled vectors")
     p.add_argument("--gradients", help="the checkpoint's gradients.parquet: its shares become metric rows too")
     p.add_argument("--measure-table", nargs="*", help="tables of the user's measures (measures/{name}.parquet)")
+    p.add_argument(
+        "--sink-epsilon", type=float, default=0.3, help="the first-key importance above which a head sinks (Sink_1^eps)"
+    )
     p.set_defaults(run=cmd_metrics)
 
     p = sub.add_parser("measure", help="one table measure of one checkpoint, from extract's Parquet")

@@ -50,6 +50,13 @@ TIMKEY = "Timkey & van Schijndel 2021 (rogue dimensions)"
 SUN = "Sun et al. 2024 (massive activations)"
 XIAO = "Xiao et al. 2024 (attention sinks)"
 KOVALEVA = "Kovaleva et al. 2021 (LayerNorm outlier dimensions)"
+GARRIDO = "Garrido et al. 2023 (RankMe)"
+ALPHA_REQ = (
+    "Agrawal et al. 2022 (alpha-ReQ), fitted as Li et al. 2025 (arXiv 2509.23024) fit it:"
+    " melodylizx/Tracing-the-representation-geometry-of-language-models@c9b6f82, utils/powerlaw.py"
+)
+PICO = "pico-lm/pico-analyze@c4a4e84, src/metrics/"
+GU = "Gu et al. 2024 (When Attention Sink Emerges): sail-sg/Attention-Sink@af49727, eval_sink_open_source.py"
 ANISWEEP = "anisweep"
 
 
@@ -82,6 +89,8 @@ QK_SITES = ("qk_pre", "qk_post", "qk_pre_norm")
 #: The queries and keys kept whole for a token sample (qk_sample.parquet): not those before a q/k norm.
 QK_SAMPLE_SITES = ("qk_pre", "qk_post")
 EMBEDDING_SITES = ("embed_in", "embed_out")
+#: Sites of the weight matrices (measures.matrices): each block's W_Q, W_K, W_V, W_O, the embedding and unembedding.
+WEIGHT_MATRIX_SITES = ("w_q", "w_k", "w_v", "w_o", "embed_in", "embed_out")
 #: Sites of the gradient analysis (anisweep.tangent.backward.gradient_sites).
 GRADIENT_SITES = ("resid", "final_ln_in", "final_ln_out")
 
@@ -195,6 +204,19 @@ SITES: tuple[Term, ...] = (
         "weight measures: the checkpoint's weights alone, no activations (the built-in `circuits`: block `layer` from"
         " 0, `head`)",
         ANISWEEP,
+    ),
+    *(
+        Term(
+            f"w_{name}",
+            f"the built-in weight measure `weight_matrices`: block `layer`'s (from 0) {what}",
+            PICO,
+        )
+        for name, what in (
+            ("q", "query projection W_Q, every head's rows stacked (heads d_head x d_model)"),
+            ("k", "key projection W_K, each key head once (grouped-query attention's are not repeated)"),
+            ("v", "value projection W_V, each value head once"),
+            ("o", "output projection W_O (d_model x heads d_head)"),
+        )
     ),
 )
 
@@ -449,6 +471,47 @@ METRICS: tuple[Term, ...] = (
         ANISWEEP,
         SAMPLED_SITES,
     ),
+    # the spectrum's shape (measures.spectral, the built-in measure `spectral`)
+    Term(
+        "rankme",
+        "exp(-sum p_i log p_i), p_i = s_i / sum_j s_j + 1e-7, over the singular values s of the uncentred sample (as"
+        " spectra.parquet holds them: the first is mostly the drift); d for a flat spectrum, 1 for rank one,"
+        f" {_SAMPLE}",
+        GARRIDO,
+        SAMPLED_SITES,
+    ),
+    Term(
+        "rankme_cov",
+        "RankMe of the centred covariance's eigenvalues instead of the singular values, as Li et al. 2025's code"
+        f" (utils/powerlaw.py `rankme`) computes it, {_SAMPLE}",
+        ALPHA_REQ,
+        SAMPLED_SITES,
+    ),
+    Term(
+        "alpha_req",
+        "alpha of lambda_r ~ r^-alpha over the centred covariance's eigenvalues: least squares of log lambda_r on"
+        " -log r weighted 1 / r over ranks 12 to 100 (Li et al.'s trange = np.arange(11, 100)); a spectrum shorter"
+        " than 110 ends the fit 10 ranks before its last positive eigenvalue (alpha_req_last_rank), NaN under 3 ranks"
+        f" (d < 24); larger alpha, faster decay, {_SAMPLE}",
+        ALPHA_REQ,
+        SAMPLED_SITES,
+    ),
+    Term("alpha_req_last_rank", "the last rank alpha_req fits (100 where d >= 110)", ANISWEEP, SAMPLED_SITES),
+    Term(
+        "prop_effective_rank",
+        "proportional effective rank (per.py): exp(-sum p_i log p_i) / len(s), p_i = s_i / sum_j s_j over the singular"
+        f" values of the uncentred sample, in (0, 1], {_SAMPLE}",
+        PICO,
+        SAMPLED_SITES,
+    ),
+    Term(
+        "condition_number",
+        "s_max / s_min of the singular values (condition_number.py; inf where s_min is 0): of the uncentred sample"
+        f" {_SAMPLE} at the sampled sites (a final LayerNorm without bias has s_min near 0), of the matrix at the"
+        " `weight_matrices` sites",
+        PICO,
+        (*SAMPLED_SITES, *WEIGHT_MATRIX_SITES),
+    ),
     # correlations over layers (measures.metrics.correlation_rows)
     Term("drift_avg_cos_spearman_r", f"Spearman correlation of drift_norm and avg_cos {_CORR}", GODEY, ("resid",)),
     Term(
@@ -625,6 +688,16 @@ METRICS: tuple[Term, ...] = (
         ("attention",),
     ),
     Term("sink_top_key_position", "per head, the position of that key in its sequence", XIAO, ("attention",)),
+    Term(
+        "sink1_eps",
+        "Sink_1^epsilon: the share of sequences whose first key's importance (the attention it receives summed over"
+        " the sequence's valid query rows over their number; `compute_attention_sink`'s importance_scores[..., 0])"
+        " exceeds epsilon (config `sinks.epsilon`, 0.3): per head; per layer its mean over heads; per model (layer"
+        " null) the share over every layer, head and sequence, Gu et al.'s number over 100",
+        GU,
+        ("attention",),
+    ),
+    Term("sink1_epsilon", "the epsilon sink1_eps used (config `sinks.epsilon`), layer null", GU, ("attention",)),
     *(
         Term(
             f"sink_top_{kind}_share",
@@ -699,6 +772,27 @@ _LENS = (
 )
 #: The built-in weight measure `circuits` (site `weights`) and the logit lens (site `resid`).
 WEIGHT_METRICS: tuple[Term, ...] = (
+    Term(
+        "gini",
+        "Gini coefficient of the matrix's |entries| sorted ascending (gini.py): sum_i (2i - n - 1) x_(i) / (n sum x),"
+        " 0 all equal, (n - 1) / n one non-zero",
+        PICO,
+        WEIGHT_MATRIX_SITES,
+    ),
+    Term(
+        "hoyer",
+        "Hoyer sparsity of the matrix's entries (hoyer.py): (sqrt(n) - ||x||_1 / ||x||_2) / (sqrt(n) - 1), 0 all equal,"
+        " 1 one non-zero",
+        PICO,
+        WEIGHT_MATRIX_SITES,
+    ),
+    Term(
+        "weight_matrices",
+        "the one row of a checkpoint whose weights the built-in `weight_matrices` cannot read, value NaN (status"
+        " `nan`) and `reason` why (an architecture no weight layout names)",
+        ANISWEEP,
+        ("weights",),
+    ),
     Term(
         "tied_embeddings",
         "1 where the unembedding is the token embedding (tied or not saved), else 0",
@@ -1015,9 +1109,13 @@ def _measure_rows(measures) -> list[tuple[str, ...]]:
 def builtin_weight_measures() -> list:
     """The built-in weight measures as the registry sees them."""
     from anisweep.measures.circuits import circuits
+    from anisweep.measures.matrices import weight_matrices
     from anisweep.measures.registry import measure_of
 
-    return [measure_of(circuits, "anisweep.measures.circuits:circuits", builtin=True)]
+    return [
+        measure_of(circuits, "anisweep.measures.circuits:circuits", builtin=True),
+        measure_of(weight_matrices, "anisweep.measures.matrices:weight_matrices", builtin=True),
+    ]
 
 
 LOGIT_LENS_ROW = (

@@ -67,10 +67,11 @@ BUILTIN = {
     "massive_activations": (("hidden_stats", "hidden", "massive"), ("massive_activations.png",)),
     "attention_sinks": (("sinks", "sink_keys", "attention"), ("attention_sinks.png",)),
     "layernorm_outliers": (("layernorm", "hidden_stats"), ("layernorm_outliers.png",)),
+    "spectral": (("hidden",), ()),
 }
 GRADIENT_MEASURE = "gradients"  # the `measure` of the gradient analysis's rows (anisweep.tangent)
 #: The built-in weight measures (anisweep.measures.circuits): name -> the figures of each model that draw its rows.
-BUILTIN_WEIGHT = {"circuits": ("qk_circuits.png", "ov_circuits.png", "circuit_pairs.png")}
+BUILTIN_WEIGHT = {"circuits": ("qk_circuits.png", "ov_circuits.png", "circuit_pairs.png"), "weight_matrices": ()}
 #: The logit lens's figures (anisweep.plots.circuits).
 LENS_FIGURES = ("logit_lens.png",)
 #: The figures of a model whose weights are read (config `weights.enabled`): the circuits' and the logit lens's.
@@ -456,11 +457,13 @@ def checkpoint_name(ident: dict) -> str:
 class CheckpointTables:
     """One checkpoint's extract tables, read on first use: `tables.hidden`, `tables.qk`, ... (DataFrames as
     anisweep.tables.EXTRACT_SCHEMAS describes them, with the identity columns), `tables.identity` (family,
-    model, seed, step, tokens_seen) and `tables.samples()`, the sampled hidden states as arrays."""
+    model, seed, step, tokens_seen) and `tables.samples()`, the sampled hidden states as arrays. `settings`: the
+    config's settings of the built-in measures (`sink_epsilon`), read by them alone."""
 
-    def __init__(self, folder: str | Path, allowed: Iterable[str] | None = None):
+    def __init__(self, folder: str | Path, allowed: Iterable[str] | None = None, settings: Mapping | None = None):
         self.folder = Path(folder)
         self.allowed = None if allowed is None else frozenset(allowed)
+        self.settings = dict(settings or {})
         self._read: dict[str, pl.DataFrame] = {}
 
     def __getattr__(self, name: str) -> pl.DataFrame:

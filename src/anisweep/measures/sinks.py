@@ -8,7 +8,11 @@ sink_keys.parquet) and attention.parquet:
 - sink_top_key_share: the attention the key that receives the most (in the whole batch) gets from its sequence's
   rows, over their number; its position, and the kinds of the TOP_K keys that receive the most (first, delimiter,
   other).
-Per layer (head null): each metric's mean over heads.
+- sink1_eps: Gu et al. 2024's Sink_1^epsilon (sail-sg/Attention-Sink, eval_sink_open_source.py
+  `compute_attention_sink`): the share of sequences whose first-key importance (the attention the first valid key
+  receives, averaged over the sequence's valid query rows: sinks.parquet's `first_importance`) exceeds epsilon.
+Per layer (head null): each metric's mean over heads; sink1_eps also per model (layer and head null), the share over
+every layer, head and sequence, the number Gu et al. report (as a percentage), and sink1_epsilon, the epsilon used.
 """
 
 from __future__ import annotations
@@ -17,10 +21,20 @@ import numpy as np
 import polars as pl
 
 KINDS = ("first", "delimiter", "other")
-PER_LAYER = ("sink_first_mass", "sink_row_max_mass", "sink_top_key_share", "sink_top_first_share")
+PER_LAYER = ("sink_first_mass", "sink_row_max_mass", "sink_top_key_share", "sink_top_first_share", "sink1_eps")
+EPSILON = 0.3  # Gu et al. 2024's threshold on the first key's importance
 
 
-def sink_rows(sinks: pl.DataFrame, sink_keys: pl.DataFrame, attention: pl.DataFrame) -> list[dict]:
+def sink_share(importance, epsilon: float) -> float:
+    """The share of the (finite) importances above epsilon; NaN where there are none."""
+    importance = np.asarray(importance, dtype=np.float64)
+    importance = importance[np.isfinite(importance)]
+    return float((importance > epsilon).mean()) if len(importance) else float("nan")
+
+
+def sink_rows(
+    sinks: pl.DataFrame, sink_keys: pl.DataFrame, attention: pl.DataFrame, epsilon: float = EPSILON
+) -> list[dict]:
     rows = []
     p_max = {(r["layer"], r["head"]): r["p_max_mean"] for r in attention.iter_rows(named=True)}
     keys = {key: group.sort("rank") for key, group in sink_keys.group_by("layer", "head")}
@@ -29,6 +43,7 @@ def sink_rows(sinks: pl.DataFrame, sink_keys: pl.DataFrame, attention: pl.DataFr
         values = {
             "sink_first_mass": r["first_received"] / r["n_rows"] if r["n_rows"] else float("nan"),
             "sink_row_max_mass": p_max.get((layer, head), float("nan")),
+            "sink1_eps": sink_share(r["first_importance"], epsilon),
         }
         top = keys.get((layer, head))
         if top is not None and top.height:
@@ -46,6 +61,12 @@ def sink_rows(sinks: pl.DataFrame, sink_keys: pl.DataFrame, attention: pl.DataFr
         {"layer": layer, "site": "attention", "metric": metric, "value": float(np.mean(values))}
         for (layer, metric), values in sorted(by_layer.items())
     ]
+    if sinks.height:
+        every = [v for importance in sinks["first_importance"].to_list() for v in importance]
+        rows += [
+            {"layer": None, "site": "attention", "metric": "sink1_eps", "value": sink_share(every, epsilon)},
+            {"layer": None, "site": "attention", "metric": "sink1_epsilon", "value": float(epsilon)},
+        ]
     return rows
 
 

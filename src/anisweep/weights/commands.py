@@ -6,7 +6,8 @@ from anisweep.arguments import json_value
 
 
 def cmd_weights(args) -> None:
-    """A weight measure of one checkpoint from its weights (the built-in `circuits` without --entry)."""
+    """A weight measure of one checkpoint from its weights (the built-in `circuits` and `weight_matrices` without
+    --entry)."""
     from anisweep.checkpoints.base import Checkpoint
     from anisweep.measures.registry import MeasureError, load
     from anisweep.tables import write_atomic
@@ -19,12 +20,11 @@ def cmd_weights(args) -> None:
             raise MeasureError(f"measure {args.entry!r} is a {measure.kind} measure, not a weight measure")
         write_atomic(run_weight_measure(measure, ckpt), args.out)
         return
-    from anisweep.measures.registry import measure_frame
-    from anisweep.weights.builtin import MEASURE, circuits_of
+    from anisweep.weights.builtin import builtin_weight_tables
 
-    rows, pairs = circuits_of(ckpt, args.probe_tokens)
+    metrics, pairs = builtin_weight_tables(ckpt, args.probe_tokens)
     write_atomic(pair_frame(identity(ckpt), pairs), args.pairs_out)
-    write_atomic(measure_frame(MEASURE, identity(ckpt), rows), args.out)
+    write_atomic(metrics, args.out)
 
 
 def cmd_logit_lens(args) -> None:
