@@ -83,6 +83,9 @@ def write_config(world, path: Path, models: list[dict]) -> Path:
         "extract": EXTRACT,
         "fetch": {"keep_weights": False, "retries": 1},
         "resources": {"extract_threads": 1},
+        "weights": {
+            "enabled": False
+        },  # which checkpoints are swept is the point; test_hub_pipeline.py measures Hub weights
     }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path

@@ -122,6 +122,7 @@ def test_t5_matches_eager_reference(tmp_path, head, variant):
     assert sorted(tables["hidden_stats"].filter(pl.col("site") == "resid")["layer"]) == list(range(N_ENC + N_DEC + 1))
 
 
+@pytest.mark.slow  # over ~1 s: the quick subset leaves it to the full run
 def test_t5_relative_bias_and_unscaled_scores_matter(tmp_path):
     """The score statistics are those of q.k + bias: leaving the bias out, or scaling by 1/sqrt(d_head), would
     give other numbers (so the reference check above is not vacuous)."""
@@ -187,6 +188,7 @@ def streamed(path, batch):
     return list(SEEN)
 
 
+@pytest.mark.slow  # over ~1 s: the quick subset leaves it to the full run
 def test_stream_measures_see_t5_self_attention_as_eager_does(tmp_path):
     """A stream measure's attention_probs in T5 are eager's (bias added, decoder causal), and it sees no
     cross-attention; its Site says which layers are causal."""

@@ -317,6 +317,7 @@ def test_pre_and_post_rotary_means_differ_only_on_rotary_dims(tmp_path):
     assert np.abs(pre[:, :rot] - post[:, :rot]).max() > 1e-4
 
 
+@pytest.mark.slow  # over ~1 s: the quick subset leaves it to the full run
 def test_sample_is_seeded_and_sized(tmp_path):
     path = saved(tmp_path, transformers.BertModel, bert_config(), "bert")
     batch = padded_batch()

@@ -123,6 +123,7 @@ def cvt_reference(path, pixel_values):
     return blocks, got, scales, out.hidden_states
 
 
+@pytest.mark.slow  # over ~1 s: the quick subset leaves it to the full run
 def test_cvt_matches_its_own_projections(tmp_path):
     path = saved(tmp_path, transformers.CvtForImageClassification, cvt_config(), "cvt")
     pixel_values = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))

@@ -4,6 +4,7 @@ tokenizer without a mask token gets none. Its states against Hugging Face's: tes
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from transformers import BertForMaskedLM, GPTNeoXForCausalLM
 
@@ -26,6 +27,7 @@ def test_masked_positions_are_a_seeded_share_of_each_sequences_text_tokens():
     assert not np.array_equal(other[1], position)
 
 
+@pytest.mark.slow  # over ~1 s: the quick subset leaves it to the full run
 def test_only_an_encoder_with_a_mask_token_has_masked_states(tmp_path):
     batch = padded_batch() | {"mask_token_id": 4, "special_ids": (0, 4)}
     encoder, _ = run_extract(saved(tmp_path, BertForMaskedLM, bert_config(), "bert"), batch)

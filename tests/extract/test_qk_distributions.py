@@ -46,6 +46,7 @@ def test_qk_sample_matches_eager_reference(tmp_path, kind):
     assert len(kept) == 11 and kept <= set(hidden.select("seq", "position").iter_rows())
 
 
+@pytest.mark.slow  # over ~1 s: the quick subset leaves it to the full run
 def test_qk_sample_keeps_the_same_tokens_at_every_checkpoint(tmp_path):
     batch = padded_batch()
     first = saved(tmp_path, transformers.BertModel, bert_config(), "a")

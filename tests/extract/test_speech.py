@@ -284,7 +284,7 @@ def test_a_half_precision_model_takes_the_extractors_float32(tmp_path, kind):
     assert recorder.n_positions > 0
 
 
-@pytest.mark.parametrize("kind", [pytest.param("wav2vec2", marks=SLOW), "whisper"])
+@pytest.mark.parametrize("kind", [pytest.param("wav2vec2", marks=SLOW), pytest.param("whisper", marks=SLOW)])
 def test_extract_checkpoint_reads_an_audio_corpus_through_the_checkpoints_own_extractor(tmp_path, kind):
     """The whole extract step on a checkpoint folder holding its preprocessor_config.json: preflight takes the
     audio corpus for an audio model, the feature extractor makes the batch (Whisper's pads every clip to its

@@ -49,6 +49,7 @@ def whisper_reference(path, batch):
     return model, out, got
 
 
+@pytest.mark.slow  # over ~1 s: the quick subset leaves it to the full run
 def test_whisper_encoder_and_decoder_match_eager_reference(tmp_path):
     path = saved_model(tmp_path, "whisper")
     batch = audio_batch("whisper", waveforms())
@@ -95,6 +96,7 @@ def test_whisper_encoder_and_decoder_match_eager_reference(tmp_path):
     assert torch.equal(out.encoder_last_hidden_state, got[("norm", 0)])
 
 
+@pytest.mark.slow  # over ~1 s: the quick subset leaves it to the full run
 def test_whisper_decoder_rows_name_the_tokens_the_decoder_reads(tmp_path):
     """Issue 43: the decoder's rows in hidden.parquet had token_id -1, as the encoder's frames have, though tokens
     stand there. Each decoder row names the token the decoder reads at its position (decoder_input_ids: the start

@@ -45,6 +45,7 @@ def _assert_tables_equal(a: pl.DataFrame, b: pl.DataFrame, name: str) -> None:
         assert x.to_list() == y.to_list(), f"{name}.{column}"
 
 
+@pytest.mark.slow  # over ~1 s: the quick subset leaves it to the full run
 def test_live_analysis_equals_the_saved_checkpoint_and_leaves_training_alone(tmp_path):
     texts = load_texts({"source": "builtin"})[:300]
     tokenizer = build_neox_tokenizer(texts, 200)

@@ -276,6 +276,7 @@ def test_fixed_point_interpolates_in_log_norm():
     assert math.isnan(untrained.fixed_point(norms, norms, [200, 200, 200, 200]))
 
 
+@pytest.mark.slow  # over ~1 s: the quick subset leaves it to the full run
 def test_bias_drives_anisotropy_and_the_bert_fixed_point_is_inside_the_grid():
     """Godey Fig. 6: the output avg_cos rises toward 1 with N; BERT's block ends in a LayerNorm, so its output
     norm stays near sqrt(d_model) and the input norm crosses it inside the grid; several seeds spread."""

@@ -13,8 +13,12 @@ import pytest
 from anisweep.measures.spectra import SCHEMA, _rows
 from anisweep.plots.spectra import SPECTRA_FIGURES, chosen_steps, hidden_panels, isotropic_shares, spectra_figure
 
+SLOW = pytest.mark.slow  # over ~1 s: the quick subset leaves these sizes to the full run
 
-@pytest.mark.parametrize("n, d", [(1024, 64), (300, 100), (64, 200), (128, 128)])
+
+@pytest.mark.parametrize(
+    "n, d", [pytest.param(1024, 64, marks=SLOW), pytest.param(300, 100, marks=SLOW), (64, 200), (128, 128)]
+)
 def test_isotropic_baseline_is_the_spectrum_of_gaussian_samples(n, d):
     """Marchenko-Pastur quantiles against the mean normalised spectrum of seeded N(0, I) samples of that shape."""
     rng = np.random.default_rng(0)

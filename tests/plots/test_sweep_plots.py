@@ -401,6 +401,7 @@ def tick_gaps(ax) -> tuple[float, float]:
     return x[1] - x[0], min(decades) if decades else float("inf")
 
 
+@pytest.mark.slow  # over ~1 s: the quick subset leaves it to the full run
 def test_step_zero_keeps_its_distance_from_the_next_tick(tmp_path, monkeypatch):
     """Issue 43: on a symlog step axis whose linear part ends at 64, 10 sat a sixth of a decade from 0, their labels
     on top of each other. Every labelled tick is now at least half a decade's width from 0, on the steps below and

@@ -38,24 +38,32 @@ SNAKEFILE = ROOT / "Snakefile"
 PROFILE = ROOT / "profiles" / "slurm"
 TINY = ROOT / "tests" / "configs" / "tiny.yaml"
 
+# The sweep both runs make: the tiny config's toy-neox alone (every job outside SLURM imports torch afresh, as no
+# worker serves a cluster run), without the weight measures, which read each checkpoint on their own and would only
+# lengthen both runs (tests/workflow/test_workflow.py runs them).
+SWEEP = {
+    **yaml.safe_load(TINY.read_text()),
+    "models": [{"family": "toy", "name": "toy-neox", "steps": "all"}],
+    "weights": {"enabled": False},
+}
+SWEEP["toy"] = {"toy-neox": SWEEP["toy"]["toy-neox"]}
+CHECKPOINTS = [(name, step) for name, toy in SWEEP["toy"].items() for step in toy["steps"]]
+
 # Test-only overrides of the profile: the first status check 2 s after a submission instead of 40 (the test
-# cluster keeps finished jobs visible to squeue for MinJobAge = 600 s); 3 checkpoints per group job instead of
-# 10, so that the tiny sweep's 6 make 2 group jobs sharing the node's 2 CPUs; the SLURM logs of successful jobs
+# cluster keeps finished jobs visible to squeue for MinJobAge = 600 s); 2 checkpoints per group job instead of
+# 10, so that the sweep's 3 make 2 group jobs sharing the node's 2 CPUs; the SLURM logs of successful jobs
 # kept, as evidence.
 FAST = ("--slurm-init-seconds-before-status-checks", "2")
+PER_GROUP = 2
 CLUSTER_ARGS = (
     "--workflow-profile",
     str(PROFILE),
     *FAST,
     "--group-components",
-    "sweep=3",
-    "measure=3",
+    f"sweep={PER_GROUP}",
+    f"measure={PER_GROUP}",
     "--slurm-keep-successful-logs",
 )
-PER_GROUP = 3
-
-# The tiny config's checkpoints (its toy models sweep every step they save).
-CHECKPOINTS = [(name, step) for name, toy in yaml.safe_load(TINY.read_text())["toy"].items() for step in toy["steps"]]
 
 TIMINGS: dict[str, float] = {}
 SUBMITTED = re.compile(r"submitted with SLURM jobid (\d+) \(log: (\S+?)\)\.?$", re.M)
@@ -172,10 +180,8 @@ def resources_of(out: str, rule: str) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def sweep_config(tmp_path_factory) -> Path:
-    """The tiny sweep without the weight measures, which read each checkpoint on their own and would only lengthen
-    both runs (tests/workflow/test_workflow.py runs them)."""
-    config = tmp_path_factory.mktemp("config") / "tiny.yaml"
-    config.write_text(yaml.safe_dump({**yaml.safe_load(TINY.read_text()), "weights": {"enabled": False}}))
+    config = tmp_path_factory.mktemp("config") / "sweep.yaml"
+    config.write_text(yaml.safe_dump(SWEEP))
     return config
 
 
@@ -275,7 +281,7 @@ def test_sweep_on_slurm_equals_local_sweep(cluster_run, local_run):
     tables = sorted(p.relative_to(local_run.workdir) for p in (local_run.workdir / "results").rglob("*.parquet"))
     on_slurm = sorted(p.relative_to(cluster_run.workdir) for p in (cluster_run.workdir / "results").rglob("*.parquet"))
     assert tables == on_slurm
-    assert len(tables) >= len(CHECKPOINTS) * 7 + 2  # per checkpoint 6 extract tables + metrics; 2 sweeps
+    assert len(tables) >= len(CHECKPOINTS) * 7 + len(SWEEP["models"])  # per checkpoint 6 extract tables + metrics
     different = [
         str(p)
         for p in tables
