@@ -93,7 +93,7 @@ def cmd_fetch(args) -> None:
         def before_weights(folder, tokenizer):
             evaluation_batch(folder, tokenizer, settings, texts, checkpoint.key)
 
-    fetch(
+    manifest = fetch(
         checkpoint,
         Path(args.out),
         keep_weights=args.keep_weights,
@@ -101,6 +101,12 @@ def cmd_fetch(args) -> None:
         before_weights=before_weights,
         audited_sha256=args.audited_sha256,
     )
+    if args.share_with:
+        from anisweep.weights.fetched import share
+
+        share(args.out, args.share_with)
+    if args.record:
+        Path(args.record).write_text(json.dumps({k: manifest[k] for k in ("repo_id", "revision", "commit")}) + "\n")
 
 
 def cmd_corpus(args) -> None:
@@ -303,6 +309,15 @@ def cmd_measure(args) -> None:
 
 def cmd_weights(args) -> None:
     """A weight measure of one checkpoint from its weights (the built-in `circuits` without --entry)."""
+    from anisweep.weights.fetched import release
+
+    try:
+        _weights(args)
+    finally:
+        release(args.fetched)
+
+
+def _weights(args) -> None:
     from anisweep.checkpoints.base import Checkpoint
     from anisweep.measures.registry import MeasureError, load
     from anisweep.tables import write_atomic
@@ -313,18 +328,27 @@ def cmd_weights(args) -> None:
         measure = load(args.entry)
         if measure.kind != "weight":
             raise MeasureError(f"measure {args.entry!r} is a {measure.kind} measure, not a weight measure")
-        write_atomic(run_weight_measure(measure, ckpt), args.out)
+        write_atomic(run_weight_measure(measure, ckpt, fetched=args.fetched), args.out)
         return
     from anisweep.measures.registry import measure_frame
     from anisweep.weights.builtin import MEASURE, circuits_of
 
-    rows, pairs = circuits_of(ckpt, args.probe_tokens)
+    rows, pairs = circuits_of(ckpt, args.probe_tokens, args.fetched)
     write_atomic(pair_frame(identity(ckpt), pairs), args.pairs_out)
     write_atomic(measure_frame(MEASURE, identity(ckpt), rows), args.out)
 
 
 def cmd_logit_lens(args) -> None:
     """The logit lens of one checkpoint from extract's samples and its head's weights (no forward pass)."""
+    from anisweep.weights.fetched import release
+
+    try:
+        _logit_lens(args)
+    finally:
+        release(args.fetched)
+
+
+def _logit_lens(args) -> None:
     from anisweep.checkpoints.base import Checkpoint
     from anisweep.corpus import read_corpus
     from anisweep.extract.model import ExtractSettings
@@ -335,7 +359,7 @@ def cmd_logit_lens(args) -> None:
 
     ckpt = Checkpoint.from_dict(args.checkpoint)
     try:
-        weights = open_weights(ckpt)
+        weights = open_weights(ckpt, fetched=args.fetched)
     except Unmeasurable as error:  # an image or audio model, an encoder-decoder: the row that says so
         write_atomic(lens_not_measured(identity(ckpt), ckpt.key, error), args.out)
         return
@@ -528,6 +552,13 @@ def parser() -> argparse.ArgumentParser:
         default={},
         help="JSON {weight file: sha256} the audit of the grid found: a downloaded file the Hub names otherwise fails",
     )
+    p.add_argument(
+        "--share-with",
+        nargs="*",
+        default=[],
+        help="a folder for each job of the run that reads the weights after extract: a copy by hard links",
+    )
+    p.add_argument("--record", help="a file that records the fetched commit, kept after the weights are deleted")
     p.set_defaults(run=cmd_fetch)
 
     p = sub.add_parser("audit", help="audit a Hub model's published grid from file metadata and print its health")
@@ -583,6 +614,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--pairs-out", help="the built-in circuits' top token pairs (weight_pairs.parquet)")
     p.add_argument("--probe-tokens", type=int, default=4096, help="the built-in circuits' probe (config weights)")
+    p.add_argument(
+        "--fetched",
+        help="the copy of the checkpoint's weights its fetch shared in this run: read there, then removed (else the "
+        "weights are read where they are, or by range requests)",
+    )
     p.set_defaults(run=cmd_weights)
 
     p = sub.add_parser("logit-lens", help="the logit lens of one checkpoint, from extract's samples and its head")
@@ -591,6 +627,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--texts", required=True, help="the corpus extract ran on (resources/corpus.parquet)")
     p.add_argument("--settings", type=_json, required=True, help="JSON of the config's extract section")
     p.add_argument("--out", required=True)
+    p.add_argument(
+        "--fetched",
+        help="the copy of the checkpoint's weights its fetch shared in this run: read there, then removed (else the "
+        "weights are read where they are, or by range requests)",
+    )
     p.set_defaults(run=cmd_logit_lens)
 
     p = sub.add_parser("plot-circuits", help="the circuits' figures of one model (its weights.parquet tables)")

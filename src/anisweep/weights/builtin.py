@@ -16,11 +16,11 @@ from anisweep.weights.source import Unmeasurable
 MEASURE = measure_of(circuits, "anisweep.measures.circuits:circuits", builtin=True)
 
 
-def circuits_of(ckpt: Checkpoint, probe_tokens: int = PROBE_TOKENS) -> tuple[list[dict], list[dict]]:
+def circuits_of(ckpt: Checkpoint, probe_tokens: int = PROBE_TOKENS, fetched=None) -> tuple[list[dict], list[dict]]:
     """(metric rows, pair rows) of the checkpoint; the one row that says why, and no pairs, where its tensors
     cannot be read so."""
     try:
-        weights = open_weights(ckpt, MEASURE.tensors)
+        weights = open_weights(ckpt, MEASURE.tensors, fetched)
         rows, pairs = circuit_tables(weights, probe_tokens)
     except Unmeasurable as error:
         print(f"weights: {ckpt.key}: {error}: circuits writes the row that says so", file=sys.stderr)

@@ -1,15 +1,15 @@
 """A Hub checkpoint's tensors read by HTTP range requests, so that a weights-only sweep moves only the tensors its
 measures name.
 
-A safetensors file is an 8-byte little-endian header length, a JSON header ({tensor: {dtype, shape,
-data_offsets}}) and the tensors' bytes: the source reads the length and the header (two range requests per file),
-then each tensor asked for by its own range (the rows of a matrix a measure reads in part, such as each head's W_Q
-and W_K rows of a fused QKV matrix, by a range per block of rows), from the resolve URL of the pinned commit (huggingface_hub's endpoint,
-headers and token). config.json, the tokenizer files and the shard index are downloaded (small) into the Hugging
-Face cache; a branch without a weight file its index names is a WeightsError naming it, before any tensor moves. Pickled
-``pytorch_model*.bin`` files cannot be read in part: each is downloaded whole (and cached), said once on stderr.
-Weight files the cache already holds for the commit are read there, moving nothing. `bytes_read` counts the bytes
-moved (headers included).
+A safetensors file is an 8-byte little-endian header length, a JSON header ({tensor: {dtype, shape, data_offsets}})
+and the tensors' bytes: the source reads the length and the header (two range requests per file), then each tensor
+asked for by its own range (the rows of a matrix a measure reads in part, such as each head's W_Q and W_K rows of a
+fused QKV matrix, by a range per block of rows), from the resolve URL of the pinned commit (huggingface_hub's
+endpoint, headers and token). config.json, the tokenizer files and the shard index are downloaded (small) into the
+Hugging Face cache; a branch without a weight file its index names is a WeightsError naming it, before any tensor
+moves. Pickled ``pytorch_model*.bin`` files cannot be read in part: each is downloaded whole (and cached), said once
+on stderr. Weight files the cache already holds for the commit are read there, moving nothing. `bytes_read` counts
+the bytes moved (headers included).
 """
 
 from __future__ import annotations
