@@ -40,3 +40,35 @@ def weights_only_outputs():
         checkpoints = model_checkpoints(family, model)
         outputs += [f"results/{c.key}/measures/{name}.parquet" for c in checkpoints for name in WEIGHT_MEASURES]
     return outputs
+
+
+# The dag_settings targets: a run of `snakemake weights_only` fetches nothing (range requests read what it needs).
+WEIGHTS_ONLY_RUN = set(getattr(getattr(workflow, "dag_settings", None), "targets", None) or ()) == {"weights_only"}
+
+
+def after_fetch(wildcards):
+    """A Hub checkpoint's weight measure's wait for its fetch in a run that fetches it (a checkpoint not yet extracted),
+    so that it reads the weights fetch downloaded: fetch's record, `ancient` so that a later fetch (a model run
+    redone) reruns nothing here. Once recorded, always named (the same input set each run: nothing reruns); never
+    in a weights-only run, nor where the checkpoint was extracted without a record, whose measures read by range
+    requests instead of fetching the whole checkpoint again."""
+    if not checkpoint_of(wildcards).is_hub:
+        return []
+    record = fetch_record(wildcards)
+    info = f"results/{wildcards.family}/{wildcards.model}/step{wildcards.step}/extract.json"
+    if os.path.exists(record) or not (WEIGHTS_ONLY_RUN or os.path.exists(info)):
+        return [ancient(record)]
+    return []
+
+
+def fetched_copy(reader):
+    """The `--fetched` argument of a job reading a Hub checkpoint's weights: the copy its fetch shares in this run
+    (read there when it exists, else by range requests); untracked, a param of how the job runs."""
+
+    def argument(wildcards):
+        if not checkpoint_of(wildcards).is_hub:
+            return ""
+        name = reader if reader != "measure" else f"measure-{wildcards.measure}"
+        return f"--fetched {shlex.quote(shared_copy(wildcards, name))}"
+
+    return untracked(argument)
