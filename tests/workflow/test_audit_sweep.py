@@ -99,7 +99,7 @@ def swept(world):
     hub = world["hub"]
     done = snakemake(world, "results/pythia/pythia-70m/sweep.parquet")
     assert done.returncode == 0, done.stderr[-6000:]
-    return {"done": done, "requests": list(hub.requests), "downloads": hub.downloads()}
+    return {"done": done, "requests": list(hub.requests), "downloads": hub.downloads(), "served": list(hub.served)}
 
 
 def branch_of(world, commit: str) -> str:
@@ -112,6 +112,36 @@ def test_nothing_the_audit_flags_is_downloaded(swept, world):
     assert {b for b, _ in weights} == {"step1", "step2", "step143000"}, sorted(fetched)
     # of a flagged branch, at most the shard index the audit reads
     assert all(f == INDEX for b, f in fetched if b in ("step0", "step4", "step16", "main")), sorted(fetched)
+
+
+def test_each_weight_byte_moves_once(swept, world):
+    """fetch downloads each analysed branch's weight files whole, once; the weights and logit-lens jobs (run with
+    the sweep: its metrics join their rows) read the copies fetch shared with them, moving nothing more: no range
+    read of a header or a tensor. The shard indexes and configs are small files of their own, not counted here."""
+    hub = world["hub"]
+    moved: dict[tuple[str, str], int] = {}
+    for path, n in swept["served"]:
+        revision, name = path.split("/resolve/", 1)[1].split("/", 1)
+        if name.endswith(".safetensors"):
+            key = (hub.commits[REPO].get(revision, revision), name)
+            moved[key] = moved.get(key, 0) + n
+    sizes = {
+        (hub.commits[REPO][branch], name): len(data)
+        for branch in ("step1", "step2", "step143000")
+        for name, data in hub.repos[REPO][branch].items()
+        if name.endswith(".safetensors")
+    }
+    assert moved == sizes
+    gets = [p for m, p in swept["requests"] if m == "GET" and p.endswith(".safetensors")]
+    assert len(gets) == len(sizes)  # one request per file: no range read after it
+    for step in (1, 2, 143000):
+        folder = world["workdir"] / f"results/pythia/pythia-70m/step{step}"
+        assert (folder / "weights.parquet").is_file() and (folder / "logit_lens.parquet").is_file()
+        for reader in ("weights", "logit_lens"):
+            log = (world["workdir"] / f"logs/{reader}/pythia/pythia-70m/step{step}.log").read_text()
+            assert "in the copy fetch shared" in log, log[-2000:]
+    assert not list((world["workdir"] / "weights/pythia/pythia-70m").glob("step*.read-by-*"))  # each removed
+    assert not [p for p in (world["workdir"] / "weights/pythia/pythia-70m").iterdir() if p.is_dir()]
 
 
 def test_every_defect_is_named_before_the_first_download(swept, world):
