@@ -93,7 +93,7 @@ def cmd_fetch(args) -> None:
         def before_weights(folder, tokenizer):
             evaluation_batch(folder, tokenizer, settings, texts, checkpoint.key)
 
-    manifest = fetch(
+    fetch(
         checkpoint,
         Path(args.out),
         keep_weights=args.keep_weights,
@@ -105,8 +105,6 @@ def cmd_fetch(args) -> None:
         from anisweep.weights.fetched import share
 
         share(args.out, args.share_with)
-    if args.record:
-        Path(args.record).write_text(json.dumps({k: manifest[k] for k in ("repo_id", "revision", "commit")}) + "\n")
 
 
 def cmd_corpus(args) -> None:
@@ -558,7 +556,6 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         help="a folder for each job of the run that reads the weights after extract: a copy by hard links",
     )
-    p.add_argument("--record", help="a file that records the fetched commit, kept after the weights are deleted")
     p.set_defaults(run=cmd_fetch)
 
     p = sub.add_parser("audit", help="audit a Hub model's published grid from file metadata and print its health")

@@ -48,16 +48,16 @@ WEIGHTS_ONLY_RUN = set(getattr(getattr(workflow, "dag_settings", None), "targets
 
 def after_fetch(wildcards):
     """A Hub checkpoint's weight measure's wait for its fetch in a run that fetches it (a checkpoint not yet extracted),
-    so that it reads the weights fetch downloaded: fetch's record, `ancient` so that a later fetch (a model run
-    redone) reruns nothing here. Once recorded, always named (the same input set each run: nothing reruns); never
-    in a weights-only run, nor where the checkpoint was extracted without a record, whose measures read by range
-    requests instead of fetching the whole checkpoint again."""
+    so that it reads the weights fetch downloaded: fetch's log, kept after the weights go (`ancient`: a later fetch,
+    a model run redone, reruns nothing here). Once there, always named (the same input set each run: nothing
+    reruns); never in a weights-only run, nor where the checkpoint was extracted and the log is gone, whose measures
+    read by range requests instead of fetching the whole checkpoint again."""
     if not checkpoint_of(wildcards).is_hub:
         return []
-    record = fetch_record(wildcards)
+    log = fetch_log(wildcards)
     info = f"results/{wildcards.family}/{wildcards.model}/step{wildcards.step}/extract.json"
-    if os.path.exists(record) or not (WEIGHTS_ONLY_RUN or os.path.exists(info)):
-        return [ancient(record)]
+    if os.path.exists(log) or not (WEIGHTS_ONLY_RUN or os.path.exists(info)):
+        return [ancient(log)]
     return []
 
 

@@ -200,8 +200,7 @@ def remove_fetched_weights(
             return []
         dag = workflow.dag
         jobs = [*dag.finished_jobs, *_expand_groups(getattr(dag, "_running", ()))]
-        # the weights folders; fetch's record of the commit (a .json file) stays
-        outputs = {str(p) for job in jobs if job.rule.name == rule for p in job.output if not str(p).endswith(".json")}
+        outputs = {str(path) for job in jobs if job.rule.name == rule for path in job.output}
         persistence = workflow.persistence
         lockdir = Path(persistence._lockdir)
         own = list(persistence._lockfile.values())  # FilePersistence only
