@@ -42,8 +42,10 @@ def weights_only_outputs():
     return outputs
 
 
-# The dag_settings targets: a run of `snakemake weights_only` fetches nothing (range requests read what it needs).
-WEIGHTS_ONLY_RUN = set(getattr(getattr(workflow, "dag_settings", None), "targets", None) or ()) == {"weights_only"}
+def weights_only_run():
+    """Whether the run's target is `weights_only`, which fetches nothing (range requests read what it needs): the
+    targets are known once the workflow is read, when the input functions run."""
+    return set(getattr(getattr(workflow, "dag_settings", None), "targets", None) or ()) == {"weights_only"}
 
 
 def after_fetch(wildcards):
@@ -56,7 +58,7 @@ def after_fetch(wildcards):
         return []
     log = fetch_log(wildcards)
     info = f"results/{wildcards.family}/{wildcards.model}/step{wildcards.step}/extract.json"
-    if os.path.exists(log) or not (WEIGHTS_ONLY_RUN or os.path.exists(info)):
+    if os.path.exists(log) or not (weights_only_run() or os.path.exists(info)):
         return [ancient(log)]
     return []
 
