@@ -225,3 +225,22 @@ def test_with_the_hub_unreachable_and_nothing_cached_it_stops_before_any_job(wor
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "swept unaudited" in done.stderr
+
+
+def test_a_weights_only_run_fetches_nothing_and_a_sweep_reads_after_fetch(world, tmp_path):
+    """Checkpoints never extracted: `snakemake weights_only` plans their weight measures without a fetch (range
+    requests read what they need); the default target orders each after its checkpoint's fetch, whose weights they
+    read."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    plans = {}
+    for target in ("weights_only", "results/pythia/pythia-70m/sweep.parquet"):
+        command = snakemake_command(workdir, "--configfile", str(world["config"]), "--cores", "1", "-n", target)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=world["env"])
+        assert done.returncode == 0, done.stderr[-3000:]
+        plans[target] = job_stats(done), done.stdout + done.stderr
+    jobs, _ = plans["weights_only"]
+    assert (jobs.get("fetch"), jobs.get("extract"), jobs.get("weights")) == (None, None, 3), jobs
+    jobs, text = plans["results/pythia/pythia-70m/sweep.parquet"]
+    assert (jobs.get("fetch"), jobs.get("weights")) == (3, 3), jobs
+    assert "input: logs/fetch/pythia/pythia-70m/step1.log" in text, text[-3000:]
