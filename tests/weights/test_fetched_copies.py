@@ -50,3 +50,17 @@ def test_weights_fetch_did_not_download_are_not_shared(tmp_path):
     assert share(folder, [copy]) == []
     assert fetched_source(copy) is None and not copy.exists()
     release(copy)  # no copy: nothing to do
+
+
+def test_where_hard_links_fail_nothing_is_shared(tmp_path, monkeypatch, capsys):
+    """A file system without hard links: fetch still succeeds, and the jobs read by range requests."""
+    folder, _ = fetched_folder(tmp_path)
+    copy = folder.with_name("step1000.read-by-weights")
+
+    def no_links(src, dst, **kwargs):
+        raise OSError(1, "Operation not permitted")
+
+    monkeypatch.setattr("anisweep.weights.fetched.os.link", no_links)
+    assert share(folder, [copy]) == []
+    assert not copy.exists() and not copy.with_name(copy.name + ".partial").exists()
+    assert "read by range requests" in capsys.readouterr().err

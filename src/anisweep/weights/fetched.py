@@ -47,7 +47,14 @@ def share(folder: str | Path, copies: list[str | Path]) -> list[Path]:
     for copy in map(Path, copies):
         partial = copy.with_name(copy.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
-        shutil.copytree(folder, partial, symlinks=True, copy_function=os.link)
+        try:
+            shutil.copytree(folder, partial, symlinks=True, copy_function=os.link)
+        except OSError as error:  # a file system without hard links: the jobs read by range requests
+            shutil.rmtree(partial, ignore_errors=True)
+            print(
+                f"fetch: could not share the weights by hard links ({error}): read by range requests", file=sys.stderr
+            )
+            return made
         (partial / SHARED).write_text(json.dumps(where))
         shutil.rmtree(copy, ignore_errors=True)
         partial.rename(copy)
