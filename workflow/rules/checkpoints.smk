@@ -29,8 +29,8 @@ rule fetch:
         audited=untracked(audited_sha256),
         share=untracked(SharedCopies),
     shell:
-        "{params.cli} fetch --checkpoint {params.checkpoint} --out {output} "
-        "{params.keep} --retries {params.retries} --texts {input.texts} --settings {params.settings} "
+        "{params.cli} fetch --checkpoint {params.checkpoint} --out {output} {params.keep} "
+        "--retries {params.retries} --texts {input.texts} --settings {params.settings} "
         "--audited-sha256 {params.audited} {params.share} 2> {log} {params.on_failure}"
 
 
