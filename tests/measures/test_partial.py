@@ -323,6 +323,22 @@ def test_a_failed_run_removes_only_the_weights_it_fetched(tmp_path, monkeypatch)
     assert "kept the weights of toy/m/step16" in err.getvalue()
 
 
+def test_a_failed_run_removes_the_copies_fetch_shared(tmp_path, monkeypatch):
+    """step0 was extracted (its folder gone), its logit lens never ran: the copy fetch shared with it goes too."""
+    monkeypatch.chdir(tmp_path)
+    weights = tmp_path / "weights"
+    weights_on_disk(weights, "toy/m/step0.read-by-logit_lens", "toy/m/step8", "toy/m/step8.read-by-weights")
+    workflow = fake_workflow(
+        tmp_path,
+        finished=[
+            job("fetch", "weights/toy/m/step0"),
+            job("fetch", "weights/toy/m/step8"),
+        ],
+    )
+    assert remove_fetched_weights(workflow, stderr=io.StringIO()) == ["toy/m/step0", "toy/m/step8"]
+    assert on_disk(weights) == []
+
+
 def test_notemp_keeps_what_this_run_fetched(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     weights_on_disk(tmp_path / "weights", "toy/m/step0")

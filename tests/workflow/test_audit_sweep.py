@@ -99,7 +99,7 @@ def swept(world):
     hub = world["hub"]
     done = snakemake(world, "results/pythia/pythia-70m/sweep.parquet")
     assert done.returncode == 0, done.stderr[-6000:]
-    return {"done": done, "requests": list(hub.requests), "downloads": hub.downloads()}
+    return {"done": done, "requests": list(hub.requests), "downloads": hub.downloads(), "served": list(hub.served)}
 
 
 def branch_of(world, commit: str) -> str:
@@ -112,6 +112,36 @@ def test_nothing_the_audit_flags_is_downloaded(swept, world):
     assert {b for b, _ in weights} == {"step1", "step2", "step143000"}, sorted(fetched)
     # of a flagged branch, at most the shard index the audit reads
     assert all(f == INDEX for b, f in fetched if b in ("step0", "step4", "step16", "main")), sorted(fetched)
+
+
+def test_each_weight_byte_moves_once(swept, world):
+    """fetch downloads each analysed branch's weight files whole, once; the weights and logit-lens jobs (run with
+    the sweep: its metrics join their rows) read the copies fetch shared with them, moving nothing more: no range
+    read of a header or a tensor. The shard indexes and configs are small files of their own, not counted here."""
+    hub = world["hub"]
+    moved: dict[tuple[str, str], int] = {}
+    for path, n in swept["served"]:
+        revision, name = path.split("/resolve/", 1)[1].split("/", 1)
+        if name.endswith(".safetensors"):
+            key = (hub.commits[REPO].get(revision, revision), name)
+            moved[key] = moved.get(key, 0) + n
+    sizes = {
+        (hub.commits[REPO][branch], name): len(data)
+        for branch in ("step1", "step2", "step143000")
+        for name, data in hub.repos[REPO][branch].items()
+        if name.endswith(".safetensors")
+    }
+    assert moved == sizes
+    gets = [p for m, p in swept["requests"] if m == "GET" and p.endswith(".safetensors")]
+    assert len(gets) == len(sizes)  # one request per file: no range read after it
+    for step in (1, 2, 143000):
+        folder = world["workdir"] / f"results/pythia/pythia-70m/step{step}"
+        assert (folder / "weights.parquet").is_file() and (folder / "logit_lens.parquet").is_file()
+        for reader in ("weights", "logit_lens"):
+            log = (world["workdir"] / f"logs/{reader}/pythia/pythia-70m/step{step}.log").read_text()
+            assert "in the copy fetch shared" in log, log[-2000:]
+    # the copies removed by their jobs, the downloads once extracted: weights/ holds nothing
+    assert not [p for p in (world["workdir"] / "weights").rglob("*") if p.is_file() or p.is_symlink()]
 
 
 def test_every_defect_is_named_before_the_first_download(swept, world):
@@ -195,3 +225,22 @@ def test_with_the_hub_unreachable_and_nothing_cached_it_stops_before_any_job(wor
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "swept unaudited" in done.stderr
+
+
+def test_a_weights_only_run_fetches_nothing_and_a_sweep_reads_after_fetch(world, tmp_path):
+    """Checkpoints never extracted: `snakemake weights_only` plans their weight measures without a fetch (range
+    requests read what they need); the default target orders each after its checkpoint's fetch, whose weights they
+    read."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    plans = {}
+    for target in ("weights_only", "results/pythia/pythia-70m/sweep.parquet"):
+        command = snakemake_command(workdir, "--configfile", str(world["config"]), "--cores", "1", "-n", target)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=world["env"])
+        assert done.returncode == 0, done.stderr[-3000:]
+        plans[target] = job_stats(done), done.stdout + done.stderr
+    jobs, _ = plans["weights_only"]
+    assert (jobs.get("fetch"), jobs.get("extract"), jobs.get("weights")) == (None, None, 3), jobs
+    jobs, text = plans["results/pythia/pythia-70m/sweep.parquet"]
+    assert (jobs.get("fetch"), jobs.get("weights")) == (3, 3), jobs
+    assert "input: logs/fetch/pythia/pythia-70m/step1.log" in text, text[-3000:]

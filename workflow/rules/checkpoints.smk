@@ -27,10 +27,11 @@ rule fetch:
         retries=untracked(config["fetch"]["retries"]),
         settings=untracked(json_arg(config["extract"])),
         audited=untracked(audited_sha256),
+        share=untracked(SharedCopies),
     shell:
         "{params.cli} fetch --checkpoint {params.checkpoint} --out {output} {params.keep} "
         "--retries {params.retries} --texts {input.texts} --settings {params.settings} "
-        "--audited-sha256 {params.audited} 2> {log} {params.on_failure}"
+        "--audited-sha256 {params.audited} {params.share} 2> {log} {params.on_failure}"
 
 
 # The untrained block's swept-model inits (untrained.inits: {model: ...}) get their own copy of the weights: were
@@ -49,3 +50,4 @@ use rule fetch as fetch_init with:
         retries=untracked(config["fetch"]["retries"]),
         settings=untracked(json_arg(config["extract"])),
         audited=untracked(audited_sha256),
+        share="",

@@ -1,7 +1,8 @@
 # Weight measures (anisweep.measures.registry's third kind): each checkpoint's own weights read tensor by tensor,
 # never a forward pass and never extract's tables, so that adding or editing one reruns its own jobs (and the metrics
-# that join its rows), never fetch or extract. A toy's or local run's folder is read in place, a Hub checkpoint's
-# safetensors by range reads of the named tensors (anisweep.weights.remote), so nothing here waits for fetch.
+# that join its rows), never fetch or extract. A toy's or local run's folder is read in place; a Hub checkpoint's
+# weights, in a run that fetches them, in the copy fetch shares with the job (anisweep.weights.fetched: each byte
+# moves once), else by range reads of the named tensors (anisweep.weights.remote), never by a fetch of their own.
 # (Its constants and input functions: workflow/rules/weights_inputs.smk.)
 
 
@@ -9,12 +10,15 @@
 rule weights:
     input:
         toy_checkpoints_dir,
+        after_fetch,
         code=WEIGHTS_CODE,
     output:
         metrics="results/{family}/{model}/step{step}/weights.parquet",
         pairs="results/{family}/{model}/step{step}/weight_pairs.parquet",
     log:
         "logs/weights/{family}/{model}/step{step}.log",
+    # before a further fetch, as extract: the copy fetch shared with it is removed once it has read it
+    priority: 1
     conda:
         CONDA_ENV
     params:
@@ -24,15 +28,17 @@ rule weights:
         source=checkpoint_source,
         probe=config["weights"]["probe_tokens"],
         checkpoint=untracked(lambda wc: json_arg(checkpoint_of(wc).to_dict())),
+        fetched=fetched_copy("weights"),
     shell:
         "{params.cli} weights --checkpoint {params.checkpoint} --probe-tokens {params.probe} "
-        "--out {output.metrics} --pairs-out {output.pairs} 2> {log} {params.on_failure}"
+        "--out {output.metrics} --pairs-out {output.pairs} {params.fetched} 2> {log} {params.on_failure}"
 
 
 # A user's weight measure of one checkpoint: its own job, so that adding or editing one runs it alone.
 rule weight_measure:
     input:
         toy_checkpoints_dir,
+        after_fetch,
         code=code_inputs("weights.run", commands="weights.commands"),
     output:
         "results/{family}/{model}/step{step}/measures/{measure}.parquet",
@@ -40,6 +46,7 @@ rule weight_measure:
         "logs/measures/{family}/{model}/step{step}.{measure}.log",
     wildcard_constraints:
         measure="|".join(WEIGHT_MEASURES) or "(?!)",
+    priority: 1
     conda:
         CONDA_ENV
     params:
@@ -50,14 +57,15 @@ rule weight_measure:
         code=lambda wc: WEIGHT_MEASURES[wc.measure].code_identity,
         source=checkpoint_source,
         checkpoint=untracked(lambda wc: json_arg(checkpoint_of(wc).to_dict())),
+        fetched=fetched_copy("measure"),
     shell:
         "{params.cli} weights --entry {params.entry} --checkpoint {params.checkpoint} --out {output} "
-        "2> {log} {params.on_failure}"
+        "{params.fetched} 2> {log} {params.on_failure}"
 
 
 # The logit lens (anisweep.measures.logit_lens): extract's sampled residual states read through the checkpoint's own
 # head, against the batch's next tokens (an encoder's: its states at masked tokens, against the token masked). Its
-# head's weights are read, never run forward.
+# head's weights are read, never run forward (in a run that fetched them, in the copy fetch shared with it).
 rule logit_lens:
     input:
         toy_checkpoints_dir,
@@ -70,6 +78,7 @@ rule logit_lens:
         "results/{family}/{model}/step{step}/logit_lens.parquet",
     log:
         "logs/logit_lens/{family}/{model}/step{step}.log",
+    priority: 1
     conda:
         CONDA_ENV
     params:
@@ -79,9 +88,11 @@ rule logit_lens:
         checkpoint=untracked(lambda wc: json_arg(checkpoint_of(wc).to_dict())),
         settings=untracked(json_arg(config["extract"])),
         extract_dir=lambda wildcards, input: os.path.dirname(input.info),
+        fetched=fetched_copy("logit_lens"),
     shell:
         "{params.cli} logit-lens --checkpoint {params.checkpoint} --extract-dir {params.extract_dir} "
-        "--texts {input.texts} --settings {params.settings} --out {output} 2> {log} {params.on_failure}"
+        "--texts {input.texts} --settings {params.settings} --out {output} {params.fetched} 2> {log} "
+        "{params.on_failure}"
 
 
 # The lens over training: rank and probability of the target, KL to the last layer, the angle of each step.

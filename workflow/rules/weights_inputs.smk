@@ -41,3 +41,37 @@ def weights_only_outputs():
         checkpoints = model_checkpoints(family, model)
         outputs += [f"results/{c.key}/measures/{name}.parquet" for c in checkpoints for name in WEIGHT_MEASURES]
     return outputs
+
+
+def weights_only_run():
+    """Whether the run's target is `weights_only`, which fetches nothing (range requests read what it needs): the
+    targets are known once the workflow is read, when the input functions run."""
+    return set(getattr(getattr(workflow, "dag_settings", None), "targets", None) or ()) == {"weights_only"}
+
+
+def after_fetch(wildcards):
+    """A Hub checkpoint's weight measure's wait for its fetch in a run that fetches it (a checkpoint not yet extracted),
+    so that it reads the weights fetch downloaded: fetch's log, kept after the weights go (`ancient`: a later fetch,
+    a model run redone, reruns nothing here). Once there, always named (the same input set each run: nothing
+    reruns); never in a weights-only run, nor where the checkpoint was extracted and the log is gone, whose measures
+    read by range requests instead of fetching the whole checkpoint again."""
+    if not checkpoint_of(wildcards).is_hub:
+        return []
+    log = fetch_log(wildcards)
+    info = f"results/{wildcards.family}/{wildcards.model}/step{wildcards.step}/extract.json"
+    if os.path.exists(log) or not (weights_only_run() or os.path.exists(info)):
+        return [ancient(log)]
+    return []
+
+
+def fetched_copy(reader):
+    """The `--fetched` argument of a job reading a Hub checkpoint's weights: the copy its fetch shares in this run
+    (read there when it exists, else by range requests); untracked, a param of how the job runs."""
+
+    def argument(wildcards):
+        if not checkpoint_of(wildcards).is_hub:
+            return ""
+        name = reader if reader != "measure" else f"measure-{wildcards.measure}"
+        return f"--fetched {shlex.quote(shared_copy(wildcards, name))}"
+
+    return untracked(argument)

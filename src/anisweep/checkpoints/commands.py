@@ -34,6 +34,10 @@ def cmd_fetch(args) -> None:
         before_weights=before_weights,
         audited_sha256=args.audited_sha256,
     )
+    if args.share_with:
+        from anisweep.weights.fetched import share
+
+        share(args.out, args.share_with)
 
 
 def cmd_audit(args) -> None:
@@ -104,6 +108,12 @@ def add_commands(sub) -> None:
         type=json_value,
         default={},
         help="JSON {weight file: sha256} the audit of the grid found: a downloaded file the Hub names otherwise fails",
+    )
+    p.add_argument(
+        "--share-with",
+        nargs="*",
+        default=[],
+        help="a folder for each job of the run that reads the weights after extract: a copy by hard links",
     )
     p.set_defaults(run=cmd_fetch)
 

@@ -137,12 +137,14 @@ def remove_stranded_weights(
     removed = []
     for key in keys:
         folder = Path(root) / key
-        if not folder.exists():
+        copies = list(folder.parent.glob(f"{folder.name}.read-by-*"))  # shared with the jobs that read them after
+        if not folder.exists() and not copies:
             continue
-        if any(_overlap(_absolute(folder), path) for path in held):
+        if any(_overlap(_absolute(f), path) for f in (folder, *copies) for path in held):
             print(f"kept the weights of {key}: another running Snakemake run needs them", file=stderr)
             continue
-        shutil.rmtree(folder, ignore_errors=True)
+        for f in (folder, *copies):
+            shutil.rmtree(f, ignore_errors=True)
         removed.append(key)
         print(f"removed the weights of {key} (not extracted)", file=stderr)
     return removed

@@ -21,24 +21,14 @@ MEASURE = measure_of(circuits, "anisweep.measures.circuits:circuits", builtin=Tr
 MATRICES = measure_of(weight_matrices, "anisweep.measures.matrices:weight_matrices", builtin=True)
 
 
-def circuits_of(ckpt: Checkpoint, probe_tokens: int = PROBE_TOKENS) -> tuple[list[dict], list[dict]]:
-    """(metric rows, pair rows) of the checkpoint; the one row that says why, and no pairs, where its tensors
-    cannot be read so."""
-    try:
-        weights = open_weights(ckpt, MEASURE.tensors)
-        rows, pairs = circuit_tables(weights, probe_tokens)
-    except Unmeasurable as error:
-        print(f"weights: {ckpt.key}: {error}: circuits writes the row that says so", file=sys.stderr)
-        return [unmeasured_row(MEASURE.name, SITE, str(error))], []
-    print(f"weights: read {len(weights.read)} tensors, {weights.source.bytes_read} bytes", file=sys.stderr)
-    return rows, pairs
-
-
-def builtin_weight_tables(ckpt: Checkpoint, probe_tokens: int = PROBE_TOKENS) -> tuple[pl.DataFrame, list[dict]]:
-    """(weights.parquet: the rows of both built-in weight measures, pair rows of the circuits) of the checkpoint."""
+def builtin_weight_tables(
+    ckpt: Checkpoint, probe_tokens: int = PROBE_TOKENS, fetched=None
+) -> tuple[pl.DataFrame, list[dict]]:
+    """(weights.parquet: the rows of both built-in weight measures, pair rows of the circuits) of the checkpoint,
+    its weights read from `fetched` where fetch shared a copy with this job."""
     ident = identity(ckpt)
     try:
-        weights = open_weights(ckpt, MEASURE.tensors)
+        weights = open_weights(ckpt, MEASURE.tensors, fetched)
     except Unmeasurable as error:
         print(f"weights: {ckpt.key}: {error}: each built-in measure writes the row that says so", file=sys.stderr)
         frames = [measure_frame(m, ident, [unmeasured_row(m.name, SITE, str(error))]) for m in (MEASURE, MATRICES)]

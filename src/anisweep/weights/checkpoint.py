@@ -30,7 +30,7 @@ class CheckpointWeights:
         self.identity = dict(identity or {})
         self.read: list[str] = []
         self._kept: dict[str, torch.Tensor] = {}
-        self.layout: Layout = layout_for(source.config, source.names(), self._get)
+        self.layout: Layout = layout_for(source.config, source.names(), self._get, self._get_rows)
 
     def _get(self, name: str) -> torch.Tensor:
         """One tensor from the source; those outside the layers (embeddings, final norm) kept once read, since several
@@ -43,6 +43,17 @@ class CheckpointWeights:
         if not PER_LAYER.search(name):
             self._kept[name] = tensor
         return tensor
+
+    def _get_rows(self, name: str, spans) -> torch.Tensor:
+        """Rows of one matrix (a fused QKV's heads), read alone where the source can."""
+        if name in self._kept:
+            return torch.cat([self._kept[name][a:b] for a, b in spans])
+        if name not in self.read:
+            self.read.append(name)
+        if hasattr(self.source, "get_rows"):
+            return self.source.get_rows(name, spans)
+        tensor = self.source.get(name)
+        return torch.cat([tensor[a:b] for a, b in spans])
 
     def _allow(self, role: str) -> None:
         if self.allowed is not None and role not in self.allowed:

@@ -8,6 +8,15 @@ from anisweep.arguments import json_value
 def cmd_weights(args) -> None:
     """A weight measure of one checkpoint from its weights (the built-in `circuits` and `weight_matrices` without
     --entry)."""
+    from anisweep.weights.fetched import release
+
+    try:
+        _weights(args)
+    finally:
+        release(args.fetched)
+
+
+def _weights(args) -> None:
     from anisweep.checkpoints.base import Checkpoint
     from anisweep.measures.registry import MeasureError, load
     from anisweep.tables import write_atomic
@@ -18,17 +27,26 @@ def cmd_weights(args) -> None:
         measure = load(args.entry)
         if measure.kind != "weight":
             raise MeasureError(f"measure {args.entry!r} is a {measure.kind} measure, not a weight measure")
-        write_atomic(run_weight_measure(measure, ckpt), args.out)
+        write_atomic(run_weight_measure(measure, ckpt, fetched=args.fetched), args.out)
         return
     from anisweep.weights.builtin import builtin_weight_tables
 
-    metrics, pairs = builtin_weight_tables(ckpt, args.probe_tokens)
+    metrics, pairs = builtin_weight_tables(ckpt, args.probe_tokens, args.fetched)
     write_atomic(pair_frame(identity(ckpt), pairs), args.pairs_out)
     write_atomic(metrics, args.out)
 
 
 def cmd_logit_lens(args) -> None:
     """The logit lens of one checkpoint from extract's samples and its head's weights (no forward pass)."""
+    from anisweep.weights.fetched import release
+
+    try:
+        _logit_lens(args)
+    finally:
+        release(args.fetched)
+
+
+def _logit_lens(args) -> None:
     from anisweep.checkpoints.base import Checkpoint
     from anisweep.corpus import read_corpus
     from anisweep.extract.model import ExtractSettings
@@ -39,7 +57,7 @@ def cmd_logit_lens(args) -> None:
 
     ckpt = Checkpoint.from_dict(args.checkpoint)
     try:
-        weights = open_weights(ckpt)
+        weights = open_weights(ckpt, fetched=args.fetched)
     except Unmeasurable as error:  # an image or audio model, an encoder-decoder: the row that says so
         write_atomic(lens_not_measured(identity(ckpt), ckpt.key, error), args.out)
         return
@@ -55,6 +73,11 @@ def add_commands(sub) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--pairs-out", help="the built-in circuits' top token pairs (weight_pairs.parquet)")
     p.add_argument("--probe-tokens", type=int, default=4096, help="the built-in circuits' probe (config weights)")
+    p.add_argument(
+        "--fetched",
+        help="the copy of the checkpoint's weights its fetch shared in this run: read there, then removed (else the "
+        "weights are read where they are, or by range requests)",
+    )
     p.set_defaults(run=cmd_weights)
 
     p = sub.add_parser("logit-lens", help="the logit lens of one checkpoint, from extract's samples and its head")
@@ -63,4 +86,9 @@ def add_commands(sub) -> None:
     p.add_argument("--texts", required=True, help="the corpus extract ran on (resources/corpus.parquet)")
     p.add_argument("--settings", type=json_value, required=True, help="JSON of the config's extract section")
     p.add_argument("--out", required=True)
+    p.add_argument(
+        "--fetched",
+        help="the copy of the checkpoint's weights its fetch shared in this run: read there, then removed (else the "
+        "weights are read where they are, or by range requests)",
+    )
     p.set_defaults(run=cmd_logit_lens)

@@ -7,7 +7,7 @@ W_O[h] @ (W_V[h] @ x). Weights only: the projections' biases are not part of W_Q
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -41,14 +41,23 @@ class Norm:
         return x
 
 
-@dataclass(frozen=True)
 class Heads:
-    """One layer's attention weights per head (float64): q, k, v (H, d_head, d_model), o (H, d_model, d_head)."""
+    """One layer's attention weights per head (float64): q, k, v (H, d_head, d_model), o (H, d_model, d_head). Each
+    is a tensor or a function that reads it, called on first use: a measure of W_Q and W_K never reads W_V or W_O."""
 
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    o: torch.Tensor
+    def __init__(self, q, k, v, o):
+        self._parts = {"q": q, "k": k, "v": v, "o": o}
+
+    def _part(self, name: str) -> torch.Tensor:
+        part = self._parts[name]
+        if callable(part):
+            part = self._parts[name] = part()
+        return part
+
+    q = property(lambda self: self._part("q"))
+    k = property(lambda self: self._part("k"))
+    v = property(lambda self: self._part("v"))
+    o = property(lambda self: self._part("o"))
 
 
 @dataclass(frozen=True)
@@ -65,15 +74,26 @@ class Shapes:
 class Layout:
     """The names of one architecture's tensors; `get(name)` reads one (float64)."""
 
-    def __init__(self, config: dict, names: list[str], get: Callable[[str], torch.Tensor]):
+    def __init__(
+        self,
+        config: dict,
+        names: list[str],
+        get: Callable[[str], torch.Tensor],
+        get_rows: Callable[[str, Sequence[tuple[int, int]]], torch.Tensor] | None = None,
+    ):
         self.config = config
         self.names = set(names)
         self._get = get
+        self._get_rows = get_rows or (lambda name, spans: torch.cat([get(name)[a:b] for a, b in spans]))
         self.model_type = config.get("model_type")
         self.prefix = self._prefix()
 
     def get(self, name: str) -> torch.Tensor:
         return self._get(name).to(torch.float64)
+
+    def rows(self, name: str, spans: Sequence[tuple[int, int]]) -> torch.Tensor:
+        """Rows [a, b) of each span of a matrix, in order, stacked (float64): only those rows are read."""
+        return self._get_rows(name, spans).to(torch.float64)
 
     def _prefix(self) -> str:
         for key in self.names:
@@ -170,8 +190,10 @@ class Bert(Layout):
 
     def attention(self, layer: int) -> Heads:
         p, s = f"{self.prefix}encoder.layer.{layer}.attention.", self.shapes
-        q, k, v = (self._split_heads(self.get(f"{p}self.{n}.weight"), s.n_heads) for n in ("query", "key", "value"))
-        return Heads(q, k, v, self._out(self.get(f"{p}output.dense.weight")))
+        q, k, v = (
+            lambda n=n: self._split_heads(self.get(f"{p}self.{n}.weight"), s.n_heads) for n in ("query", "key", "value")
+        )
+        return Heads(q, k, v, lambda: self._out(self.get(f"{p}output.dense.weight")))
 
     def attention_norm(self, layer: int) -> Norm:
         """Post-LN: the LayerNorm that last acted before the layer's attention (the embeddings' for layer 0)."""
@@ -221,10 +243,18 @@ class GPTNeoX(Layout):
     UNEMBEDDING = ("embed_out.weight", "lm_head.weight")
 
     def attention(self, layer: int) -> Heads:
-        p, s = f"{self.prefix}layers.{layer}.attention.", self.shapes
-        w = self.get(f"{p}query_key_value.weight").reshape(s.n_heads, 3 * s.d_head, s.d_model)  # per head
-        q, k, v = w.split(s.d_head, dim=1)
-        return Heads(q.contiguous(), k.contiguous(), v.contiguous(), self._out(self.get(f"{p}dense.weight")))
+        p = f"{self.prefix}layers.{layer}.attention."
+        fused = f"{p}query_key_value.weight"  # per head, its q, k and v rows one after the other
+        q, k, v = (self._fused_part(fused, part) for part in range(3))
+        return Heads(q, k, v, lambda: self._out(self.get(f"{p}dense.weight")))
+
+    def _fused_part(self, name: str, part: int) -> Callable[[], torch.Tensor]:
+        """The reader of W_Q (part 0), W_K (1) or W_V (2) from the fused matrix: each head's block of rows alone."""
+        s = self.shapes
+        spans = [
+            (h * 3 * s.d_head + part * s.d_head, h * 3 * s.d_head + (part + 1) * s.d_head) for h in range(s.n_heads)
+        ]
+        return lambda: self.rows(name, spans).reshape(s.n_heads, s.d_head, s.d_model)
 
     def attention_norm(self, layer: int) -> Norm:
         return self._norm("layer", f"{self.prefix}layers.{layer}.input_layernorm")
@@ -240,9 +270,12 @@ class Llama(Layout):
 
     def attention(self, layer: int) -> Heads:
         p, s = f"{self.prefix}layers.{layer}.self_attn.", self.shapes
-        q = self._split_heads(self.get(f"{p}q_proj.weight"), s.n_heads)
-        k, v = (self._expand(self._split_heads(self.get(f"{p}{n}_proj.weight"), s.kv_heads)) for n in "kv")
-        return Heads(q, k, v, self._out(self.get(f"{p}o_proj.weight")))
+        return Heads(
+            lambda: self._split_heads(self.get(f"{p}q_proj.weight"), s.n_heads),
+            lambda: self._expand(self._split_heads(self.get(f"{p}k_proj.weight"), s.kv_heads)),
+            lambda: self._expand(self._split_heads(self.get(f"{p}v_proj.weight"), s.kv_heads)),
+            lambda: self._out(self.get(f"{p}o_proj.weight")),
+        )
 
     def attention_norm(self, layer: int) -> Norm:
         return self._norm("rms", f"{self.prefix}layers.{layer}.input_layernorm", "rms_norm_eps")
@@ -268,11 +301,17 @@ class Olmo2(Llama):
 
     def attention(self, layer: int) -> Heads:
         p, s = f"{self.prefix}layers.{layer}.self_attn.", self.shapes
-        gq, gk = self.get(f"{p}q_norm.weight"), self.get(f"{p}k_norm.weight")
-        q = self._split_heads(gq[:, None] * self.get(f"{p}q_proj.weight"), s.n_heads)
-        k = self._expand(self._split_heads(gk[:, None] * self.get(f"{p}k_proj.weight"), s.kv_heads))
-        v = self._expand(self._split_heads(self.get(f"{p}v_proj.weight"), s.kv_heads))
-        return Heads(q, k, v, self._out(self.get(f"{p}o_proj.weight")))
+        heads = super().attention(layer)
+        return Heads(
+            lambda: self._split_heads(
+                self.get(f"{p}q_norm.weight")[:, None] * self.get(f"{p}q_proj.weight"), s.n_heads
+            ),
+            lambda: self._expand(
+                self._split_heads(self.get(f"{p}k_norm.weight")[:, None] * self.get(f"{p}k_proj.weight"), s.kv_heads)
+            ),
+            lambda: heads.v,
+            lambda: heads.o,
+        )
 
     def attention_norm(self, layer: int) -> Norm:
         return self._norm("rms", None, "rms_norm_eps")
@@ -310,10 +349,10 @@ class MissingHead(Unmeasurable):
     final norm (the MLM head's transform LayerNorm); the circuits read W_OV through the tied word embeddings."""
 
 
-def layout_for(config: dict, names: list[str], get: Callable[[str], torch.Tensor]) -> Layout:
+def layout_for(config: dict, names: list[str], get: Callable[[str], torch.Tensor], get_rows=None) -> Layout:
     model_type = config.get("model_type")
     if model_type not in LAYOUTS:
         raise UnsupportedLayout(
             f"weight measures read the tensors of {sorted(LAYOUTS)}; this checkpoint's model_type is {model_type!r}"
         )
-    return LAYOUTS[model_type](config, names, get)
+    return LAYOUTS[model_type](config, names, get, get_rows)

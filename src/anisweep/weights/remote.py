@@ -1,21 +1,24 @@
 """A Hub checkpoint's tensors read by HTTP range requests, so that a weights-only sweep moves only the tensors its
 measures name.
 
-A safetensors file is an 8-byte little-endian header length, a JSON header ({tensor: {dtype, shape,
-data_offsets}}) and the tensors' bytes: the source reads the length and the header (two range requests per file),
-then each tensor asked for by its own range, from the resolve URL of the pinned commit (huggingface_hub's endpoint,
-headers and token). config.json, the tokenizer files and the shard index are downloaded (small) into the Hugging
-Face cache; a branch without a weight file its index names is a WeightsError naming it, before any tensor moves. Pickled
-``pytorch_model*.bin`` files cannot be read in part: each is downloaded whole (and cached), said once on stderr.
-Weight files the cache already holds for the commit are read there, moving nothing. `bytes_read` counts the bytes
-moved (headers included).
+A safetensors file is an 8-byte little-endian header length, a JSON header ({tensor: {dtype, shape, data_offsets}})
+and the tensors' bytes: the source reads the length and the header (two range requests per file), then each tensor
+asked for by its own range (the rows of a matrix a measure reads in part, such as each head's W_Q and W_K rows of a
+fused QKV matrix, by a range per block of rows), from the resolve URL of the pinned commit (huggingface_hub's
+endpoint, headers and token). config.json, the tokenizer files and the shard index are downloaded (small) into the
+Hugging Face cache; a branch without a weight file its index names is a WeightsError naming it, before any tensor
+moves. Pickled ``pytorch_model*.bin`` files cannot be read in part: each is downloaded whole (and cached), said once
+on stderr. Weight files the cache already holds for the commit are read there, moving nothing. `bytes_read` counts
+the bytes moved (headers included).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import struct
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -25,6 +28,7 @@ from anisweep.checkpoints.files import CONFIG_FILES, TOKENIZER_FILES, absent_in_
 from anisweep.weights.source import LocalSource, WeightsError, weight_files
 
 SMALL_FILES = (*CONFIG_FILES, *TOKENIZER_FILES)  # fetch's: config.json, then the tokenizer's or processor's
+RANGE_REQUESTS_AT_ONCE = 8  # the heads of a fused QKV matrix: one request each, a few in flight
 DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -63,6 +67,12 @@ class HubSource:
 
     def _range(self, name: str, start: int, stop: int) -> bytes:
         """Bytes [start, stop) of the file, by one range request."""
+        data, moved = self._fetch(name, start, stop)
+        self.bytes_read += moved
+        return data
+
+    def _fetch(self, name: str, start: int, stop: int) -> tuple[bytes, int]:
+        """(bytes [start, stop) of the file, the bytes the request moved), by one range request."""
         from huggingface_hub import get_session, hf_hub_url
         from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
@@ -73,10 +83,9 @@ class HubSource:
         data = response.content
         if response.status_code != 206 and len(data) != stop - start:
             data = data[start:stop]  # a server that ignores ranges sent the whole file: counted as moved
-        self.bytes_read += len(response.content)
         if len(data) != stop - start:
             raise WeightsError(f"{self.repo_id}@{self.commit}/{self._path(name)}: short read at bytes {start}-{stop}")
-        return data
+        return data, len(response.content)
 
     def header(self, name: str) -> tuple[int, dict]:
         """(offset of the tensors' bytes, the JSON header) of one safetensors file."""
@@ -110,24 +119,60 @@ class HubSource:
             self._where = {t: f for f in self.files for t in self.header(f)[1] if t != "__metadata__"}
         return sorted(self._where)
 
-    def get(self, name: str) -> torch.Tensor:
-        if self.pickled:
-            return self._whole().get(name)
+    def _tensor(self, name: str) -> tuple[str, int, dict]:
+        """(its file, the offset of the file's tensor bytes, its header entry) of a tensor."""
         self.names()
         if name not in self._where:
             raise WeightsError(f"{self.repo_id}@{self.commit}: no tensor {name!r} in {', '.join(self.files)}")
         file = self._where[name]
         offset, header = self.header(file)
         info = header[name]
-        start, stop = info["data_offsets"]
         if info["dtype"] not in DTYPES:
             raise WeightsError(f"{name}: safetensors dtype {info['dtype']} is not one of {sorted(DTYPES)}")
-        data = bytearray(self._range(file, offset + start, offset + stop))
-        return (
-            torch.frombuffer(data, dtype=DTYPES[info["dtype"]]).reshape(info["shape"])
-            if data
-            else torch.empty(info["shape"], dtype=DTYPES[info["dtype"]])
-        )
+        return file, offset, info
+
+    def get(self, name: str) -> torch.Tensor:
+        if self.pickled:
+            return self._whole().get(name)
+        file, offset, info = self._tensor(name)
+        start, stop = info["data_offsets"]
+        return as_tensor(bytearray(self._range(file, offset + start, offset + stop)), info["dtype"], info["shape"])
+
+    def row_ranges(self, name: str, spans) -> tuple[str, list[tuple[int, int]]]:
+        """(its file, the byte ranges [start, stop) in the file) of rows [a, b) of each span of a matrix, spans that
+        meet merged into one range."""
+        file, offset, info = self._tensor(name)
+        row = math.prod(info["shape"][1:]) * DTYPES[info["dtype"]].itemsize
+        base = offset + info["data_offsets"][0]
+        ranges: list[tuple[int, int]] = []
+        for a, b in spans:
+            start, stop = base + a * row, base + b * row
+            if ranges and ranges[-1][1] == start:
+                ranges[-1] = (ranges[-1][0], stop)
+            elif stop > start:
+                ranges.append((start, stop))
+        return file, ranges
+
+    def get_rows(self, name: str, spans) -> torch.Tensor:
+        """Rows [a, b) of each span of a matrix, stacked: each span by its own range request (a few at once), never
+        the whole matrix."""
+        if self.pickled:
+            tensor = self._whole().get(name)
+            return torch.cat([tensor[a:b] for a, b in spans])
+        file, ranges = self.row_ranges(name, spans)
+        with ThreadPoolExecutor(max_workers=min(RANGE_REQUESTS_AT_ONCE, len(ranges) or 1)) as pool:
+            reads = list(pool.map(lambda r: self._fetch(file, *r), ranges))
+        self.bytes_read += sum(moved for _, moved in reads)
+        info = self._tensor(name)[2]
+        rows = sum(b - a for a, b in spans)
+        return as_tensor(bytearray(b"".join(data for data, _ in reads)), info["dtype"], [rows, *info["shape"][1:]])
+
+
+def as_tensor(data: bytearray, dtype: str, shape) -> torch.Tensor:
+    """A tensor over safetensors bytes of `dtype` (its name there)."""
+    if not data:
+        return torch.empty(shape, dtype=DTYPES[dtype])
+    return torch.frombuffer(data, dtype=DTYPES[dtype]).reshape(shape)
 
 
 def cached_snapshot(repo_id: str, revision: str, cache: str | Path) -> Path:

@@ -1,6 +1,7 @@
 """A weight measure of one checkpoint, from its weights alone: where the tensors come from (a local or toy folder
-read in place, a Hub repository by range reads of its safetensors), and the tables it writes (metric rows,
-measure = its name; the built-in `circuits` also its top token pairs, weight_pairs.parquet)."""
+read in place, a Hub repository's in the copy of the run's fetch, else by range reads of its safetensors), and the
+tables it writes (metric rows, measure = its name; the built-in `circuits` also its top token pairs,
+weight_pairs.parquet)."""
 
 from __future__ import annotations
 
@@ -33,12 +34,14 @@ def identity(ckpt: Checkpoint) -> dict:
     return {key: getattr(ckpt, key) for key in IDENTITY}
 
 
-def open_weights(ckpt: Checkpoint, allowed=None) -> CheckpointWeights:
-    """The checkpoint's weights: a Hub repository's by range reads (anisweep.weights.remote), a folder's in place."""
+def open_weights(ckpt: Checkpoint, allowed=None, fetched: str | Path | None = None) -> CheckpointWeights:
+    """The checkpoint's weights: a Hub repository's in the copy its fetch shared (`fetched`, in the run that
+    downloaded them: anisweep.weights.fetched), else by range reads (anisweep.weights.remote); a folder's in place."""
     if ckpt.is_hub:
+        from anisweep.weights.fetched import fetched_source
         from anisweep.weights.remote import hub_source
 
-        source, tokenizer = hub_source(ckpt)
+        source, tokenizer = fetched_source(fetched) or hub_source(ckpt)
     else:
         folder = Path(ckpt.path or "")
         source = LocalSource(folder)
@@ -48,14 +51,16 @@ def open_weights(ckpt: Checkpoint, allowed=None) -> CheckpointWeights:
     return CheckpointWeights(source, allowed, tokenizer, identity(ckpt))
 
 
-def run_weight_measure(measure: Measure, ckpt: Checkpoint, weights: CheckpointWeights | None = None) -> pl.DataFrame:
+def run_weight_measure(
+    measure: Measure, ckpt: Checkpoint, weights: CheckpointWeights | None = None, fetched: str | Path | None = None
+) -> pl.DataFrame:
     """The measure's rows of the checkpoint, any failure a MeasureError naming the measure and the checkpoint. Where
     what it reads is not in the checkpoint (an architecture no layout names, a model saved without its head), its
     one row says why (anisweep.tables.unmeasured_row), said in the log too."""
     ident = identity(ckpt)
     where = f"measure {measure.name!r} ({measure.entry}) at {checkpoint_name(ident)}"
     try:
-        rows = _rows(measure, weights if weights is not None else open_weights(ckpt, measure.tensors), where)
+        rows = _rows(measure, weights if weights is not None else open_weights(ckpt, measure.tensors, fetched), where)
     except Unmeasurable as error:
         print(f"weights: {where}: {error}: its row says why", file=sys.stderr)
         rows = [unmeasured_row(measure.name, WEIGHT_SITE, str(error))]

@@ -98,3 +98,17 @@ class LocalSource:
             tensor = f.get_tensor(name)
         self.bytes_read += tensor.numel() * tensor.element_size()
         return tensor
+
+    def get_rows(self, name: str, spans) -> torch.Tensor:
+        """Rows [a, b) of each span of a matrix, stacked: only those rows are read from a safetensors file."""
+        index = self._index()
+        if name not in index or self.pickled:
+            tensor = self.get(name)
+            return torch.cat([tensor[a:b] for a, b in spans])
+        from safetensors import safe_open
+
+        with safe_open(self.folder / index[name], "pt") as f:
+            matrix = f.get_slice(name)
+            tensor = torch.cat([matrix[a:b] for a, b in spans])
+        self.bytes_read += tensor.numel() * tensor.element_size()
+        return tensor
