@@ -30,7 +30,8 @@ class VectorStats:
     Every M2 is the mini-batch's own, about its own mean in float64, merged across mini-batches by Chan et al.'s
     update (anisweep.moments): a variance is never sum x^2 / n - mean^2, which cancels where a dimension's mean
     is large against its spread (a rogue dimension). Where the outlier statistics are taken, the sums are in
-    float64 within the mini-batch too, so that each dimension's mean and variance are exact to float64 rounding.
+    float64 within the mini-batch too, about a shift near the mini-batch's mean (_outlier_sums), so that each
+    dimension's mean and variance are exact to float64 rounding.
 
     Tokens with a NaN or inf component are counted in `n_nonfinite` and left out of every sum, so a
     diverged checkpoint is flagged rather than silently averaged. Zero vectors (a zeroed padding embedding)
