@@ -240,10 +240,7 @@ CPU_CHUNK_ELEMENTS = 1 << 18
 
 
 def _row_chunks(x: torch.Tensor) -> list[slice]:
-    if x.device.type != "cpu":
-        step = max(1, len(x))
-    else:
-        step = max(1, CPU_CHUNK_ELEMENTS // max(1, x.shape[-1]))
+    step = max(1, len(x) if x.device.type != "cpu" else CPU_CHUNK_ELEMENTS // max(1, x.shape[-1]))
     return [slice(start, start + step) for start in range(0, len(x), step)]
 
 
