@@ -82,6 +82,26 @@ def test_per_dimension_mean_and_variance_match_two_passes(wait_free, chunk_rows,
     assert relative(row["sum_x_sq"], (x**2).sum(axis=0)).max() <= RTOL
 
 
+@pytest.mark.parametrize("wait_free", [False, True])
+def test_moments_hold_where_each_mini_batch_has_a_mean_of_its_own(wait_free):
+    """Each mini-batch's moments are summed about a shift near its own mean: mini-batches whose large means lie
+    50 and 100 spreads apart (dimensions 0 and 2), and one whose rogue dimension is 10x larger, merge to the
+    two-pass moments of every token."""
+    batches = planted()
+    for b, (x, _) in enumerate(batches):
+        x[..., 0] += 5.0 * b
+        x[..., 2] -= 10.0 * b
+    batches[2][0][..., 1] *= 10.0
+    x = kept(batches)
+    row = hidden_stats(streamed(batches, wait_free))
+    n = row["n"]
+    assert relative(np.asarray(row["m2_x"]) / n, x.var(axis=0)).max() <= RTOL
+    assert (np.abs(np.asarray(row["sum_x"]) / n - x.mean(axis=0)) / x.std(axis=0)).max() <= RTOL
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    assert relative(row["m2_unit"], ((unit - unit.mean(axis=0)) ** 2).sum(axis=0)).max() <= RTOL
+    assert relative(row["sum_unit"], unit.sum(axis=0)).max() <= RTOL
+
+
 def test_the_standardised_avg_cos_and_the_rogue_shares_match_two_passes():
     """What the sums feed: avg_cos after standardising each dimension with the streamed mean and std, and each
     dimension's term of avg_cos, against the same from numpy's two-pass mean and variance of every token."""

@@ -30,7 +30,8 @@ class VectorStats:
     Every M2 is the mini-batch's own, about its own mean in float64, merged across mini-batches by Chan et al.'s
     update (anisweep.moments): a variance is never sum x^2 / n - mean^2, which cancels where a dimension's mean
     is large against its spread (a rogue dimension). Where the outlier statistics are taken, the sums are in
-    float64 within the mini-batch too, so that each dimension's mean and variance are exact to float64 rounding.
+    float64 within the mini-batch too, about a shift near the mini-batch's mean (_outlier_sums), so that each
+    dimension's mean and variance are exact to float64 rounding.
 
     Tokens with a NaN or inf component are counted in `n_nonfinite` and left out of every sum, so a
     diverged checkpoint is flagged rather than silently averaged. Zero vectors (a zeroed padding embedding)
@@ -142,7 +143,8 @@ class VectorStats:
             "norm_range": _norm_range(kept_norms, keep),
         }
         if outliers:
-            return part | outlier_sums | _largest(x, keep, rows, width, first, n_seqs)
+            token_max = outlier_sums.pop("token_max")
+            return part | outlier_sums | _largest(x, keep, token_max, rows, width, first, n_seqs)
         inverse = torch.where(keep, 1.0 / norms.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
         weights = torch.stack([keep.float(), inverse.float()])
         sum_x, sum_unit = (weights @ x).double()  # one pass over x for both sums
@@ -183,29 +185,52 @@ def _m2(values: torch.Tensor, keep: torch.Tensor, n: torch.Tensor) -> torch.Tens
 
 def _outlier_sums(x: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """(each token's norm, in float64; per dimension the sums of x_j and of the unit vectors' u_j over the kept
-    tokens, zero vectors having no u, and the M2 of each about its own batch mean). All in float64 within the
-    mini-batch, in two passes over it (the sums, then the squared deviations from their means: no cancellation),
-    a chunk of rows at a time (_row_chunks)."""
+    tokens, zero vectors having no u, and the M2 of each about its own batch mean; max_j |x_j| of each token and
+    max |x_j| of each dimension), in one pass over the mini-batch, a chunk of rows at a time (_row_chunks).
+
+    Each M2 is summed in float64 about a shift near the batch's mean (shifted moments), M2 = sum d^2 - (sum d)^2 / n
+    with d = x - shift, which cancels only as much as (mean - shift)^2 / variance: x's shift is its mean to float32
+    rounding, u's is that shift made a unit vector (u's mean to within u's spread), so both stay exact to float64
+    rounding where the raw moments about 0 would cancel (a dimension whose mean is 1e4 times its spread)."""
+    n = keep.sum()
+    kept = keep.to(x.dtype)
+    shift = ((kept @ x) / safe(n).to(x.dtype)).double()  # float32 sums: a shift, not the mean, needs no more
+    below = -shift / safe(torch.linalg.vector_norm(shift))  # minus u's shift
+    kept = kept.double()
     chunks = _row_chunks(x)
-    buffer = x.new_empty(chunks[0].stop - chunks[0].start if chunks else 0, x.shape[-1], dtype=torch.float64)
+    rows_max = chunks[0].stop - chunks[0].start if chunks else 0
+    magnitudes = x.new_empty(rows_max, x.shape[-1])
+    values = x.new_empty(rows_max, x.shape[-1], dtype=torch.float64)
+    deviations = torch.empty_like(values)
     norms = x.new_empty(len(x), dtype=torch.float64)
-    weights = torch.stack([keep.double(), norms.new_zeros(len(x))])  # 1 at the kept tokens; their 1 / ||x||
-    sums = norms.new_zeros(2, x.shape[-1])
+    has_unit = torch.empty_like(norms)  # 1 at the kept tokens that are not zero vectors
+    token_max = x.new_empty(len(x))
+    abs_max = x.new_zeros(x.shape[-1])
+    sums = norms.new_zeros(4, x.shape[-1])  # sum d, sum d^2 of x's deviations; the same of u's
     for rows in chunks:
-        chunk = buffer[: len(x[rows])].copy_(x[rows])
-        norms[rows] = torch.linalg.vector_norm(chunk, dim=-1)
-        has_unit = keep[rows] & (norms[rows] > 0)
-        weights[1, rows] = torch.where(has_unit, 1.0 / torch.where(has_unit, norms[rows], 1.0), 0.0)
-        sums += weights[:, rows] @ chunk  # one pass for both sums
-    n_unit = (keep & (norms > 0)).sum().double()
-    mean_x, mean_unit = sums[0] / safe(keep.sum().double()), sums[1] / safe(n_unit)
-    m2 = torch.zeros_like(sums)
-    for rows in chunks:
-        chunk = buffer[: len(x[rows])].copy_(x[rows])
-        # ||x|| (u - mean u) = x - ||x|| mean u: a rank-one update in place
-        m2[1] += weights[1, rows].square() @ chunk.addr_(norms[rows], mean_unit, alpha=-1.0).square_()
-        m2[0] += weights[0, rows] @ chunk.copy_(x[rows]).sub_(mean_x).square_()
-    return norms, {"sum_x": sums[0], "sum_unit": sums[1], "m2": m2}
+        chunk = x[rows]
+        magnitude = torch.abs(chunk, out=magnitudes[: len(chunk)])
+        torch.amax(magnitude, dim=-1, out=token_max[rows])
+        torch.maximum(abs_max, magnitude.amax(dim=0), out=abs_max)
+        value = values[: len(chunk)].copy_(chunk)
+        norm = torch.linalg.vector_norm(value, dim=-1, out=norms[rows])
+        deviation = torch.sub(value, shift, out=deviations[: len(chunk)])
+        sums[0] += kept[rows] @ deviation
+        sums[1] += kept[rows] @ deviation.square_()
+        weight = has_unit[rows].copy_(keep[rows] & (norm > 0))
+        inverse = weight / torch.where(weight > 0, norm, 1.0)
+        deviation = torch.addcmul(below, value, inverse[:, None], out=value)  # u - u's shift
+        sums[2] += weight @ deviation
+        sums[3] += weight @ deviation.square_()
+    n, n_unit = n.double(), has_unit.sum()
+    m2 = torch.stack([sums[1] - sums[0].square() / safe(n), sums[3] - sums[2].square() / safe(n_unit)])
+    return norms, {
+        "sum_x": n * shift + sums[0],
+        "sum_unit": sums[2] - n_unit * below,
+        "m2": m2.clamp_min_(0.0),
+        "token_max": token_max,
+        "abs_max": abs_max.double(),
+    }
 
 
 #: How many values a CPU takes the outlier sums of at a time (2 MB in float64): a buffer that stays in cache and is
@@ -219,20 +244,14 @@ def _row_chunks(x: torch.Tensor) -> list[slice]:
     return [slice(start, start + step) for start in range(0, len(x), step)]
 
 
-def _largest(x, keep, rows, width: int, first, n_seqs: int) -> dict:
-    """Per dimension max |x_j|, and the TOP_K tokens of one mini-batch by max_j |x_j| (-1 at the tokens not kept):
-    that value, their flat index in the batch's (sequences x `width`) positions, dimension (argmax_j), and the
-    batch's first valid positions; from the extremes (no |x| copy of the batch)."""
-    if len(x):
-        abs_max = torch.maximum(x.amax(dim=0), -x.amin(dim=0)).double()
-    else:
-        abs_max = x.new_zeros(x.shape[-1]).double()
-    token_max = torch.maximum(x.amax(dim=-1), -x.amin(dim=-1))
+def _largest(x, keep, token_max, rows, width: int, first, n_seqs: int) -> dict:
+    """The TOP_K tokens of one mini-batch by max_j |x_j| (`token_max`; -1 at the tokens not kept): that value, their
+    flat index in the batch's (sequences x `width`) positions, dimension (argmax_j), and the batch's first valid
+    positions."""
     value, index = torch.where(keep, token_max, -1.0).topk(min(TOP_K, token_max.shape[0]))
     dim = x.index_select(0, index).abs().argmax(dim=-1)
     index = index if rows is None else rows.gather(0, index)
-    top = {"value": value, "index": index, "dim": dim, "first": first, "width": width}
-    return {"abs_max": abs_max, "top": top, "n_seqs": n_seqs}
+    return {"top": {"value": value, "index": index, "dim": dim, "first": first, "width": width}, "n_seqs": n_seqs}
 
 
 def _sequences(valid: torch.Tensor) -> tuple[int, torch.Tensor]:
