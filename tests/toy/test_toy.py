@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from anisweep.corpus import builtin_text, tokenize_stream
 from anisweep.toy.tokenizers import build_bert_tokenizer
-from anisweep.toy.train import DEFAULT_STEPS, ToySpec, _Batches, _save_checkpoint, train_toy
+from anisweep.toy.train import DEFAULT_STEPS, ToySpec, _Batches, _save_checkpoint, build_model, train_toy, training_loss
 
 STEPS = [0, 1, 5, 30]
 TINY = ToySpec(d_model=32, n_layers=2, n_heads=4, d_ff=64, seq_len=32, batch_size=8, lr=5e-3, vocab_size=400, warmup=3)
@@ -148,6 +148,31 @@ def test_mlm_masking_statistics():
     assert masked.sum() / target.sum() == pytest.approx(0.8, abs=0.03)
     assert kept.sum() / target.sum() == pytest.approx(0.1, abs=0.03)
     assert not bool(((ids == tok.mask_token_id) & ~target).any())
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt_neox"])
+def test_training_loss_is_the_models_own_loss_and_gradient(arch):
+    """BERT's head runs on the masked targets alone in training: the loss and every parameter's gradient are those
+    of BertForMaskedLM's own forward on the whole batch."""
+    from anisweep.toy.tokenizers import build_tokenizer
+
+    texts = _texts()
+    tokenizer = build_tokenizer(arch, texts, TINY.vocab_size)
+    torch.manual_seed(0)
+    model = build_model(arch, TINY, tokenizer)
+    batch = _Batches(arch, tokenizer, tokenize_stream(tokenizer, texts), TINY, torch.Generator().manual_seed(0)).next()
+    if arch == "bert":
+        assert 0 < int((batch["labels"] != -100).sum()) < batch["labels"].numel() // 4
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    own = model(**batch).loss
+    expected = torch.autograd.grad(own, parameters, allow_unused=True)
+    loss = training_loss(arch, model, batch)
+    got = torch.autograd.grad(loss, parameters, allow_unused=True)
+    assert loss.item() == pytest.approx(own.item(), rel=1e-6)
+    for want, have in zip(expected, got):
+        assert (want is None) == (have is None)
+        if want is not None:
+            torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-7)
 
 
 def test_atomic_checkpoint_replace(tmp_path):

@@ -21,9 +21,12 @@ rule untrained:
         **{name: f"results/untrained/{name}.parquet" for name in UNTRAINED_TABLES},
     log:
         "logs/untrained/untrained.log",
+    # one core, as soon as its inputs are there (beside the second toy's training): at two cores it waited for
+    # both to be free, at the very end of the sweep
+    priority: 50
     conda:
         CONDA_ENV
-    threads: 2
+    threads: 1
     params:
         on_failure=on_failure("untrained"),
         cli=CLI,

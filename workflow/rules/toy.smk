@@ -8,6 +8,8 @@ rule train_toy:
         directory(f"{anisweep_config.TOY_ROOT}/{{model}}"),
     log:
         "logs/train_toy/{model}.log",
+    # every checkpoint waits for its toy: the toys start first, side by side
+    priority: 100
     conda:
         CONDA_ENV
     threads: 1
