@@ -13,6 +13,7 @@ localrules:
     plot_spectra,
     plot_gradients,
     plot_untrained,
+    explore,
 
 
 rule plot_model:
