@@ -19,21 +19,23 @@ def _names(value: str | None) -> list[str]:
     return [name for name in (value or "").split(",") if name]
 
 
-def add_commands(sub) -> None:
-    """Add this stage's commands to `anisweep`'s sub-commands."""
-    p = sub.add_parser("take-live", help="copy one step of a live toy's analysis where extract puts a checkpoint's")
-    p.add_argument("--live", required=True, help="the live toy's folder (train-toy --out)")
+def _step_arguments(p) -> None:
+    """The step taken, its files and where they go: the same for a live toy and a local run."""
     p.add_argument("--step", type=int, required=True)
     p.add_argument("--names", required=True, help="comma-separated file names")
     p.add_argument("--empty", help="comma-separated pass tables written without rows where missing (uncovered step)")
     p.add_argument("--out", required=True)
+
+
+def add_commands(sub) -> None:
+    """Add this stage's commands to `anisweep`'s sub-commands."""
+    p = sub.add_parser("take-live", help="copy one step of a live toy's analysis where extract puts a checkpoint's")
+    p.add_argument("--live", required=True, help="the live toy's folder (train-toy --out)")
+    _step_arguments(p)
     p.set_defaults(run=cmd_take_live)
 
     p = sub.add_parser("take-live-local", help="check (or copy) one step of a local run analysed while it trained")
     p.add_argument("--name", required=True, help="the run's name (the models entry's name)")
     p.add_argument("--source", required=True, help="the folder the callback wrote (the entry's path)")
-    p.add_argument("--step", type=int, required=True)
-    p.add_argument("--names", required=True, help="comma-separated file names")
-    p.add_argument("--empty", help="comma-separated pass tables written without rows where missing (uncovered step)")
-    p.add_argument("--out", required=True)
+    _step_arguments(p)
     p.set_defaults(run=cmd_take_live_local)

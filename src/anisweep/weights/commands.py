@@ -5,18 +5,25 @@ from __future__ import annotations
 from anisweep.arguments import json_value
 
 
+def _releasing_the_shared_copy(command):
+    """`command`, then the copy of the weights fetch shared with this job removed, whether or not it succeeded."""
+
+    def run(args) -> None:
+        from anisweep.weights.fetched import release
+
+        try:
+            command(args)
+        finally:
+            release(args.fetched)
+
+    run.__doc__ = command.__doc__
+    return run
+
+
+@_releasing_the_shared_copy
 def cmd_weights(args) -> None:
     """A weight measure of one checkpoint from its weights (the built-in `circuits` and `weight_matrices` without
     --entry)."""
-    from anisweep.weights.fetched import release
-
-    try:
-        _weights(args)
-    finally:
-        release(args.fetched)
-
-
-def _weights(args) -> None:
     from anisweep.checkpoints.base import Checkpoint
     from anisweep.measures.registry import MeasureError, load
     from anisweep.tables import write_atomic
@@ -36,17 +43,9 @@ def _weights(args) -> None:
     write_atomic(metrics, args.out)
 
 
+@_releasing_the_shared_copy
 def cmd_logit_lens(args) -> None:
     """The logit lens of one checkpoint from extract's samples and its head's weights (no forward pass)."""
-    from anisweep.weights.fetched import release
-
-    try:
-        _logit_lens(args)
-    finally:
-        release(args.fetched)
-
-
-def _logit_lens(args) -> None:
     from anisweep.checkpoints.base import Checkpoint
     from anisweep.corpus import read_corpus
     from anisweep.extract.model import ExtractSettings
@@ -65,6 +64,14 @@ def _logit_lens(args) -> None:
     write_atomic(table, args.out)
 
 
+def _fetched_argument(p) -> None:
+    p.add_argument(
+        "--fetched",
+        help="the copy of the checkpoint's weights its fetch shared in this run: read there, then removed (else the "
+        "weights are read where they are, or by range requests)",
+    )
+
+
 def add_commands(sub) -> None:
     """Add this stage's commands to `anisweep`'s sub-commands."""
     p = sub.add_parser("weights", help="a weight measure of one checkpoint, from its weights (no forward pass)")
@@ -73,11 +80,7 @@ def add_commands(sub) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--pairs-out", help="the built-in circuits' top token pairs (weight_pairs.parquet)")
     p.add_argument("--probe-tokens", type=int, default=4096, help="the built-in circuits' probe (config weights)")
-    p.add_argument(
-        "--fetched",
-        help="the copy of the checkpoint's weights its fetch shared in this run: read there, then removed (else the "
-        "weights are read where they are, or by range requests)",
-    )
+    _fetched_argument(p)
     p.set_defaults(run=cmd_weights)
 
     p = sub.add_parser("logit-lens", help="the logit lens of one checkpoint, from extract's samples and its head")
@@ -86,9 +89,5 @@ def add_commands(sub) -> None:
     p.add_argument("--texts", required=True, help="the corpus extract ran on (resources/corpus.parquet)")
     p.add_argument("--settings", type=json_value, required=True, help="JSON of the config's extract section")
     p.add_argument("--out", required=True)
-    p.add_argument(
-        "--fetched",
-        help="the copy of the checkpoint's weights its fetch shared in this run: read there, then removed (else the "
-        "weights are read where they are, or by range requests)",
-    )
+    _fetched_argument(p)
     p.set_defaults(run=cmd_logit_lens)
