@@ -1,6 +1,6 @@
 """The explorer page's size and load time (run by hand, not by pytest).
 
-    python benchmarks/bench_explore.py [--results results] [--checkpoints 2609] [--skip-browser]
+    python benchmarks/bench_explore.py [--results results] [--checkpoints 2609] [--repeats 3] [--skip-browser]
 
 1. Size: a simulated results folder of the all-Pythia sweep (8 sizes, standard and deduped: 16 models, their layers
    as published, 2,609 checkpoints in all), each checkpoint with the per-layer rows a GPT-NeoX sweep writes (per
@@ -10,7 +10,8 @@
    the steps per model it keeps and the page's size.
 2. Load: the page of `--results` (default: the default sweep's results/) opened from disk in headless Chromium:
    the wall time until Plotly has drawn it and Chromium's CPU time, beside a page holding plotly.js alone, opened
-   the same way (the baseline: on a loaded machine the ratio is what carries over).
+   the same way (the baseline: on a loaded machine the ratio is what carries over); each page `--repeats` times in
+   a fresh browser, the median reported beside the machine's load average.
 Results go to benchmarks/out/explore.json.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -27,6 +29,7 @@ import numpy as np
 import polars as pl
 
 from anisweep.explore.data import MAX_VALUES, explore_data, per_layer_rows, read_sweeps, write_explore
+from anisweep.explore.page import plotly_js
 
 PYTHIA_LAYERS = {"70m": 6, "160m": 12, "410m": 24, "1b": 16, "1.4b": 24, "2.8b": 32, "6.9b": 32, "12b": 36}
 PER_LAYER = {"resid": 46, "attention": 11, "ln_attn": 9, "ln_mlp": 9, "qk_pre": 2, "qk_post": 2}
@@ -117,12 +120,16 @@ def chromium_load(page: Path) -> dict:
     return {"wall_s": round(wall, 3), "drawn_ms_after_navigation": round(drawn_ms), "chromium_cpu_s": round(spent, 3)}
 
 
-def plotly_only(folder: Path) -> Path:
-    from plotly.offline import get_plotlyjs
+def median_load(page: Path, repeats: int) -> dict:
+    """chromium_load's figures, each the median of `repeats` loads."""
+    loads = [chromium_load(page) for _ in range(repeats)]
+    return {key: float(np.median([load[key] for load in loads])) for key in loads[0]}
 
+
+def plotly_only(folder: Path) -> Path:
     page = folder / "plotly_only.html"
     page.write_text(
-        f"<html><body><script>{get_plotlyjs()}</script>"
+        f"<html><body><script>{plotly_js()}</script>"
         "<script>window.plotlyLoadedAt = performance.now();</script></body></html>"
     )
     return page
@@ -132,6 +139,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--results", default="results", help="the default sweep's results folder (for the load time)")
     parser.add_argument("--checkpoints", type=int, default=2609)
+    parser.add_argument("--repeats", type=int, default=3, help="loads of each page (the median is reported)")
     parser.add_argument("--skip-browser", action="store_true")
     args = parser.parse_args()
     out: dict = {}
@@ -158,9 +166,11 @@ def main() -> None:
             default = Path(args.results)
             small = write_explore(read_sweeps([default]), Path(tmp) / "default.html")
             out["default_page_mb"] = round(small.stat().st_size / 1e6, 2)
-            out["default_load"] = chromium_load(small)
-            out["plotly_only_load"] = chromium_load(plotly_only(Path(tmp)))
-            out["pythia_load"] = chromium_load(page)
+            out["load_average_before"] = os.getloadavg()[0]
+            out["default_load"] = median_load(small, args.repeats)
+            out["plotly_only_load"] = median_load(plotly_only(Path(tmp)), args.repeats)
+            out["pythia_load"] = median_load(page, args.repeats)
+            out["load_average_after"] = os.getloadavg()[0]
     print(json.dumps(out))
     target = Path(__file__).parent / "out" / "explore.json"
     target.parent.mkdir(exist_ok=True)

@@ -14,6 +14,7 @@ from explore_sweeps import MODELS, STEPS, expected, write_results
 
 from anisweep.cli import main
 from anisweep.explore.data import explore_data, read_sweeps, write_explore
+from anisweep.explore.page import plotly_js
 
 
 @pytest.fixture
@@ -70,11 +71,10 @@ def test_past_its_limit_each_model_keeps_evenly_spaced_steps_its_first_and_last(
 
 
 def test_the_page_is_self_contained(results, tmp_path):
-    from plotly.offline import get_plotlyjs
-
     page = write_explore(read_sweeps([results]), tmp_path / "explore.html").read_text()
-    assert page.count(get_plotlyjs()) == 1  # plotly.js itself, inline
-    own = page.replace(get_plotlyjs(), "")
+    assert plotly_js().startswith("/**\n* plotly.js (basic - minified) v")
+    assert page.count(plotly_js()) == 1  # plotly.js itself, inline
+    own = page.replace(plotly_js(), "")
     assert "Plotly.react" in own and not re.search(r"""(src|href)=["']?(https?:)?//|<script src|<link""", own)
     assert page.count('id="anisweep-data"') == 1
 

@@ -25,7 +25,7 @@ from anisweep.measures.sweep import analysed
 KEY = ("family", "model", "seed")
 SERIES = (*KEY, "site", "metric", "layer")
 _PARAMETERS = ("head", "subspace", "fit", "rank", "stratum")
-#: Values kept (float32, 4 bytes, base64 in the page): 2.4 million are some 13 MB beside plotly.js, 4.8 MB.
+#: Values kept (float32, 4 bytes, base64 in the page): 2.4 million are some 13 MB beside plotly.js, 1.2 MB.
 MAX_VALUES = 2_400_000
 
 
