@@ -172,3 +172,11 @@ def test_steps_the_figures_leave_out_are_left_out():
     assert table.filter(pl.col("scope") == "layer")["reason"].to_list() == [
         "not enough steps: 4 analysed step(s) with a finite value, the rule needs phases.min_steps = 5"
     ]
+
+
+def test_the_glossary_names_every_phase_and_column():
+    from anisweep.measures.glossary import PHASE_COLUMNS, PHASES
+
+    columns = [name for term in PHASE_COLUMNS for name in term.name.split(", ")]
+    assert columns == list(phases.PHASES_SCHEMA)
+    assert [term.name for term in PHASES] == [phases.WARMUP, phases.ENTROPY_SEEKING, phases.COMPRESSION_SEEKING]
