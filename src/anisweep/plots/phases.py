@@ -98,7 +98,7 @@ def spectral_phases(sweep: pl.DataFrame, phases: pl.DataFrame, path: Path) -> No
         mark_turns(ax, rows, of_metric.filter((pl.col("scope") == "layer") & (pl.col("site") == SITE)))
         note = phases_note(of_metric)
         if note:
-            ax.text(0.01, 0.03, f"model: {note}", transform=ax.transAxes, fontsize=8, va="bottom", wrap=True)
+            ax.set_title(f"no phases for the model: {note}", fontsize=8, loc="left")
         ax.set_ylabel(label)
         step_axis(ax, sweep, label=ax is axes[len(panels) - 1])
     handles = {}
