@@ -125,6 +125,22 @@ def test_schema_errors_inside_a_choice_name_the_key_and_what_is_allowed(bad, nam
     assert named in str(error.value)
 
 
+@pytest.mark.parametrize(
+    ("phases", "named"),
+    [
+        ({"smooth": -1}, "phases.smooth: -1 is less than the minimum of 0"),
+        ({"smooth": 1.5}, "phases.smooth: 1.5 is not of type 'integer'"),
+        ({"tolerance": 0}, "phases.tolerance: 0 is less than or equal to the minimum of 0"),
+        ({"min_steps": 2}, "phases.min_steps: 2 is less than the minimum of 3"),
+        ({"window": 3}, "phases: Additional properties are not allowed ('window' was unexpected); allowed keys: "),
+    ],
+)
+def test_a_bad_phase_rule_setting_is_named(phases, named):
+    with pytest.raises(ConfigError) as error:
+        config.complete({"models": [{"family": "toy", "name": "toy-neox", "steps": "all"}], "phases": phases})
+    assert named in str(error.value)
+
+
 TOY = {"arch": "bert", "steps": [0, 4], "d_model": 32, "n_heads": 4, "n_layers": 2, "seq_len": 64}
 
 

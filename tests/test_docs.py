@@ -202,11 +202,26 @@ def module_names(tmp_path: Path):
     return {}, check
 
 
+def phase_rule(tmp_path: Path):
+    """docs/measures.md, Phases of training: the phases the block's comments show are the ones it prints."""
+    from anisweep.measures.phases import curve_phases
+
+    (b,) = matching("docs/measures.md", "curve_phases(steps, rankme")
+    shown = [line.removeprefix("# ").split() for line in b.code.splitlines() if line.startswith("# ")]
+
+    def check(namespace):
+        found = curve_phases(namespace["steps"], namespace["rankme"], 1, smooth=1, tolerance=0.05, min_steps=5)
+        assert [[p["phase"], str(p["start_step"]), str(p["end_step"])] for p in found] == shown
+
+    return {}, check
+
+
 #: (page, a string only that block holds): its setup
 PYTHON = {
     ("README.md", "from anisweep.results import"): results_folder,
     ("README.md", "AnisweepCallback("): trainer_run,
     ("docs/measures.md", "figure=draw"): own_figure,
+    ("docs/measures.md", "curve_phases(steps, rankme"): phase_rule,
     ("docs/adapters.md", "named_modules()"): module_names,
 }
 

@@ -119,6 +119,8 @@ def test_editing_a_measure_reruns_exactly_its_jobs(swept, installed):
         "plot_model": 1,
         "plot_family": 1,
         "plot_spectra": 1,
+        "phases": 1,  # the phase rule reads the sweep
+        "plot_phases": 1,
         "plot_survey": 1,
         "explore": 1,  # the explorer reads every sweep
         "plot_logit_lens": 1,

@@ -211,6 +211,7 @@ def test_growing_the_sweep_schedules_only_the_new_checkpoints(run):
     assert more_steps.get("fetch", 0) - base.get("fetch", 0) == 1
     assert more_steps.get("extract", 0) - base.get("extract", 0) == 1
     assert "train_toy" not in more_steps and more_steps["sweep"] == 1 and more_steps["plot_model"] == 1
+    assert more_steps["phases"] == 1 and more_steps["plot_phases"] == 1  # the model's phases, read from its sweep
 
     bert = {"family": "toy", "name": "toy-bert", "steps": [0, 32]}
     more_models = planned(workdir, write_config(root / "models.yaml", [neox(), bert]))
@@ -224,7 +225,10 @@ def test_growing_the_sweep_schedules_only_the_new_checkpoints(run):
     ("module", "reruns", "never"),
     [
         ("measures/metrics.py", {"metrics": 3, "sweep": 1, "plot_model": 1, "plot_family": 1}, ()),
-        ("measures/sweep.py", {"sweep": 1, "plot_model": 1, "plot_family": 1}, ("metrics",)),
+        ("measures/sweep.py", {"sweep": 1, "phases": 1, "plot_model": 1, "plot_family": 1}, ("metrics",)),
+        # the phases: from the sweep alone, so neither the metrics nor the sweep
+        ("measures/phases.py", {"phases": 1, "plot_phases": 1}, ("metrics", "sweep", "plot_model")),
+        ("plots/phases.py", {"plot_phases": 1}, ("metrics", "sweep", "phases", "plot_model")),
         ("plots/sweep.py", {"plot_model": 1, "plot_family": 1}, ("metrics", "sweep")),
         ("plots/survey.py", {"plot_survey": 1}, ("metrics", "sweep", "plot_model", "explore")),
         ("explore/page.py", {"explore": 1}, ("metrics", "sweep", "plot_model", "plot_survey")),
@@ -239,12 +243,12 @@ def test_growing_the_sweep_schedules_only_the_new_checkpoints(run):
         ("measures/logit_lens.py", {"logit_lens": 3, "metrics": 3, "plot_logit_lens": 1}, ("weights",)),
         ("plots/circuits.py", {"plot_circuits": 1, "plot_logit_lens": 1}, ("metrics", "sweep", "weights")),
         # a stage's commands module reruns the jobs of the rules whose commands it holds, and what reads them
-        ("measures/commands.py", {"metrics": 3, "sweep": 1, "plot_model": 1}, ("weights", "logit_lens")),
+        ("measures/commands.py", {"metrics": 3, "sweep": 1, "phases": 1, "plot_model": 1}, ("weights", "logit_lens")),
         ("weights/commands.py", {"weights": 3, "logit_lens": 3, "metrics": 3, "plot_circuits": 1}, ()),
         (
             "plots/commands.py",
-            {"plot_model": 1, "plot_family": 1, "plot_circuits": 1, "plot_logit_lens": 1},
-            ("metrics", "sweep", "weights", "logit_lens"),
+            {"plot_model": 1, "plot_family": 1, "plot_circuits": 1, "plot_logit_lens": 1, "plot_phases": 1},
+            ("metrics", "sweep", "phases", "weights", "logit_lens"),
         ),
         ("cli.py", {}, ("metrics", "sweep", "weights", "logit_lens", "plot_model", "plot_circuits")),
         ("extract/commands.py", {}, ("metrics", "sweep", "weights", "logit_lens", "plot_model")),
@@ -319,6 +323,7 @@ GRADIENT_JOBS = {"gradients", "gradient_fixed_shares", "gradients_sweep", "sweep
                 "plot_survey",
                 "plot_circuits",
                 "plot_logit_lens",
+                "plot_phases",
             },
         ),
         ("mechanism/qk_svd.py", {"qk_svd", "plot_score_hist"}),
@@ -369,7 +374,10 @@ def _set(section: str, **values):
         (_set("extract", max_unknown_token_share=0.5), {}),  # whether a run may start, not what it writes
         (
             lambda c: c.update(
-                corpus={"source": "builtin"}, fetch={"keep_weights": False, "retries": 3}, sinks={"epsilon": 0.3}
+                corpus={"source": "builtin"},
+                fetch={"keep_weights": False, "retries": 3},
+                sinks={"epsilon": 0.3},
+                phases={"min_steps": 5, "tolerance": 0.05, "smooth": 1},
             ),
             {},
         ),
@@ -435,6 +443,18 @@ def test_config_changes_rerun_what_docs_reruns_says(gradient_run, change, expect
         assert after == {}, after
     for rule in MODEL_RUNS - set(expected):
         assert rule not in after, (rule, after)
+
+
+@pytest.mark.parametrize("phases", [{"smooth": 0}, {"tolerance": 0.1}, {"min_steps": 4}])
+def test_the_phase_rule_reruns_its_job_and_figure_alone(gradient_run, phases):
+    """docs/reruns.md: a setting of the phase rule reruns the model's `phases` job and its figure, nothing else."""
+    config = gradient_config() | {"phases": phases}
+    configfile = gradient_run["root"] / "phases.yaml"
+    configfile.write_text(yaml.safe_dump(config, sort_keys=False))
+    assert planned(gradient_run["workdir"], configfile, "--max-checksum-file-size", "0") == {
+        "phases": 1,
+        "plot_phases": 1,
+    }
 
 
 def test_a_local_run_saved_again_is_analysed_again(gradient_run, tmp_path):

@@ -17,6 +17,7 @@ from anisweep.measures.gradient_metrics import GRADIENT_METRICS
 from anisweep.measures.registry import WEIGHT_FIGURES
 from anisweep.mechanism.qk_svd import FIGURES as QK_SVD_FIGURES
 from anisweep.plots.gradients import gradient_figures
+from anisweep.plots.phases import PHASES_FIGURES
 from anisweep.plots.spectra import SPECTRA_FIGURES
 from anisweep.plots.sweep import MODEL_FIGURES
 from anisweep.tables import METRIC_PARAMETERS, extract_columns
@@ -97,8 +98,11 @@ def test_every_contract_file_is_written(tiny_run):
             "score_hist.png",
             *gradient_figures(config["gradients"]),
             *SPECTRA_FIGURES,
+            *PHASES_FIGURES,
             *(WEIGHT_FIGURES if complete(dict(config))["weights"]["enabled"] else ()),
         }
+        phases = pl.read_parquet(tiny_run / "results" / "toy" / model / "phases.parquet")
+        assert set(phases.filter(pl.col("scope") == "model")["metric"]) == {"rankme", "rankme_cov", "alpha_req"}
         new_metrics = {"qk_mean_dot", "qk_cos_concat", "partition_isotropy_mm", "drift_avg_cos_p_exact"}
         assert new_metrics <= set(sweep["metric"])
         svd = pl.read_parquet(tiny_run / "results" / "toy" / model / "qk_svd.parquet")

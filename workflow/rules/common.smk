@@ -170,6 +170,7 @@ check_architectures(CHECKPOINTS.values())
 ANALYSIS_CODE = {
     "metrics": code_inputs("measures.metrics", "measures.spectra", commands="measures.commands"),
     "sweep": code_inputs("measures.sweep", commands="measures.commands"),
+    "phases": code_inputs("measures.phases", commands="measures.commands"),
     "plots": code_inputs("plots.sweep", commands="plots.commands"),
     "plot_families": code_inputs("plots.families", commands="plots.commands"),
     "plot_survey": code_inputs("plots.survey", commands="plots.commands"),
@@ -179,6 +180,7 @@ ANALYSIS_CODE = {
     "qk_svd": code_inputs("mechanism.qk_svd", "plots.distributions", commands="mechanism.commands"),
     "score_hist": code_inputs("plots.distributions", commands="plots.commands"),
     "spectra": code_inputs("plots.spectra", commands="plots.commands"),
+    "plot_phases": code_inputs("plots.phases", commands="plots.commands"),
     "fixed_bases": code_inputs("tangent.fixed", commands="tangent.commands"),
     "fixed_shares": code_inputs("tangent.analysis", commands="tangent.commands"),
     "gradients": code_inputs("tangent.analysis", commands="tangent.commands"),
@@ -374,7 +376,8 @@ def distribution_outputs(family, model):
 def all_outputs():
     outputs = []
     for family, model in MODELS:
-        outputs += [f"results/{family}/{model}/sweep.parquet", *figures(family, model)]
+        outputs += [f"results/{family}/{model}/sweep.parquet", f"results/{family}/{model}/phases.parquet"]
+        outputs += figures(family, model) + [f"results/{family}/{model}/figures/{n}" for n in PHASES_FIGURES]
         outputs += distribution_outputs(family, model)
     families = sorted({family for family, _ in MODELS})
     for family in families:

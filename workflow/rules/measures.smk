@@ -78,6 +78,7 @@ rule glossary:
 # Seconds of work: on the submit host in cluster runs, not a SLURM job each.
 localrules:
     sweep,
+    phases,
     glossary,
 
 
@@ -104,3 +105,24 @@ rule sweep:
     shell:
         "{params.cli} sweep --out {output} --expected-steps {params.steps} --final-step {params.final} "
         "{params.fixed} {params.grid} {params.flagged} {input.metrics} 2> {log} {params.on_failure}"
+
+
+# The phases RankMe and alpha-ReQ trace over a model's steps (Li et al. 2025), from its sweep alone: the rule's
+# settings (config `phases`) rerun this and its figure, nothing else.
+rule phases:
+    input:
+        sweep="results/{family}/{model}/sweep.parquet",
+        code=ANALYSIS_CODE["phases"],
+    output:
+        "results/{family}/{model}/phases.parquet",
+    log:
+        "logs/phases/{family}/{model}.log",
+    conda:
+        CONDA_ENV
+    params:
+        on_failure=on_failure("phases"),
+        cli=CLI,
+        settings=settings_of(config["phases"], config["phases"]),
+    shell:
+        "{params.cli} phases --sweep {input.sweep} --out {output} --settings {params.settings} "
+        "2> {log} {params.on_failure}"

@@ -1,3 +1,4 @@
+from anisweep.plots.phases import PHASES_FIGURES
 from anisweep.plots.spectra import SPECTRA_FIGURES
 from anisweep.plots.survey import FIGURES as SURVEY_FIGURES
 
@@ -11,6 +12,7 @@ localrules:
     plot_survey,
     plot_score_hist,
     plot_spectra,
+    plot_phases,
     plot_gradients,
     plot_untrained,
     explore,
@@ -186,6 +188,27 @@ rule plot_spectra:
         figure_command(
             "plot-spectra --out {output} {input.spectra}",
             "plot_spectra",
+            "family",
+            "model",
+        )
+
+
+# Per model: RankMe and alpha-ReQ per layer over training, the phases (phases.parquet) shaded.
+rule plot_phases:
+    input:
+        sweep="results/{family}/{model}/sweep.parquet",
+        phases="results/{family}/{model}/phases.parquet",
+        code=ANALYSIS_CODE["plot_phases"],
+    output:
+        **model_figures(PHASES_FIGURES),
+    log:
+        "logs/plots/{family}/{model}.phases.log",
+    conda:
+        CONDA_ENV
+    shell:
+        figure_command(
+            "plot-phases --sweep {input.sweep} --phases {input.phases} --out {output}",
+            "plot_phases",
             "family",
             "model",
         )

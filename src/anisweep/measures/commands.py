@@ -1,10 +1,10 @@
-"""The measures stage's commands: metrics, measure, glossary and sweep."""
+"""The measures stage's commands: metrics, measure, glossary, sweep and phases."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from anisweep.arguments import step_list
+from anisweep.arguments import json_value, step_list
 
 
 def cmd_metrics(args) -> None:
@@ -57,6 +57,14 @@ def cmd_sweep(args) -> None:
     write_atomic(sweep, args.out)
 
 
+def cmd_phases(args) -> None:
+    from anisweep.measures.phases import model_phases
+    from anisweep.measures.sweep import read_complete_sweeps
+    from anisweep.tables import write_atomic
+
+    write_atomic(model_phases(read_complete_sweeps([args.sweep]), args.settings), args.out)
+
+
 def add_commands(sub) -> None:
     """Add this stage's commands to `anisweep`'s sub-commands."""
     p = sub.add_parser("metrics", help="every metric of one checkpoint from extract's Parquet")
@@ -98,3 +106,11 @@ def add_commands(sub) -> None:
     p.add_argument("--seed", type=int, help="the model's seed, for the rows of the steps left out")
     p.add_argument("metrics", nargs="*")
     p.set_defaults(run=cmd_sweep)
+
+    p = sub.add_parser("phases", help="the phases RankMe and alpha-ReQ trace over one model's sweep (Li et al. 2025)")
+    p.add_argument("--sweep", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument(
+        "--settings", type=json_value, default={}, help='JSON {"smooth": .., "tolerance": .., "min_steps": ..}'
+    )
+    p.set_defaults(run=cmd_phases)

@@ -12,6 +12,7 @@ site written there is listed here, at a site listed for it: a new metric or site
 from __future__ import annotations
 
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from anisweep.measures.sites import (
 __all__ = [
     "COLUMNS",
     "METRICS",
+    "PHASES",
+    "PHASE_COLUMNS",
     "SITES",
     "STATUSES",
     "Status",
@@ -984,6 +987,71 @@ COLUMNS: tuple[Term, ...] = (
 )
 
 
+# --------------------------------------------------------------------------- phases.parquet (measures.phases)
+LI = "Li et al. 2025 (Tracing the Representation Geometry of Language Models, arXiv 2509.23024)"
+_PHASE_RULE = (
+    "Per curve (a metric, `rankme`, `rankme_cov` or `alpha_req`, at one layer and site over the analysed steps):"
+    " a running median over 2 x `phases.smooth` + 1 neighbouring checkpoints (default 3; the ends kept as measured),"
+    " then a turn at each extreme from which the smoothed curve moves back by at least delta = `phases.tolerance`"
+    " (default 0.05) x the median of its absolute values, located at the measured extreme within the median's"
+    " window; each leg between turns is a phase, named by its direction: RankMe falling, alpha-ReQ rising, the"
+    " spectrum concentrates. A curve with fewer than `phases.min_steps` (default 5) analysed steps, or that never"
+    " moves by delta, has one row without a phase and its `reason`. Li et al. mark the phases by eye; the rule is"
+    " anisweep's (anisweep.measures.phases)."
+)
+#: The phases phases.parquet names (column `phase`).
+PHASES: tuple[Term, ...] = (
+    Term(
+        "warmup",
+        "the warm-up collapse: the first leg, where the spectrum concentrates from the first step (RankMe falls,"
+        " alpha-ReQ rises) to the first turn; a curve that spreads from its first step has none on its grid",
+        LI,
+    ),
+    Term(
+        "entropy_seeking",
+        "a leg where the spectrum spreads (RankMe rises, alpha-ReQ falls): the representation expands in every"
+        " direction",
+        LI,
+    ),
+    Term(
+        "compression_seeking",
+        "a leg after the first where the spectrum concentrates (RankMe falls, alpha-ReQ rises): anisotropic"
+        " consolidation along the dominant directions",
+        LI,
+    ),
+)
+#: The columns of results/{family}/{model}/phases.parquet: one row per phase of each curve.
+PHASE_COLUMNS: tuple[Term, ...] = (
+    Term("family, model, seed", "the model, as in sweep.parquet", ANISWEEP),
+    Term(
+        "scope",
+        "`layer`: the curve of one layer and site; `model`: the model's summary curve, its last hidden state as Li et"
+        " al. take it (site `final_ln_out` at its layer, or where a model has none its last layer's `resid`), whose"
+        " rows repeat that layer's",
+        LI,
+    ),
+    Term(
+        "layer, site, metric", "the curve: as in sweep.parquet (metric `rankme`, `rankme_cov` or `alpha_req`)", ANISWEEP
+    ),
+    Term("phase_index", "the phase's place in the curve's sequence, from 0; null in a row without a phase", ANISWEEP),
+    Term("phase", "`warmup`, `entropy_seeking` or `compression_seeking` (above); null where `reason` says why", LI),
+    Term(
+        "start_step, end_step", "the steps the phase runs between: the first step, a turn, or the last step", ANISWEEP
+    ),
+    Term("start_tokens_seen, end_tokens_seen", "tokens seen at those steps (null where unknown)", ANISWEEP),
+    Term("start_value, end_value", "the metric's measured value at those steps", ANISWEEP),
+    Term("ends_at_turn", "whether the phase ends at a turn (false: it runs to the last analysed step)", ANISWEEP),
+    Term("n_steps", "the curve's analysed steps (status ok, finite value)", ANISWEEP),
+    Term(
+        "delta",
+        "the rule's threshold for this curve: tolerance x the median of the smoothed curve's absolute values",
+        ANISWEEP,
+    ),
+    Term("smooth, tolerance, min_steps", "the rule's settings (config `phases`)", ANISWEEP),
+    Term("reason", "why the curve has no phase: too few steps, or it moves less than delta; null elsewhere", ANISWEEP),
+)
+
+
 @dataclass(frozen=True)
 class Status:
     """One status word: `where` it is written, and what it means (one meaning wherever it is written)."""
@@ -1217,6 +1285,21 @@ def glossary_markdown(measures=()) -> str:
         "## Columns",
         "",
         *_table(("column", "definition", "source"), [(f"`{t.name}`", t.definition, t.source) for t in COLUMNS]),
+        "",
+        "## Phases (phases.parquet)",
+        "",
+        "`results/{family}/{model}/phases.parquet` names the phases that RankMe and alpha-ReQ trace over a model's",
+        "steps (Li et al. 2025: a warm-up collapse, an entropy-seeking expansion, a compression-seeking",
+        "consolidation), from its sweep. The rule:",
+        "",
+        *textwrap.wrap(_PHASE_RULE, width=115),
+        "",
+        *_table(("phase", "definition", "source"), [(f"`{t.name}`", t.definition, t.source) for t in PHASES]),
+        "",
+        *_table(
+            ("column", "definition", "source"),
+            [(", ".join(f"`{n}`" for n in t.name.split(", ")), t.definition, t.source) for t in PHASE_COLUMNS],
+        ),
         "",
         *_trainer_loggers(),
         "## Statuses",

@@ -94,6 +94,14 @@ def cmd_plot_spectra(args) -> None:
     spectra_figure(pl.concat([pl.read_parquet(p) for p in args.spectra]), Path(args.out))
 
 
+def cmd_plot_phases(args) -> None:
+    from anisweep.measures.sweep import read_complete_sweeps
+    from anisweep.plots.phases import spectral_phases
+    from anisweep.tables import read_parquet
+
+    spectral_phases(read_complete_sweeps([args.sweep]), read_parquet(args.phases), Path(args.out))
+
+
 def add_commands(sub) -> None:
     """Add this stage's commands to `anisweep`'s sub-commands."""
     p = sub.add_parser("plot", help="figures of one model's sweep")
@@ -156,3 +164,9 @@ def add_commands(sub) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("spectra", nargs="+", help="spectra.parquet of each checkpoint")
     p.set_defaults(run=cmd_plot_spectra)
+
+    p = sub.add_parser("plot-phases", help="one model's RankMe and alpha-ReQ per layer over training, phases shaded")
+    p.add_argument("--sweep", required=True)
+    p.add_argument("--phases", required=True, help="the model's phases.parquet")
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=cmd_plot_phases)
