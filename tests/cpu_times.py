@@ -2,8 +2,9 @@
 user + system, setup and teardown included) as JSON lines in FILE, to compare test costs on a shared machine,
 where wall time says more about the neighbours than about the test.
 
-Processes that outlive their parent (a run's warm worker, started by its first job) are reparented to pytest
-(a child subreaper) and reaped after each test phase, so that their CPU time counts too.
+The warm process of tests/warm_snakemake.py counts with its dry runs. Processes that outlive their parent (a
+run's warm worker, started by its first job) are reparented to pytest (a child subreaper) and reaped after each
+test phase, so that their CPU time counts too.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import resource
 import subprocess
+import sys
 import time
 
 import pytest
@@ -33,7 +35,20 @@ def pytest_configure(config):
 
 def cpu_seconds() -> float:
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + forkserver_seconds()
+
+
+def forkserver_seconds() -> float:
+    """The warm dry-run process's CPU time and that of the forks it has reaped (tests/warm_snakemake.py)."""
+    warm = sys.modules.get("warm_snakemake")
+    pid = warm and warm.forkserver_pid()
+    if not pid:
+        return 0.0
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime, stime, cutime, cstime
 
 
 def reap_orphans() -> None:
