@@ -18,6 +18,11 @@ from pathlib import Path
 # Triton reads this when it is first imported (torch and transformers may import it before any test module
 # runs): the kernels of anisweep.extract.attention_triton then run on CPU tensors in Triton's interpreter.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# One thread for torch (and OpenBLAS) here and in the commands the tests start: the tests' tensors are tiny, and a
+# second OpenMP thread spins at every op's barrier, which more than doubled the quick subset's CPU time on 2 cores
+# (test_extract.py: 40 CPU-s with torch's default 2 threads, 12 with 1). Snakemake sets each job's own count;
+# the tests of thread counts set theirs.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 import polars as pl

@@ -26,6 +26,7 @@ from anisweep.measures.sweep import aggregate, analysed
 from anisweep.tables import EXTRACT_TABLES
 
 from conftest import job_stats, snakemake_command
+from warm_snakemake import dry_run
 
 
 def extract_outputs(folder: Path) -> list[Path]:
@@ -65,7 +66,7 @@ def command(workdir: Path, configfile: Path, *args: str) -> list[str]:
 
 
 def planned(workdir: Path, configfile: Path, *args: str) -> dict[str, int]:
-    done = snakemake(workdir, configfile, "-n", *args, timeout=300)
+    done = dry_run(command(workdir, configfile, "-n", *args), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return job_stats(done)
 

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from conftest import job_stats, snakemake_command
+from warm_snakemake import dry_run
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text())
@@ -25,6 +26,8 @@ TINY = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text())
 
 def snakemake(workdir: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     command = snakemake_command(workdir, "--cores", "2", *args)
+    if "-n" in args:
+        return dry_run(command, timeout=timeout)
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
