@@ -1,0 +1,299 @@
+"""Comparative measures: a measure of a pair of checkpoints, per layer and site, on their shared sample of tokens.
+
+They read the two checkpoints' hidden.parquet (never a model). The rows of one (layer, site) are the sampled tokens
+ordered by (seq, position); the two checkpoints are compared only where they hold the same tokens: the same
+(seq, position, token_id) at every row, else a ComparisonError says which (layer, site) differs and why (another
+evaluation batch, sample size or seed, another tokenizer).
+
+Built in (docs/measures.md, Comparative measures):
+
+- `cka`: linear CKA (anisweep.measures.cka, from d x d cross-products; `cka_debiased` with the unbiased HSIC);
+- `svcca`: Raghu et al. 2017: each side reduced to its top principal directions that explain `svcca_variance` of its
+  variance, then the mean of the canonical correlations of the two reductions;
+- `pwcca`: Morcos et al. 2018: the canonical correlations weighted by how much of the representation each canonical
+  direction accounts for.
+
+SVCCA and PWCCA compute what google/svcca's cca_core.get_cca_similarity and pwcca.compute_pwcca compute (epsilon 0),
+from the (d1 + d2) x (d1 + d2) covariance; PWCCA's weights read the n x d sample itself, as the reference does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from anisweep.measures.cka import Features, cka_matrix, hsic
+from anisweep.tables import IDENTITY, read_parquet
+
+#: The built-in comparative measures, in the order their rows are written.
+BUILTIN_COMPARATIVE = ("cka", "svcca", "pwcca")
+#: The columns of a pair's table (compare/*.parquet): the checkpoint's identity, the reference's, where and what.
+PAIR_SCHEMA = {
+    "family": pl.String,
+    "model": pl.String,
+    "seed": pl.Int64,
+    "step": pl.Int64,
+    "tokens_seen": pl.Int64,
+    "ref_model": pl.String,
+    "ref_seed": pl.Int64,
+    "ref_step": pl.Int64,
+    "ref_tokens_seen": pl.Int64,
+    "layer": pl.Int64,
+    "ref_layer": pl.Int64,
+    "site": pl.String,
+    "measure": pl.String,
+    "metric": pl.String,
+    "value": pl.Float64,
+    "n_tokens": pl.Int64,
+    "reason": pl.String,
+}
+TOKEN_KEY = ("seq", "position", "token_id")
+
+
+class ComparisonError(ValueError):
+    """Two checkpoints that cannot be compared (not the same sample of tokens), or a comparative measure that
+    fails: the message names both checkpoints."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The config's `compare` settings that change the built-in measures' values."""
+
+    measures: tuple[str, ...] = BUILTIN_COMPARATIVE
+    cka_debiased: bool = False
+    svcca_variance: float = 0.99
+    sites: tuple[str, ...] = ("resid",)
+
+    @classmethod
+    def of(cls, section: Mapping) -> Settings:
+        known = {k: section[k] for k in ("measures", "cka_debiased", "svcca_variance", "sites") if k in section}
+        for key in ("measures", "sites"):
+            if key in known:
+                known[key] = tuple(known[key])
+        return cls(**known)
+
+
+@dataclass
+class Checkpoint:
+    """One checkpoint's identity and its sampled hidden states per (layer, site): the token keys and the vectors."""
+
+    identity: dict
+    keys: dict[tuple[int, str], pl.DataFrame] = field(default_factory=dict)
+    vectors: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, folder: str | Path, sites: Iterable[str]) -> Checkpoint:
+        folder = Path(folder)
+        info = json.loads((folder / "extract.json").read_text())["checkpoint"]
+        hidden = read_parquet(folder / "hidden.parquet").filter(pl.col("site").is_in(list(sites)))
+        out = cls({key: info.get(key) for key in IDENTITY})
+        for (layer, site), group in sorted(hidden.group_by("layer", "site"), key=lambda g: g[0]):
+            group = group.sort("seq", "position")
+            out.keys[(layer, site)] = group.select(TOKEN_KEY)
+            out.vectors[(layer, site)] = np.stack(group["vector"].to_list()).astype(np.float64)
+        return out
+
+    @property
+    def name(self) -> str:
+        return f"{self.identity['family']}/{self.identity['model']}/step{self.identity['step']}"
+
+
+def check_same_sample(a: Checkpoint, b: Checkpoint) -> list[tuple[int, str]]:
+    """The (layer, site)s both checkpoints hold, after checking that each holds the same tokens in both."""
+    shared = sorted(set(a.keys) & set(b.keys))
+    if not shared:
+        raise ComparisonError(
+            f"{a.name} and {b.name} share no (layer, site) of hidden.parquet: {sorted(a.keys)} against {sorted(b.keys)}"
+        )
+    for where in shared:
+        ka, kb = a.keys[where], b.keys[where]
+        if ka.height != kb.height or not ka.equals(kb):
+            same_positions = ka.height == kb.height and ka["seq", "position"].equals(kb["seq", "position"])
+            differ = "token_id" if same_positions else "(seq, position)"
+            raise ComparisonError(
+                f"{a.name} and {b.name} do not hold the same sampled tokens at layer {where[0]} {where[1]} "
+                f"({ka.height} against {kb.height} tokens; their {differ} differ): comparative measures need one "
+                "evaluation sample for both (the same corpus, tokenizer and extract settings n_sequences, seq_len, "
+                "sample_tokens and seed)"
+            )
+    return shared
+
+
+# --------------------------------------------------------------------------- CCA (google/svcca's, from covariances)
+
+
+def _inv_sqrt_psd(matrix: np.ndarray) -> np.ndarray:
+    """cca_core's positivedef_matrix_sqrt(pinv(matrix)); eigenvalues of rounding below 0 clipped (the reference's
+    would be NaN)."""
+    w, v = np.linalg.eigh(np.linalg.pinv(matrix))
+    return (v * np.sqrt(np.clip(w, 0, None))) @ v.T
+
+
+def cca_from_covariance(sxx: np.ndarray, sxy: np.ndarray, syy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(u, rho) of cca_core.compute_ccas with epsilon 0 after get_cca_similarity's rescaling: u's columns the
+    canonical directions in whitened x space, rho the canonical correlations, decreasing."""
+    xmax, ymax = np.abs(sxx).max(), np.abs(syy).max()
+    sxx, syy, sxy = sxx / xmax, syy / ymax, sxy / np.sqrt(xmax * ymax)
+    u, rho, _ = np.linalg.svd(_inv_sqrt_psd(sxx) @ sxy @ _inv_sqrt_psd(syy))
+    return u, np.abs(rho)
+
+
+def covariances(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sxx, Sxy, Syy of n x d1 and n x d2 samples (np.cov's, over n - 1)."""
+    xc, yc = x - x.mean(axis=0), y - y.mean(axis=0)
+    scale = 1 / (x.shape[0] - 1)
+    return xc.T @ xc * scale, xc.T @ yc * scale, yc.T @ yc * scale
+
+
+def svcca(x: np.ndarray, y: np.ndarray, variance: float = 0.99) -> float:
+    """The mean canonical correlation of x and y (n x d) each reduced to its top principal directions explaining
+    `variance` of its variance (Raghu et al. 2017)."""
+    sxx, sxy, syy = covariances(x, y)
+    px, py = _top_directions(sxx, variance), _top_directions(syy, variance)
+    _, rho = cca_from_covariance(px.T @ sxx @ px, px.T @ sxy @ py, py.T @ syy @ py)
+    return float(rho.mean())
+
+
+def _top_directions(cov: np.ndarray, variance: float) -> np.ndarray:
+    """The principal directions (columns, largest first) whose variances first sum to `variance` of the total."""
+    w, v = np.linalg.eigh(cov)
+    w, v = w[::-1], v[:, ::-1]
+    k = int(np.searchsorted(np.cumsum(w) / w.sum(), variance - 1e-12) + 1)
+    return v[:, : min(k, len(w))]
+
+
+def pwcca(x: np.ndarray, y: np.ndarray) -> float:
+    """Projection-weighted CCA (Morcos et al. 2018) as pwcca.compute_pwcca(x.T, y.T) computes it: each canonical
+    correlation weighted by the summed |projection| of x's neurons on the canonical variates."""
+    sxx, sxy, syy = covariances(x, y)
+    u, rho = cca_from_covariance(sxx, sxy, syy)
+    mean = x.mean(axis=0)
+    directions = u.T @ (x - mean).T + mean[:, None]  # the reference's "dirns": (d1, n)
+    q, _ = np.linalg.qr(directions.T)
+    weights = np.abs(q.T @ x).sum(axis=1)
+    weights = weights[: len(rho)] / weights.sum()
+    return float(np.sum(weights * rho))
+
+
+# --------------------------------------------------------------------------- the built-in measures of one pair
+
+
+def builtin_rows(x: np.ndarray, y: np.ndarray, settings: Settings) -> list[dict]:
+    """The built-in measures' rows of one (layer, site) of a pair; a value that cannot be computed is NaN with its
+    reason."""
+    rows = []
+    n, d = x.shape[0], max(x.shape[1], y.shape[1])
+    if "cka" in settings.measures:
+        fx, fy = Features.of(x), Features.of(y)
+        rows.append(_row("cka", "cka", _cka(fx, fy, False)))
+        if settings.cka_debiased:
+            value = _cka(fx, fy, True) if n >= 4 else None
+            rows.append(_row("cka", "cka_debiased", value, None if value is not None else "fewer than 4 tokens"))
+    for name, function in (("svcca", lambda: svcca(x, y, settings.svcca_variance)), ("pwcca", lambda: pwcca(x, y))):
+        if name not in settings.measures:
+            continue
+        if n <= d:
+            rows.append(_row(name, name, None, f"CCA needs more sampled tokens ({n}) than dimensions ({d})"))
+        elif _no_spread(x) or _no_spread(y):
+            rows.append(_row(name, name, None, "a representation without spread"))
+        else:
+            rows.append(_row(name, name, function()))
+    return rows
+
+
+def _no_spread(x: np.ndarray) -> bool:
+    return not np.any(x.std(axis=0) > 0)
+
+
+def _cka(fx: Features, fy: Features, debiased: bool) -> float:
+    xx = hsic(fx, fx, debiased, cross=fx.self_product)
+    yy = hsic(fy, fy, debiased, cross=fy.self_product)
+    return hsic(fx, fy, debiased) / np.sqrt(xx * yy) if xx > 0 and yy > 0 else float("nan")
+
+
+def _row(measure: str, metric: str, value, reason: str | None = None) -> dict:
+    return {"measure": measure, "metric": metric, "value": np.nan if value is None else float(value), "reason": reason}
+
+
+# --------------------------------------------------------------------------- a pair's table
+
+
+def compare_pair(
+    folder: str | Path,
+    ref_folder: str | Path,
+    settings: Settings = Settings(),
+    user: Iterable = (),
+) -> pl.DataFrame:
+    """Every comparative measure of the checkpoint in `folder` against the one in `ref_folder`, per shared
+    (layer, site); `user`: the user's comparative measures (anisweep.measures.registry.Measure)."""
+    a, b = Checkpoint.read(folder, settings.sites), Checkpoint.read(ref_folder, settings.sites)
+    rows = []
+    for layer, site in check_same_sample(a, b):
+        x, y = a.vectors[(layer, site)], b.vectors[(layer, site)]
+        found = builtin_rows(x, y, settings) + [r for m in user for r in user_rows(m, x, y, a, b, layer, site)]
+        rows += [{"layer": layer, "ref_layer": layer, "site": site, "n_tokens": x.shape[0], **r} for r in found]
+    return pair_frame(a.identity, b.identity, rows)
+
+
+def user_rows(measure, x, y, a: Checkpoint, b: Checkpoint, layer: int, site: str) -> list[dict]:
+    """A user's comparative measure's rows of one (layer, site): it returns a number or rows of metric and value."""
+    where = f"comparative measure {measure.name!r} ({measure.entry}) at {a.name} against {b.name}, layer {layer} {site}"
+    try:
+        found = measure.target(x, y)
+    except Exception as error:
+        raise ComparisonError(f"{where} failed: {type(error).__name__}: {error}") from error
+    if isinstance(found, (int, float, np.floating, np.integer)) and not isinstance(found, bool):
+        found = [{"metric": measure.name, "value": float(found)}]
+    if isinstance(found, pl.DataFrame):
+        found = found.to_dicts()
+    if isinstance(found, Mapping) or not isinstance(found, Iterable):
+        raise ComparisonError(f"{where} returned {type(found).__name__}; expected a number or rows of metric and value")
+    rows = []
+    for r in found:
+        if not isinstance(r, Mapping) or not isinstance(r.get("metric"), str) or "value" not in r:
+            raise ComparisonError(f"{where}: every row needs a 'metric' (a string) and a 'value': got {r!r}")
+        unknown = set(r) - {"metric", "value", "reason"}
+        if unknown:
+            raise ComparisonError(f"{where}: rows hold {sorted(unknown)}; a row holds metric, value and reason")
+        value = r["value"]
+        rows.append(_row(measure.name, r["metric"], None if value is None else float(value), r.get("reason")))
+    return rows
+
+
+def layer_matrix(folder: str | Path, settings: Settings = Settings()) -> pl.DataFrame:
+    """Linear CKA of every pair of layers of one checkpoint, per site (the checkpoint against itself)."""
+    a = Checkpoint.read(folder, settings.sites)
+    rows = []
+    for site in sorted({s for _, s in a.vectors}):
+        layers = sorted(layer for layer, s in a.vectors if s == site)
+        matrix = cka_matrix([a.vectors[(layer, site)] for layer in layers], debiased=False)
+        n = a.vectors[(layers[0], site)].shape[0]
+        for i, li in enumerate(layers):
+            for j, lj in enumerate(layers):
+                rows.append(
+                    {"layer": li, "ref_layer": lj, "site": site, "n_tokens": n, **_row("cka", "cka", matrix[i, j])}
+                )
+    return pair_frame(a.identity, a.identity, rows)
+
+
+def pair_frame(identity: dict, ref: dict, rows: list[dict]) -> pl.DataFrame:
+    ident = {key: identity.get(key) for key in IDENTITY}
+    ref_ident = {f"ref_{key}": ref.get(key) for key in ("model", "seed", "step", "tokens_seen")}
+    return pl.DataFrame([{**ident, **ref_ident, **r} for r in rows], schema=PAIR_SCHEMA, orient="row")
+
+
+# --------------------------------------------------------------------------- a model's comparisons
+
+
+def aggregate(pairs: Iterable[tuple[str, str | Path]]) -> pl.DataFrame:
+    """Every pair table of a model in one: `pairs` (role, path), the role (`final`, `previous`, `step`, `seed`,
+    `layers`) a column of its rows; a path in several roles gives its rows once per role."""
+    frames = [read_parquet(path).with_columns(role=pl.lit(role)) for role, path in pairs]
+    if not frames:
+        return pl.DataFrame(schema={**PAIR_SCHEMA, "role": pl.String})
+    return pl.concat(frames, how="vertical").sort("role", "ref_model", "step", "site", "layer", "ref_layer", "measure")
