@@ -220,6 +220,42 @@ def test_growing_the_sweep_schedules_only_the_new_checkpoints(run):
     assert more_models["plot_family"] == 1
 
 
+def test_a_new_step_compares_only_the_pairs_it_enters(run):
+    """Step 4 between 0 and 8: its pairs against the final step (32) and the previous one (0), and step 8's new
+    `previous` pair (against 4); no other pair, no layer matrix (the first and final steps stand)."""
+    after = planned(run["workdir"], write_config(run["root"] / "compare-steps.yaml", [neox(GRID)]))
+    assert after["compare_pair"] == 3 and after["compare_sweep"] == 1 and after["plot_compare"] == 1
+    assert "compare_layers" not in after
+
+
+def compare_config(run: dict, **compare) -> Path:
+    config = yaml.safe_load(run["config"].read_text())
+    config["compare"] = compare
+    path = run["root"] / "compare.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+COMPARE_TABLES = {"compare_sweep": 1, "plot_compare": 1}
+
+
+@pytest.mark.parametrize(
+    ("compare", "expected"),
+    [
+        ({"against": ["previous", "final"], "layer_steps": ["final", "first"], "svcca_variance": 0.99}, {}),
+        ({"cka_debiased": True}, {"compare_pair": 4, **COMPARE_TABLES}),
+        ({"sites": ["resid", "final_ln_out"]}, {"compare_pair": 4, "compare_layers": 2, **COMPARE_TABLES}),
+        ({"against": ["final"]}, COMPARE_TABLES),
+        ({"against": [8]}, {"compare_pair": 2, **COMPARE_TABLES}),
+        ({"layer_steps": [8]}, {"compare_layers": 1, **COMPARE_TABLES}),
+    ],
+    ids=["order-and-defaults", "cka-debiased", "sites", "final-only", "named-step", "layer-steps"],
+)
+def test_compare_config_changes_rerun_what_docs_reruns_says(run, compare, expected):
+    """docs/reruns.md, the `compare:` rows: only comparison jobs, never a model run or a checkpoint's metrics."""
+    assert planned(run["workdir"], compare_config(run, **compare)) == expected
+
+
 @pytest.mark.parametrize(
     ("module", "reruns", "never"),
     [
@@ -231,6 +267,13 @@ def test_growing_the_sweep_schedules_only_the_new_checkpoints(run):
         ("measures/rogue.py", {"metrics": 3, "sweep": 1, "plot_model": 1, "plot_family": 1}, ()),
         ("measures/sinks.py", {"metrics": 3, "sweep": 1, "plot_model": 1, "plot_family": 1}, ()),
         ("plots/outliers.py", {"plot_model": 1, "plot_family": 1}, ("metrics", "sweep")),
+        # the comparisons read hidden.parquet: their jobs alone
+        (
+            "measures/compare.py",
+            {"compare_pair": 4, "compare_layers": 2, "compare_sweep": 1, "plot_compare": 1},
+            ("metrics", "sweep", "plot_model"),
+        ),
+        ("plots/compare.py", {"plot_compare": 1}, ("metrics", "sweep", "compare_pair", "compare_sweep")),
         # the weight measures and the logit lens read the weights (never a forward pass) and extract's Parquet
         ("measures/circuits.py", {"weights": 3, "metrics": 3, "sweep": 1, "plot_circuits": 1}, ("logit_lens",)),
         # the spectral measures' math: the metrics (per sampled site) and the weights job (per weight matrix)

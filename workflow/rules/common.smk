@@ -110,7 +110,8 @@ def stream_measure_code(wildcards):
 def measure_tables(wildcards):
     """A checkpoint's tables of the user's measures, which its metrics join."""
     folder = f"results/{wildcards.family}/{wildcards.model}/step{wildcards.step}/measures"
-    return [f"{folder}/{name}.parquet" for name in MEASURES] + weight_tables(wildcards)  # weights.smk
+    joined = [name for name, m in MEASURES.items() if m.kind != "comparative"]  # those of pairs: compare.smk
+    return [f"{folder}/{name}.parquet" for name in joined] + weight_tables(wildcards)  # weights.smk
 
 
 def check_device(device):
@@ -376,6 +377,7 @@ def all_outputs():
     for family, model in MODELS:
         outputs += [f"results/{family}/{model}/sweep.parquet", *figures(family, model)]
         outputs += distribution_outputs(family, model)
+        outputs += compare_outputs(family, model)  # compare.smk
     families = sorted({family for family, _ in MODELS})
     for family in families:
         outputs.append(f"results/{family}/figures/compare.png")

@@ -94,12 +94,24 @@ def cmd_plot_spectra(args) -> None:
     spectra_figure(pl.concat([pl.read_parquet(p) for p in args.spectra]), Path(args.out))
 
 
+def cmd_plot_compare(args) -> None:
+    from anisweep.plots.compare import draw_all
+    from anisweep.tables import read_parquet
+
+    draw_all(read_parquet(args.table), args.out_dir)
+
+
 def add_commands(sub) -> None:
     """Add this stage's commands to `anisweep`'s sub-commands."""
     p = sub.add_parser("plot", help="figures of one model's sweep")
     p.add_argument("--sweep", required=True)
     p.add_argument("--out-dir", required=True)
     p.set_defaults(run=cmd_plot)
+
+    p = sub.add_parser("plot-compare", help="figures of one model's comparisons (compare.parquet)")
+    p.add_argument("--table", required=True)
+    p.add_argument("--out-dir", required=True)
+    p.set_defaults(run=cmd_plot_compare)
 
     p = sub.add_parser("plot-family", help="one figure comparing the models of a family")
     p.add_argument("--out", required=True)
