@@ -192,3 +192,21 @@ def test_aggregate_tags_each_pair_with_its_role(tmp_path):
     table = compare.aggregate([("final", tmp_path / "ab.parquet"), ("previous", tmp_path / "ab.parquet")])
     assert sorted(set(table["role"])) == ["final", "previous"]
     assert table.height == 2 * 3
+
+
+def test_the_docs_comparative_measure_loads_by_its_entry_and_runs(tmp_path, monkeypatch):
+    """docs/measures.md's `mymeasures.similar:mean_cosine`, as the config names it."""
+    from docs_measures import docs_package
+
+    from anisweep.measures.registry import load
+
+    monkeypatch.syspath_prepend(str(docs_package(tmp_path / "pkg")))
+    measure = load("mymeasures.similar:mean_cosine")
+    x, y = related(n=40, d=4, seed=12)
+    a = write_checkpoint(tmp_path / "a", 1, {(0, "resid"): x})
+    b = write_checkpoint(tmp_path / "b", 2, {(0, "resid"): y})
+    row = compare_pair(a, b, Settings(measures=()), user=[measure])
+    x32, y32 = (v.astype(np.float32).astype(np.float64) for v in (x, y))
+    expected = np.mean(np.sum(x32 * y32, axis=1) / (np.linalg.norm(x32, axis=1) * np.linalg.norm(y32, axis=1)))
+    assert row.select("measure", "metric").rows() == [("mean_cosine", "mean_cosine")]
+    assert row["value"].item() == pytest.approx(expected)
