@@ -54,7 +54,7 @@ def over_training(rows: pl.DataFrame, path: Path, title: str) -> None:
         lines_by(ax, part.filter(pl.col("value").is_not_nan()), "layer", "layer {}")
         _unit_range(ax, metric)
         ax.set_title(f"{MEASURE_WORDS.get(metric, metric)}\n{ROLE_WORDS[role].format(ref)}", fontsize=9)
-        step_axis(ax, part)
+        step_axis(ax, rows)  # every panel over the whole grid, the final step included
     legend_beside(fig, axes, fontsize=8)
     fig.suptitle(f"{title}: similarity of each checkpoint to its reference (sampled tokens, residual stream)")
     save_figure(fig, path)
@@ -98,7 +98,7 @@ def seeds(rows: pl.DataFrame, path: Path, title: str) -> None:
         lines_by(ax, part.filter(pl.col("value").is_not_nan()), "layer", "layer {}")
         _unit_range(ax, metric)
         ax.set_title(f"{MEASURE_WORDS.get(metric, metric)}\nagainst {other} at the same step", fontsize=9)
-        step_axis(ax, part)
+        step_axis(ax, rows)
     legend_beside(fig, axes, fontsize=8)
     fig.suptitle(f"{title}: similarity to another seed over training (sampled tokens, residual stream)")
     save_figure(fig, path)
