@@ -13,7 +13,6 @@ except ConfigError as error:
     raise WorkflowError(f"config: {error}") from None
 # the settings that change the built-in measures' values, recorded (sorted JSON): another order reruns nothing
 COMPARE_SETTINGS = settings_of(COMPARE, ("measures", "cka_debiased", "svcca_variance", "sites"))
-COMPARE_CODE = code_inputs("measures.compare", commands="measures.commands")
 
 
 def compare_outputs(family, model):
@@ -40,7 +39,7 @@ def model_pairs(wildcards):
 rule compare_pair:
     input:
         compare_inputs,
-        code=COMPARE_CODE,
+        code=code_inputs("measures.compare", commands="measures.commands"),
     output:
         "results/{family}/{model}/step{step}/compare/{ref_model}.step{ref_step}.parquet",
     log:
@@ -67,7 +66,7 @@ rule compare_layers:
     input:
         hidden="results/{family}/{model}/step{step}/hidden.parquet",
         info="results/{family}/{model}/step{step}/extract.json",
-        code=COMPARE_CODE,
+        code=code_inputs("measures.compare", commands="measures.commands"),
     output:
         "results/{family}/{model}/step{step}/compare/layers.parquet",
     log:
