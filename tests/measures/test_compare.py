@@ -59,6 +59,17 @@ def test_pwcca_equals_the_reference(reference, seed):
     assert pwcca(x, y) == pytest.approx(expected, rel=1e-9)
 
 
+def test_pwcca_equals_the_reference_on_a_drifted_anisotropic_representation(reference):
+    """Transformer states share a large common vector (the drift) and a few dominant directions: the Cholesky route
+    from the d x d products must hold where D D^T carries n m m^T."""
+    _, pwcca_module = reference
+    rng = np.random.default_rng(13)
+    x, y = related(n=2000, d=24, seed=13)
+    x = x * np.geomspace(30, 0.05, 24) + 200 * rng.normal(size=24)
+    expected, _, _ = pwcca_module.compute_pwcca(x.T.copy(), y.T.copy(), epsilon=0.0)
+    assert pwcca(x, y) == pytest.approx(expected, rel=1e-7)
+
+
 @pytest.mark.parametrize("variance", [0.99, 0.9, 0.5])
 def test_svcca_equals_the_reference(reference, variance):
     cca_core, _ = reference

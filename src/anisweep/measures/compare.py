@@ -143,17 +143,40 @@ def cca_from_covariance(sxx: np.ndarray, sxy: np.ndarray, syy: np.ndarray) -> tu
     return u, np.abs(rho)
 
 
-def covariances(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sxx, Sxy, Syy of n x d1 and n x d2 samples (np.cov's, over n - 1)."""
-    xc, yc = x - x.mean(axis=0), y - y.mean(axis=0)
-    scale = 1 / (x.shape[0] - 1)
-    return xc.T @ xc * scale, xc.T @ yc * scale, yc.T @ yc * scale
+@dataclass(frozen=True)
+class CrossProducts:
+    """What every built-in measure of a pair needs, computed once: n, x's column means and the centred products
+    Xc^T Xc, Xc^T Yc, Yc^T Yc (d x d; never n x n), and the centred rows' squared norms (the unbiased HSIC's)."""
+
+    n: int
+    mean_x: np.ndarray
+    xx: np.ndarray
+    xy: np.ndarray
+    yy: np.ndarray
+    row_norms_x: np.ndarray
+    row_norms_y: np.ndarray
+
+    @classmethod
+    def of(cls, x: np.ndarray, y: np.ndarray) -> CrossProducts:
+        mean_x = x.mean(axis=0)
+        xc, yc = x - mean_x, y - y.mean(axis=0)
+        norms_x, norms_y = np.square(xc).sum(axis=1), np.square(yc).sum(axis=1)
+        return cls(x.shape[0], mean_x, xc.T @ xc, xc.T @ yc, yc.T @ yc, norms_x, norms_y)
+
+    def covariances(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sxx, Sxy, Syy as np.cov gives them (over n - 1)."""
+        scale = 1 / (self.n - 1)
+        return self.xx * scale, self.xy * scale, self.yy * scale
 
 
 def svcca(x: np.ndarray, y: np.ndarray, variance: float = 0.99) -> float:
     """The mean canonical correlation of x and y (n x d) each reduced to its top principal directions explaining
     `variance` of its variance (Raghu et al. 2017)."""
-    sxx, sxy, syy = covariances(x, y)
+    return svcca_of(CrossProducts.of(x, y), variance)
+
+
+def svcca_of(products: CrossProducts, variance: float) -> float:
+    sxx, sxy, syy = products.covariances()
     px, py = _top_directions(sxx, variance), _top_directions(syy, variance)
     _, rho = cca_from_covariance(px.T @ sxx @ px, px.T @ sxy @ py, py.T @ syy @ py)
     return float(rho.mean())
@@ -170,12 +193,20 @@ def _top_directions(cov: np.ndarray, variance: float) -> np.ndarray:
 def pwcca(x: np.ndarray, y: np.ndarray) -> float:
     """Projection-weighted CCA (Morcos et al. 2018) as pwcca.compute_pwcca(x.T, y.T) computes it: each canonical
     correlation weighted by the summed |projection| of x's neurons on the canonical variates."""
-    sxx, sxy, syy = covariances(x, y)
-    u, rho = cca_from_covariance(sxx, sxy, syy)
-    mean = x.mean(axis=0)
-    directions = u.T @ (x - mean).T + mean[:, None]  # the reference's "dirns": (d1, n)
-    q, _ = np.linalg.qr(directions.T)
-    weights = np.abs(q.T @ x).sum(axis=1)
+    return pwcca_of(CrossProducts.of(x, y))
+
+
+def pwcca_of(products: CrossProducts) -> float:
+    """PWCCA from the d x d products. The reference's directions D = u^T Xc^T + m 1^T (d x n) are orthonormalised by
+    QR, D^T = P R, and weighted by sum_j |(P^T X)_ij|; here R comes from the Cholesky factor of D D^T =
+    u^T C u + n m m^T (C = Xc^T Xc; Xc's columns sum to 0) and P^T X = R^-T D X = R^-T (u^T C + n m m^T): the same
+    numbers up to each row's sign, which |.| drops, without the n x d product."""
+    u, rho = cca_from_covariance(*products.covariances())
+    c, m = products.xx, products.mean_x
+    drift = products.n * np.outer(m, m)
+    gram = u.T @ c @ u + drift
+    lower = np.linalg.cholesky(gram)
+    weights = np.abs(np.linalg.solve(lower, u.T @ c + drift)).sum(axis=1)
     weights = weights[: len(rho)] / weights.sum()
     return float(np.sum(weights * rho))
 
@@ -184,36 +215,40 @@ def pwcca(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def builtin_rows(x: np.ndarray, y: np.ndarray, settings: Settings) -> list[dict]:
-    """The built-in measures' rows of one (layer, site) of a pair; a value that cannot be computed is NaN with its
-    reason."""
+    """The built-in measures' rows of one (layer, site) of a pair, from one set of cross-products; a value that
+    cannot be computed is NaN with its reason."""
     rows = []
     n, d = x.shape[0], max(x.shape[1], y.shape[1])
+    products = CrossProducts.of(x, y)
     if "cka" in settings.measures:
-        fx, fy = Features.of(x), Features.of(y)
-        rows.append(_row("cka", "cka", _cka(fx, fy, False)))
+        rows.append(_row("cka", "cka", cka_of(products, False)))
         if settings.cka_debiased:
-            value = _cka(fx, fy, True) if n >= 4 else None
+            value = cka_of(products, True) if n >= 4 else None
             rows.append(_row("cka", "cka_debiased", value, None if value is not None else "fewer than 4 tokens"))
-    for name, function in (("svcca", lambda: svcca(x, y, settings.svcca_variance)), ("pwcca", lambda: pwcca(x, y))):
+    cca = {"svcca": lambda: svcca_of(products, settings.svcca_variance), "pwcca": lambda: pwcca_of(products)}
+    for name, function in cca.items():
         if name not in settings.measures:
             continue
         if n <= d:
             rows.append(_row(name, name, None, f"CCA needs more sampled tokens ({n}) than dimensions ({d})"))
-        elif _no_spread(x) or _no_spread(y):
+        elif not (np.diag(products.xx) > 0).any() or not (np.diag(products.yy) > 0).any():
             rows.append(_row(name, name, None, "a representation without spread"))
         else:
-            rows.append(_row(name, name, function()))
+            try:
+                rows.append(_row(name, name, function()))
+            except np.linalg.LinAlgError as error:
+                rows.append(_row(name, name, None, f"linear algebra failed: {error}"))
     return rows
 
 
-def _no_spread(x: np.ndarray) -> bool:
-    return not np.any(x.std(axis=0) > 0)
-
-
-def _cka(fx: Features, fy: Features, debiased: bool) -> float:
+def cka_of(products: CrossProducts, debiased: bool) -> float:
+    """Linear CKA from the centred cross-products (anisweep.measures.cka's HSIC)."""
+    fx = Features(np.empty((products.n, 0)), products.row_norms_x, float(np.square(products.xx).sum()))
+    fy = Features(np.empty((products.n, 0)), products.row_norms_y, float(np.square(products.yy).sum()))
+    xy = hsic(fx, fy, debiased, cross=float(np.square(products.xy).sum()))
     xx = hsic(fx, fx, debiased, cross=fx.self_product)
     yy = hsic(fy, fy, debiased, cross=fy.self_product)
-    return hsic(fx, fy, debiased) / np.sqrt(xx * yy) if xx > 0 and yy > 0 else float("nan")
+    return xy / np.sqrt(xx * yy) if xx > 0 and yy > 0 else float("nan")
 
 
 def _row(measure: str, metric: str, value, reason: str | None = None) -> dict:
