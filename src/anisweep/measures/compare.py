@@ -95,12 +95,18 @@ class Checkpoint:
         for (layer, site), group in sorted(hidden.group_by("layer", "site"), key=lambda g: g[0]):
             group = group.sort("seq", "position")
             out.keys[(layer, site)] = group.select(TOKEN_KEY)
-            out.vectors[(layer, site)] = np.stack(group["vector"].to_list()).astype(np.float64)
+            out.vectors[(layer, site)] = _matrix(group["vector"])
         return out
 
     @property
     def name(self) -> str:
         return f"{self.identity['family']}/{self.identity['model']}/step{self.identity['step']}"
+
+
+def _matrix(vectors: pl.Series) -> np.ndarray:
+    """A column of equal-length float lists as an (n, d) float64 array, without a Python object per value."""
+    d = int(vectors.list.len().max() or 0)
+    return vectors.explode().to_numpy().astype(np.float64).reshape(len(vectors), d)
 
 
 def check_same_sample(a: Checkpoint, b: Checkpoint) -> list[tuple[int, str]]:
