@@ -14,7 +14,8 @@ Built in (docs/measures.md, Comparative measures):
   direction accounts for.
 
 SVCCA and PWCCA compute what google/svcca's cca_core.get_cca_similarity and pwcca.compute_pwcca compute (epsilon 0),
-from the (d1 + d2) x (d1 + d2) covariance; PWCCA's weights read the n x d sample itself, as the reference does.
+from the d x d cross-products alone (one set per layer, shared with CKA, and one eigen-decomposition per side shared
+by SVCCA and PWCCA), never an n x n matrix nor, for PWCCA's weights, the reference's n x d QR.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -133,26 +135,23 @@ def check_same_sample(a: Checkpoint, b: Checkpoint) -> list[tuple[int, str]]:
 # --------------------------------------------------------------------------- CCA (google/svcca's, from covariances)
 
 
-def _inv_sqrt_psd(matrix: np.ndarray) -> np.ndarray:
-    """cca_core's positivedef_matrix_sqrt(pinv(matrix)); eigenvalues of rounding below 0 clipped (the reference's
-    would be NaN)."""
-    w, v = np.linalg.eigh(np.linalg.pinv(matrix))
-    return (v * np.sqrt(np.clip(w, 0, None))) @ v.T
+#: np.linalg.pinv's default cutoff: singular values below it times the largest are taken as 0
+PINV_RCOND = 1e-15
 
 
-def cca_from_covariance(sxx: np.ndarray, sxy: np.ndarray, syy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(u, rho) of cca_core.compute_ccas with epsilon 0 after get_cca_similarity's rescaling: u's columns the
-    canonical directions in whitened x space, rho the canonical correlations, decreasing."""
-    xmax, ymax = np.abs(sxx).max(), np.abs(syy).max()
-    sxx, syy, sxy = sxx / xmax, syy / ymax, sxy / np.sqrt(xmax * ymax)
-    u, rho, _ = np.linalg.svd(_inv_sqrt_psd(sxx) @ sxy @ _inv_sqrt_psd(syy))
-    return u, np.abs(rho)
+def _inv_sqrt(eig: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """cca_core's positivedef_matrix_sqrt(pinv(S)) from S's eigen-decomposition: the eigenvalues pinv keeps (above
+    PINV_RCOND of the largest) inverted and square-rooted, the others 0."""
+    w, v = eig
+    keep = w > PINV_RCOND * w.max()
+    return (v[:, keep] / np.sqrt(w[keep])) @ v[:, keep].T
 
 
 @dataclass(frozen=True)
 class CrossProducts:
     """What every built-in measure of a pair needs, computed once: n, x's column means and the centred products
-    Xc^T Xc, Xc^T Yc, Yc^T Yc (d x d; never n x n), and the centred rows' squared norms (the unbiased HSIC's)."""
+    Xc^T Xc, Xc^T Yc, Yc^T Yc (d x d; never n x n), the centred rows' squared norms (the unbiased HSIC's), and on
+    first use the eigen-decompositions of Xc^T Xc and Yc^T Yc that SVCCA and PWCCA share."""
 
     n: int
     mean_x: np.ndarray
@@ -169,10 +168,13 @@ class CrossProducts:
         norms_x, norms_y = np.square(xc).sum(axis=1), np.square(yc).sum(axis=1)
         return cls(x.shape[0], mean_x, xc.T @ xc, xc.T @ yc, yc.T @ yc, norms_x, norms_y)
 
-    def covariances(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Sxx, Sxy, Syy as np.cov gives them (over n - 1)."""
-        scale = 1 / (self.n - 1)
-        return self.xx * scale, self.xy * scale, self.yy * scale
+    @cached_property
+    def eig_x(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.linalg.eigh(self.xx)
+
+    @cached_property
+    def eig_y(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.linalg.eigh(self.yy)
 
 
 def svcca(x: np.ndarray, y: np.ndarray, variance: float = 0.99) -> float:
@@ -182,18 +184,19 @@ def svcca(x: np.ndarray, y: np.ndarray, variance: float = 0.99) -> float:
 
 
 def svcca_of(products: CrossProducts, variance: float) -> float:
-    sxx, sxy, syy = products.covariances()
-    px, py = _top_directions(sxx, variance), _top_directions(syy, variance)
-    _, rho = cca_from_covariance(px.T @ sxx @ px, px.T @ sxy @ py, py.T @ syy @ py)
-    return float(rho.mean())
+    """The reduced samples' covariances are diagonal (their principal variances), so the CCA of the reductions is
+    the singular values of diag(wx^-1/2) Vx^T Sxy Vy diag(wy^-1/2)."""
+    wx, vx = _top(products.eig_x, variance)
+    wy, vy = _top(products.eig_y, variance)
+    whitened = (vx.T @ products.xy @ vy) / np.sqrt(wx)[:, None] / np.sqrt(wy)[None, :]
+    return float(np.linalg.svd(whitened, compute_uv=False).mean())
 
 
-def _top_directions(cov: np.ndarray, variance: float) -> np.ndarray:
-    """The principal directions (columns, largest first) whose variances first sum to `variance` of the total."""
-    w, v = np.linalg.eigh(cov)
-    w, v = w[::-1], v[:, ::-1]
-    k = int(np.searchsorted(np.cumsum(w) / w.sum(), variance - 1e-12) + 1)
-    return v[:, : min(k, len(w))]
+def _top(eig: tuple[np.ndarray, np.ndarray], variance: float) -> tuple[np.ndarray, np.ndarray]:
+    """The principal variances and directions (largest first) that first sum to `variance` of the total."""
+    w, v = eig[0][::-1], eig[1][:, ::-1]
+    k = min(int(np.searchsorted(np.cumsum(w) / w.sum(), variance - 1e-12) + 1), len(w))
+    return w[:k], v[:, :k]
 
 
 def pwcca(x: np.ndarray, y: np.ndarray) -> float:
@@ -203,18 +206,18 @@ def pwcca(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def pwcca_of(products: CrossProducts) -> float:
-    """PWCCA from the d x d products. The reference's directions D = u^T Xc^T + m 1^T (d x n) are orthonormalised by
-    QR, D^T = P R, and weighted by sum_j |(P^T X)_ij|; here R comes from the Cholesky factor of D D^T =
-    u^T C u + n m m^T (C = Xc^T Xc; Xc's columns sum to 0) and P^T X = R^-T D X = R^-T (u^T C + n m m^T): the same
-    numbers up to each row's sign, which |.| drops, without the n x d product."""
-    u, rho = cca_from_covariance(*products.covariances())
+    """PWCCA from the d x d products. The canonical directions u are the left singular vectors of
+    Sxx^-1/2 Sxy Syy^-1/2 (cca_core.compute_ccas). The reference's directions D = u^T Xc^T + m 1^T (d x n) are
+    orthonormalised by QR, D^T = P R, and weighted by sum_j |(P^T X)_ij|; here R comes from the Cholesky factor of
+    D D^T = u^T C u + n m m^T (C = Xc^T Xc; Xc's columns sum to 0) and P^T X = R^-T D X = R^-T (u^T C + n m m^T):
+    the same numbers up to each row's sign, which |.| drops, without the n x d product."""
+    u, rho, _ = np.linalg.svd(_inv_sqrt(products.eig_x) @ products.xy @ _inv_sqrt(products.eig_y))
     c, m = products.xx, products.mean_x
     drift = products.n * np.outer(m, m)
-    gram = u.T @ c @ u + drift
-    lower = np.linalg.cholesky(gram)
+    lower = np.linalg.cholesky(u.T @ c @ u + drift)
     weights = np.abs(np.linalg.solve(lower, u.T @ c + drift)).sum(axis=1)
     weights = weights[: len(rho)] / weights.sum()
-    return float(np.sum(weights * rho))
+    return float(np.sum(weights * np.abs(rho)))
 
 
 # --------------------------------------------------------------------------- the built-in measures of one pair
