@@ -8,8 +8,8 @@ the other steps are the same files under their own identity: a pair's cost does 
 `--timed` of its `final` pairs are run through the job's own command (`anisweep compare`, in a fresh process each,
 as a job without the warm worker runs it: the import, both Parquet reads, CKA, SVCCA and PWCCA per layer); the
 grid's 153 pairs cost 153 times their median. The parts of one pair are timed in process too: reading the two
-tables, and each measure over the 13 layers. One BLAS thread (a job's, as Snakemake gives it OMP_NUM_THREADS=1)
-unless the environment says otherwise. Results go to benchmarks/out/compare.json. No model is read.
+tables, the cross-products, and each measure over the 13 layers. One BLAS thread (a job's, as Snakemake gives it
+OMP_NUM_THREADS=1) unless the environment says otherwise. Results go to benchmarks/out/compare.json. No model is read.
 """
 
 from __future__ import annotations
@@ -119,16 +119,28 @@ def main() -> None:
 
 
 def time_parts(folder: Path, final: Path) -> dict[str, float]:
-    """One pair's parts in this process: both reads, then each measure over every layer."""
+    """One pair's parts in this process, each summed over the layers: both reads, the d x d cross-products (and the
+    two eigen-decompositions SVCCA and PWCCA share), then each measure from them."""
     started = time.perf_counter()
     a, b = (compare.Checkpoint.read(f, ["resid"]) for f in (folder, final))
-    parts = {"read_both": time.perf_counter() - started}
-    for name in compare.BUILTIN_COMPARATIVE:
-        settings = compare.Settings(measures=(name,))
+    parts = dict.fromkeys(("read_both", "cross_products", "eigh", "cka", "svcca", "pwcca"), 0.0)
+    parts["read_both"] = time.perf_counter() - started
+    measures = {
+        "cka": lambda p: compare.cka_of(p, False),
+        "svcca": lambda p: compare.svcca_of(p, 0.99),
+        "pwcca": compare.pwcca_of,
+    }
+    for key in compare.check_same_sample(a, b):
         started = time.perf_counter()
-        for key in compare.check_same_sample(a, b):
-            compare.builtin_rows(a.vectors[key], b.vectors[key], settings)
-        parts[name] = time.perf_counter() - started
+        products = compare.CrossProducts.of(a.vectors[key], b.vectors[key])
+        parts["cross_products"] += time.perf_counter() - started
+        started = time.perf_counter()
+        products.eig_x, products.eig_y  # noqa: B018 - computed once, shared by SVCCA and PWCCA
+        parts["eigh"] += time.perf_counter() - started
+        for name, measure in measures.items():
+            started = time.perf_counter()
+            measure(products)
+            parts[name] += time.perf_counter() - started
     return parts
 
 
