@@ -140,6 +140,7 @@ def test_one_checkpoint_alone_then_the_sweep_tables(run):
     at_once = planned(workdir, configfile, "--forcerun", f"{NEOX}/step8/extract.json")  # both in one command
     per_model = {"sweep": 1, "plot_model": 1, "plot_family": 1, "qk_svd": 1, "plot_score_hist": 1, "plot_spectra": 1}
     per_model |= {"plot_logit_lens": 1}  # the circuit figures read weights.parquet, which no model run changes
+    per_model |= {"compare_pair": 3, "compare_sweep": 1, "plot_compare": 1}  # the pairs step 8 is in: 8-32, 8-0, 32-8
     across_models = {"plot_survey": 1, "explore": 1}
     assert at_once == {"fetch": 1, "extract": 1, "logit_lens": 1, "metrics": 1, **per_model, **across_models}
 
