@@ -34,6 +34,7 @@ def docs_package(root: Path) -> Path:
         "mymeasures/heads.py",
         "mymeasures/sinks.py",
         "mymeasures/weights.py",
+        "mymeasures/similar.py",
     }
     (root / "mymeasures").mkdir(parents=True, exist_ok=True)
     (root / "mymeasures" / "__init__.py").write_text("")

@@ -141,6 +141,7 @@ def test_one_checkpoint_alone_then_the_sweep_tables(run):
     at_once = planned(workdir, configfile, "--forcerun", f"{NEOX}/step8/extract.json")  # both in one command
     per_model = {"sweep": 1, "plot_model": 1, "plot_family": 1, "qk_svd": 1, "plot_score_hist": 1, "plot_spectra": 1}
     per_model |= {"plot_logit_lens": 1}  # the circuit figures read weights.parquet, which no model run changes
+    per_model |= {"compare_pair": 3, "compare_sweep": 1, "plot_compare": 1}  # the pairs step 8 is in: 8-32, 8-0, 32-8
     across_models = {"plot_survey": 1, "explore": 1}
     assert at_once == {"fetch": 1, "extract": 1, "logit_lens": 1, "metrics": 1, **per_model, **across_models}
 
@@ -222,6 +223,56 @@ def test_growing_the_sweep_schedules_only_the_new_checkpoints(run):
     assert more_models["plot_family"] == 1
 
 
+@pytest.fixture(scope="module")
+def compared(run, tmp_path_factory) -> dict:
+    """A copy of the module's run brought up to date (the tests before may have left jobs to do), for the dry runs
+    of the comparisons' reruns."""
+    root = tmp_path_factory.mktemp("compare-reruns")
+    workdir = root / "work"
+    shutil.copytree(run["workdir"], workdir, symlinks=True)
+    done = snakemake(workdir, run["config"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert planned(workdir, run["config"]) == {}
+    return {"root": root, "workdir": workdir, "config": run["config"]}
+
+
+def test_a_new_step_compares_only_the_pairs_it_enters(compared):
+    """Step 4 between 0 and 8: its pairs against the final step (32) and the previous one (0), and step 8's new
+    `previous` pair (against 4); no other pair, no layer matrix (the first and final steps stand)."""
+    after = planned(compared["workdir"], write_config(compared["root"] / "compare-steps.yaml", [neox(GRID)]))
+    assert after["compare_pair"] == 3 and after["compare_sweep"] == 1 and after["plot_compare"] == 1
+    assert "compare_layers" not in after
+
+
+def compare_config(compared: dict, **compare) -> Path:
+    config = yaml.safe_load(compared["config"].read_text())
+    config["compare"] = compare
+    path = compared["root"] / "compare.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+COMPARE_TABLES = {"compare_sweep": 1, "plot_compare": 1}
+
+
+@pytest.mark.parametrize(
+    ("compare", "expected"),
+    [
+        ({"against": ["previous", "final"], "layer_steps": ["final", "first"], "svcca_variance": 0.99}, {}),
+        ({"cka_debiased": True}, {"compare_pair": 4, **COMPARE_TABLES}),
+        ({"sites": ["resid", "final_ln_out"]}, {"compare_pair": 4, "compare_layers": 2, **COMPARE_TABLES}),
+        ({"against": ["final"]}, COMPARE_TABLES),
+        # step 0 against 8 is new; step 32 against 8 is the table its `previous` pair already wrote
+        ({"against": [8]}, {"compare_pair": 1, **COMPARE_TABLES}),
+        ({"layer_steps": [8]}, {"compare_layers": 1, **COMPARE_TABLES}),
+    ],
+    ids=["order-and-defaults", "cka-debiased", "sites", "final-only", "named-step", "layer-steps"],
+)
+def test_compare_config_changes_rerun_what_docs_reruns_says(compared, compare, expected):
+    """docs/reruns.md, the `compare:` rows: only comparison jobs, never a model run or a checkpoint's metrics."""
+    assert planned(compared["workdir"], compare_config(compared, **compare)) == expected
+
+
 @pytest.mark.parametrize(
     ("module", "reruns", "never"),
     [
@@ -236,6 +287,13 @@ def test_growing_the_sweep_schedules_only_the_new_checkpoints(run):
         ("measures/rogue.py", {"metrics": 3, "sweep": 1, "plot_model": 1, "plot_family": 1}, ()),
         ("measures/sinks.py", {"metrics": 3, "sweep": 1, "plot_model": 1, "plot_family": 1}, ()),
         ("plots/outliers.py", {"plot_model": 1, "plot_family": 1}, ("metrics", "sweep")),
+        # the comparisons read hidden.parquet: their jobs alone
+        (
+            "measures/compare.py",
+            {"compare_pair": 4, "compare_layers": 2, "compare_sweep": 1, "plot_compare": 1},
+            ("metrics", "sweep", "plot_model"),
+        ),
+        ("plots/compare.py", {"plot_compare": 1}, ("metrics", "sweep", "compare_pair", "compare_sweep")),
         # the weight measures and the logit lens read the weights (never a forward pass) and extract's Parquet
         ("measures/circuits.py", {"weights": 3, "metrics": 3, "sweep": 1, "plot_circuits": 1}, ("logit_lens",)),
         # the spectral measures' math: the metrics (per sampled site) and the weights job (per weight matrix)

@@ -110,7 +110,8 @@ def stream_measure_code(wildcards):
 def measure_tables(wildcards):
     """A checkpoint's tables of the user's measures, which its metrics join."""
     folder = f"results/{wildcards.family}/{wildcards.model}/step{wildcards.step}/measures"
-    return [f"{folder}/{name}.parquet" for name in MEASURES] + weight_tables(wildcards)  # weights.smk
+    joined = [name for name, m in MEASURES.items() if m.kind != "comparative"]  # those of pairs: compare.smk
+    return [f"{folder}/{name}.parquet" for name in joined] + weight_tables(wildcards)  # weights.smk
 
 
 def check_device(device):
@@ -379,6 +380,7 @@ def all_outputs():
         outputs += [f"results/{family}/{model}/sweep.parquet", f"results/{family}/{model}/phases.parquet"]
         outputs += figures(family, model) + [f"results/{family}/{model}/figures/{n}" for n in PHASES_FIGURES]
         outputs += distribution_outputs(family, model)
+        outputs += compare_outputs(family, model)  # compare.smk
     families = sorted({family for family, _ in MODELS})
     for family in families:
         outputs.append(f"results/{family}/figures/compare.png")

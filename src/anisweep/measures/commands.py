@@ -63,6 +63,31 @@ def cmd_phases(args) -> None:
     from anisweep.tables import write_atomic
 
     write_atomic(model_phases(read_complete_sweeps([args.sweep]), args.settings), args.out)
+def cmd_compare(args) -> None:
+    import json
+
+    from anisweep.measures.compare import ComparisonError, Settings, compare_pair, layer_matrix
+    from anisweep.measures.registry import measures_of
+    from anisweep.tables import write_atomic
+
+    settings = Settings.of(json.loads(args.settings))
+    if args.layers:
+        table = layer_matrix(args.extract_dir, settings)
+    else:
+        user = measures_of(args.measure or [])
+        wrong = [m.entry for m in user if m.kind != "comparative"]
+        if wrong:
+            raise ComparisonError(f"--measure {wrong}: not comparative measures (@comparative_measure)")
+        table = compare_pair(args.extract_dir, args.ref_dir, settings, user)
+    write_atomic(table, args.out)
+
+
+def cmd_compare_sweep(args) -> None:
+    from anisweep.measures.compare import aggregate
+    from anisweep.tables import write_atomic
+
+    pairs = [tuple(item.split("=", 1)) for item in args.pairs]
+    write_atomic(aggregate(pairs), args.out)
 
 
 def add_commands(sub) -> None:
@@ -114,3 +139,16 @@ def add_commands(sub) -> None:
         "--settings", type=json_value, default={}, help='JSON {"smooth": .., "tolerance": .., "min_steps": ..}'
     )
     p.set_defaults(run=cmd_phases)
+    p = sub.add_parser("compare", help="comparative measures of two checkpoints (or a checkpoint's layers)")
+    p.add_argument("--extract-dir", required=True, help="the checkpoint's folder (hidden.parquet, extract.json)")
+    p.add_argument("--ref-dir", help="the reference checkpoint's folder")
+    p.add_argument("--layers", action="store_true", help="every layer of --extract-dir against every other")
+    p.add_argument("--settings", default="{}", help="the config's compare section (JSON)")
+    p.add_argument("--measure", action="append", help="module:attribute of a user's comparative measure")
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=cmd_compare)
+
+    p = sub.add_parser("compare-sweep", help="one table of every comparison of a model (compare.parquet)")
+    p.add_argument("--out", required=True)
+    p.add_argument("pairs", nargs="*", help="ROLE=PATH of each pair's table")
+    p.set_defaults(run=cmd_compare_sweep)

@@ -25,6 +25,8 @@ from anisweep.measures.sites import (
 
 __all__ = [
     "COLUMNS",
+    "COMPARE_COLUMNS",
+    "COMPARE_METRICS",
     "METRICS",
     "PHASES",
     "PHASE_COLUMNS",
@@ -1049,6 +1051,61 @@ PHASE_COLUMNS: tuple[Term, ...] = (
     ),
     Term("smooth, tolerance, min_steps", "the rule's settings (config `phases`)", ANISWEEP),
     Term("reason", "why the curve has no phase: too few steps, or it moves less than delta; null elsewhere", ANISWEEP),
+# --------------------------------------------------------------------------- comparisons
+KORNBLITH = "Kornblith et al. 2019 (CKA); Song et al. 2012 (unbiased HSIC)"
+RAGHU = "Raghu et al. 2017 (SVCCA); google/svcca@1f3fbf1, cca_core.py"
+MORCOS = "Morcos et al. 2018 (PWCCA); google/svcca@1f3fbf1, pwcca.py"
+_PAIR = "of a (layer, site) of two checkpoints, on the sampled tokens both hold (hidden.parquet)"
+#: The metrics of compare.parquet (anisweep.measures.compare): one row per pair, layer, site and metric.
+COMPARE_METRICS: tuple[Term, ...] = (
+    Term(
+        "cka",
+        f"linear CKA {_PAIR}: ||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F) of the centred samples, from d x d products"
+        " (never an n x n Gram matrix); 1 for the same representation up to rotation, scale and shift. In the"
+        " `layers` role, of two layers of one checkpoint",
+        KORNBLITH,
+        ("resid", "final_ln_in", "final_ln_out"),
+    ),
+    Term(
+        "cka_debiased",
+        f"linear CKA {_PAIR} with the unbiased HSIC estimator (config compare.cka_debiased): near 0 for unrelated"
+        " representations, where the biased estimate grows with d / n",
+        KORNBLITH,
+        ("resid", "final_ln_in", "final_ln_out"),
+    ),
+    Term(
+        "svcca",
+        f"SVCCA {_PAIR}: each side reduced to its top principal directions explaining compare.svcca_variance (0.99)"
+        " of its variance, then the mean canonical correlation of the two; NaN (with the reason) where the sample"
+        " has no more tokens than dimensions",
+        RAGHU,
+        ("resid", "final_ln_in", "final_ln_out"),
+    ),
+    Term(
+        "pwcca",
+        f"projection-weighted CCA {_PAIR}: the canonical correlations weighted by the summed |projection| of the"
+        " checkpoint's neurons on the canonical variates, as the reference computes it (epsilon 0); NaN (with the"
+        " reason) where the sample has no more tokens than dimensions",
+        MORCOS,
+        ("resid", "final_ln_in", "final_ln_out"),
+    ),
+)
+#: The columns of the pair tables and compare.parquet beyond the checkpoint's identity (family ... tokens_seen),
+#: layer, site, measure, metric, value and reason, which mean what they mean in metrics.parquet.
+COMPARE_COLUMNS: tuple[Term, ...] = (
+    Term("ref_model", "the reference checkpoint's model (another seed's in the `seed` role)", ANISWEEP),
+    Term("ref_seed", "the reference checkpoint's seed", ANISWEEP),
+    Term("ref_step", "the reference checkpoint's step", ANISWEEP),
+    Term("ref_tokens_seen", "the reference checkpoint's tokens seen", ANISWEEP),
+    Term("ref_layer", "the reference's layer: the row's own but in the `layers` role (layer against layer)", ANISWEEP),
+    Term("n_tokens", "the sampled tokens the two representations are compared on", ANISWEEP),
+    Term(
+        "role",
+        "compare.parquet only: why the pair is compared, `final` (against the model's last step), `previous` (the"
+        " step before), `step` (a named step, config compare.against), `seed` (another model of the family at the"
+        " same step, compare.seeds) or `layers` (the checkpoint's layers against each other, compare.layer_steps)",
+        ANISWEEP,
+    ),
 )
 
 
@@ -1168,7 +1225,9 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
 def _measure_rows(measures) -> list[tuple[str, ...]]:
     rows = []
     for m in measures:
-        reads = ", ".join(f"`{r}`" for r in {"table": m.tables, "weight": m.tensors}.get(m.kind, m.sites))
+        reads = ", ".join(
+            f"`{r}`" for r in {"table": m.tables, "weight": m.tensors, "comparative": ("hidden",)}.get(m.kind, m.sites)
+        )
         figures = ", ".join(f"`{f}`" for f in m.figures) or "-"
         rows.append((f"`{m.name}`", m.kind, reads, figures, m.definition, "anisweep" if m.builtin else f"`{m.entry}`"))
     return rows
@@ -1301,6 +1360,7 @@ def glossary_markdown(measures=()) -> str:
             [(", ".join(f"`{n}`" for n in t.name.split(", ")), t.definition, t.source) for t in PHASE_COLUMNS],
         ),
         "",
+        *_comparisons(),
         *_trainer_loggers(),
         "## Statuses",
         "",
@@ -1311,6 +1371,26 @@ def glossary_markdown(measures=()) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _comparisons() -> list[str]:
+    return [
+        "## Comparisons",
+        "",
+        "The comparative measures (anisweep.measures.compare; docs/measures.md, Comparative measures) compare two",
+        "checkpoints, per layer and site, on the sampled tokens both hold. Each pair's rows are",
+        "`results/{family}/{model}/step{N}/compare/{ref_model}.step{M}.parquet` (a checkpoint's layers against each",
+        "other: `compare/layers.parquet`), gathered per model in `results/{family}/{model}/compare.parquet` with",
+        "their `role`. A user's comparative measure (`@comparative_measure`) adds rows whose `measure` is its name.",
+        "",
+        *_table(
+            ("metric", "sites", "definition", "source"),
+            [(f"`{t.name}`", _sites(t.sites), t.definition, t.source) for t in COMPARE_METRICS],
+        ),
+        "",
+        *_table(("column", "definition", "source"), [(f"`{t.name}`", t.definition, t.source) for t in COMPARE_COLUMNS]),
+        "",
+    ]
 
 
 def write_docs(path: str | Path = "docs/metrics.md") -> Path:

@@ -13,6 +13,10 @@ A measure is one of three kinds (docs/measures.md walks through them):
   (`anisweep.weights.checkpoint.CheckpointWeights`: its shapes, tokenizer and the tensors of the roles it names,
   WEIGHT_ROLES) that returns tidy rows. It never runs a forward pass and reads only the tensors it names (a Hub
   checkpoint's by range reads); adding or editing one reruns its own jobs (rule `weight_measure`), never extract.
+* a comparative measure, `@comparative_measure` on a function `(x, y)` of two checkpoints' sampled hidden states
+  at one layer and site (float64 arrays, n tokens x d, row i the same token in both) that returns a number or rows
+  of metric and value. It runs in the comparison jobs of pairs of checkpoints (anisweep.measures.compare), beside
+  CKA, SVCCA and PWCCA; its rows land in the pair tables and compare.parquet, not metrics.parquet.
 
 Rows are dicts (or a polars DataFrame) with `metric` and `value`, and optionally `layer`, `head`, `site`,
 `subspace`, `fit`, `rank`, `stratum` and `reason` (why a value is NaN); a stream measure's rows get their site's
@@ -145,7 +149,7 @@ class Measure:
     together: bool = False  # a stream measure fed every site it listens at of one layer at once (a dict)
 
     def __post_init__(self):
-        if not self.figures and not self.builtin:
+        if not self.figures and not self.builtin and self.kind != "comparative":
             object.__setattr__(self, "figures", (f"measure_{self.name}.png",))
 
     @property
@@ -249,6 +253,17 @@ def weight_measure(
     return wrap(function) if function is not None else wrap
 
 
+def comparative_measure(function: Callable | None = None, *, name: str | None = None):
+    """Register `function(x, y) -> number or rows` as a comparative measure of two checkpoints' sampled hidden
+    states at one layer and site (x, y: n tokens x d float64 arrays, the same tokens row by row)."""
+
+    def wrap(fn):
+        fn.__anisweep_measure__ = dict(kind="comparative", name=name or fn.__name__, figure=None, figures=())
+        return fn
+
+    return wrap(function) if function is not None else wrap
+
+
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
@@ -259,7 +274,8 @@ def measure_of(target, entry: str, builtin: bool = False) -> Measure:
     if spec is None:
         raise MeasureError(
             f"measure {entry!r}: {target!r} is not a measure; decorate it with "
-            "@anisweep.measures.registry.table_measure, @stream_measure or @weight_measure (docs/measures.md)"
+            "@anisweep.measures.registry.table_measure, @stream_measure, @weight_measure or @comparative_measure "
+            "(docs/measures.md)"
         )
     measure = Measure(target=target, entry=entry, builtin=builtin, **spec)
     check_declaration(measure)
@@ -278,6 +294,11 @@ def check_declaration(measure: Measure) -> None:
             )
         if len(inspect.signature(measure.target).parameters) != 1:
             raise MeasureError(f"{where}: a table measure takes one argument, the checkpoint's tables")
+    elif measure.kind == "comparative":
+        if len(inspect.signature(measure.target).parameters) != 2:
+            raise MeasureError(
+                f"{where}: a comparative measure takes two arguments, the two checkpoints' samples (x, y)"
+            )
     elif measure.kind == "weight":
         unknown = sorted(set(measure.tensors) - set(WEIGHT_ROLES))
         if unknown or not measure.tensors:

@@ -100,6 +100,11 @@ def cmd_plot_phases(args) -> None:
     from anisweep.tables import read_parquet
 
     spectral_phases(read_complete_sweeps([args.sweep]), read_parquet(args.phases), Path(args.out))
+def cmd_plot_compare(args) -> None:
+    from anisweep.plots.compare import draw_all
+    from anisweep.tables import read_parquet
+
+    draw_all(read_parquet(args.table), args.out_dir)
 
 
 def add_commands(sub) -> None:
@@ -108,6 +113,11 @@ def add_commands(sub) -> None:
     p.add_argument("--sweep", required=True)
     p.add_argument("--out-dir", required=True)
     p.set_defaults(run=cmd_plot)
+
+    p = sub.add_parser("plot-compare", help="figures of one model's comparisons (compare.parquet)")
+    p.add_argument("--table", required=True)
+    p.add_argument("--out-dir", required=True)
+    p.set_defaults(run=cmd_plot_compare)
 
     p = sub.add_parser("plot-family", help="one figure comparing the models of a family")
     p.add_argument("--out", required=True)

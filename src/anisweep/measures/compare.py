@@ -1,0 +1,343 @@
+"""Comparative measures: a measure of a pair of checkpoints, per layer and site, on their shared sample of tokens.
+
+They read the two checkpoints' hidden.parquet (never a model). The rows of one (layer, site) are the sampled tokens
+ordered by (seq, position); the two checkpoints are compared only where they hold the same tokens: the same
+(seq, position, token_id) at every row, else a ComparisonError says which (layer, site) differs and why (another
+evaluation batch, sample size or seed, another tokenizer).
+
+Built in (docs/measures.md, Comparative measures):
+
+- `cka`: linear CKA (anisweep.measures.cka, from d x d cross-products; `cka_debiased` with the unbiased HSIC);
+- `svcca`: Raghu et al. 2017: each side reduced to its top principal directions that explain `svcca_variance` of its
+  variance, then the mean of the canonical correlations of the two reductions;
+- `pwcca`: Morcos et al. 2018: the canonical correlations weighted by how much of the representation each canonical
+  direction accounts for.
+
+SVCCA and PWCCA compute what google/svcca's cca_core.get_cca_similarity and pwcca.compute_pwcca compute (epsilon 0),
+from the d x d cross-products alone (one set per layer, shared with CKA, and one eigen-decomposition per side shared
+by SVCCA and PWCCA), never an n x n matrix nor, for PWCCA's weights, the reference's n x d QR.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from anisweep.measures.cka import Features, cka_matrix, hsic
+from anisweep.tables import IDENTITY, read_parquet
+
+#: The built-in comparative measures, in the order their rows are written.
+BUILTIN_COMPARATIVE = ("cka", "svcca", "pwcca")
+#: The columns of a pair's table (compare/*.parquet): the checkpoint's identity, the reference's, where and what.
+PAIR_SCHEMA = {
+    "family": pl.String,
+    "model": pl.String,
+    "seed": pl.Int64,
+    "step": pl.Int64,
+    "tokens_seen": pl.Int64,
+    "ref_model": pl.String,
+    "ref_seed": pl.Int64,
+    "ref_step": pl.Int64,
+    "ref_tokens_seen": pl.Int64,
+    "layer": pl.Int64,
+    "ref_layer": pl.Int64,
+    "site": pl.String,
+    "measure": pl.String,
+    "metric": pl.String,
+    "value": pl.Float64,
+    "n_tokens": pl.Int64,
+    "reason": pl.String,
+}
+TOKEN_KEY = ("seq", "position", "token_id")
+
+
+class ComparisonError(ValueError):
+    """Two checkpoints that cannot be compared (not the same sample of tokens), or a comparative measure that
+    fails: the message names both checkpoints."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The config's `compare` settings that change the built-in measures' values."""
+
+    measures: tuple[str, ...] = BUILTIN_COMPARATIVE
+    cka_debiased: bool = False
+    svcca_variance: float = 0.99
+    sites: tuple[str, ...] = ("resid",)
+
+    @classmethod
+    def of(cls, section: Mapping) -> Settings:
+        known = {k: section[k] for k in ("measures", "cka_debiased", "svcca_variance", "sites") if k in section}
+        for key in ("measures", "sites"):
+            if key in known:
+                known[key] = tuple(known[key])
+        return cls(**known)
+
+
+@dataclass
+class Checkpoint:
+    """One checkpoint's identity and its sampled hidden states per (layer, site): the token keys and the vectors."""
+
+    identity: dict
+    keys: dict[tuple[int, str], pl.DataFrame] = field(default_factory=dict)
+    vectors: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, folder: str | Path, sites: Iterable[str]) -> Checkpoint:
+        folder = Path(folder)
+        info = json.loads((folder / "extract.json").read_text())["checkpoint"]
+        hidden = read_parquet(folder / "hidden.parquet").filter(pl.col("site").is_in(list(sites)))
+        out = cls({key: info.get(key) for key in IDENTITY})
+        for (layer, site), group in sorted(hidden.group_by("layer", "site"), key=lambda g: g[0]):
+            group = group.sort("seq", "position")
+            out.keys[(layer, site)] = group.select(TOKEN_KEY)
+            out.vectors[(layer, site)] = _matrix(group["vector"])
+        return out
+
+    @property
+    def name(self) -> str:
+        return f"{self.identity['family']}/{self.identity['model']}/step{self.identity['step']}"
+
+
+def _matrix(vectors: pl.Series) -> np.ndarray:
+    """A column of equal-length float lists as an (n, d) float64 array, without a Python object per value."""
+    d = int(vectors.list.len().max() or 0)
+    return vectors.explode().to_numpy().astype(np.float64).reshape(len(vectors), d)
+
+
+def check_same_sample(a: Checkpoint, b: Checkpoint) -> list[tuple[int, str]]:
+    """The (layer, site)s both checkpoints hold, after checking that each holds the same tokens in both."""
+    shared = sorted(set(a.keys) & set(b.keys))
+    if not shared:
+        raise ComparisonError(
+            f"{a.name} and {b.name} share no (layer, site) of hidden.parquet: {sorted(a.keys)} against {sorted(b.keys)}"
+        )
+    for where in shared:
+        ka, kb = a.keys[where], b.keys[where]
+        if ka.height != kb.height or not ka.equals(kb):
+            same_positions = ka.height == kb.height and ka["seq", "position"].equals(kb["seq", "position"])
+            differ = "token_id" if same_positions else "(seq, position)"
+            raise ComparisonError(
+                f"{a.name} and {b.name} do not hold the same sampled tokens at layer {where[0]} {where[1]} "
+                f"({ka.height} against {kb.height} tokens; their {differ} differ): comparative measures need one "
+                "evaluation sample for both (the same corpus, tokenizer and extract settings n_sequences, seq_len, "
+                "sample_tokens and seed)"
+            )
+    return shared
+
+
+# --------------------------------------------------------------------------- CCA (google/svcca's, from covariances)
+
+
+#: np.linalg.pinv's default cutoff: singular values below it times the largest are taken as 0
+PINV_RCOND = 1e-15
+
+
+def _inv_sqrt(eig: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """cca_core's positivedef_matrix_sqrt(pinv(S)) from S's eigen-decomposition: the eigenvalues pinv keeps (above
+    PINV_RCOND of the largest) inverted and square-rooted, the others 0."""
+    w, v = eig
+    keep = w > PINV_RCOND * w.max()
+    return (v[:, keep] / np.sqrt(w[keep])) @ v[:, keep].T
+
+
+@dataclass(frozen=True)
+class CrossProducts:
+    """What every built-in measure of a pair needs, computed once: n, x's column means and the centred products
+    Xc^T Xc, Xc^T Yc, Yc^T Yc (d x d; never n x n), the centred rows' squared norms (the unbiased HSIC's), and on
+    first use the eigen-decompositions of Xc^T Xc and Yc^T Yc that SVCCA and PWCCA share."""
+
+    n: int
+    mean_x: np.ndarray
+    xx: np.ndarray
+    xy: np.ndarray
+    yy: np.ndarray
+    row_norms_x: np.ndarray
+    row_norms_y: np.ndarray
+
+    @classmethod
+    def of(cls, x: np.ndarray, y: np.ndarray) -> CrossProducts:
+        mean_x = x.mean(axis=0)
+        xc, yc = x - mean_x, y - y.mean(axis=0)
+        norms_x, norms_y = np.square(xc).sum(axis=1), np.square(yc).sum(axis=1)
+        return cls(x.shape[0], mean_x, xc.T @ xc, xc.T @ yc, yc.T @ yc, norms_x, norms_y)
+
+    @cached_property
+    def eig_x(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.linalg.eigh(self.xx)
+
+    @cached_property
+    def eig_y(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.linalg.eigh(self.yy)
+
+
+def svcca(x: np.ndarray, y: np.ndarray, variance: float = 0.99) -> float:
+    """The mean canonical correlation of x and y (n x d) each reduced to its top principal directions explaining
+    `variance` of its variance (Raghu et al. 2017)."""
+    return svcca_of(CrossProducts.of(x, y), variance)
+
+
+def svcca_of(products: CrossProducts, variance: float) -> float:
+    """The reduced samples' covariances are diagonal (their principal variances), so the CCA of the reductions is
+    the singular values of diag(wx^-1/2) Vx^T Sxy Vy diag(wy^-1/2)."""
+    wx, vx = _top(products.eig_x, variance)
+    wy, vy = _top(products.eig_y, variance)
+    whitened = (vx.T @ products.xy @ vy) / np.sqrt(wx)[:, None] / np.sqrt(wy)[None, :]
+    return float(np.linalg.svd(whitened, compute_uv=False).mean())
+
+
+def _top(eig: tuple[np.ndarray, np.ndarray], variance: float) -> tuple[np.ndarray, np.ndarray]:
+    """The principal variances and directions (largest first) that first sum to `variance` of the total."""
+    w, v = eig[0][::-1], eig[1][:, ::-1]
+    k = min(int(np.searchsorted(np.cumsum(w) / w.sum(), variance - 1e-12) + 1), len(w))
+    return w[:k], v[:, :k]
+
+
+def pwcca(x: np.ndarray, y: np.ndarray) -> float:
+    """Projection-weighted CCA (Morcos et al. 2018) as pwcca.compute_pwcca(x.T, y.T) computes it: each canonical
+    correlation weighted by the summed |projection| of x's neurons on the canonical variates."""
+    return pwcca_of(CrossProducts.of(x, y))
+
+
+def pwcca_of(products: CrossProducts) -> float:
+    """PWCCA from the d x d products. The canonical directions u are the left singular vectors of
+    Sxx^-1/2 Sxy Syy^-1/2 (cca_core.compute_ccas). The reference's directions D = u^T Xc^T + m 1^T (d x n) are
+    orthonormalised by QR, D^T = P R, and weighted by sum_j |(P^T X)_ij|; here R comes from the Cholesky factor of
+    D D^T = u^T C u + n m m^T (C = Xc^T Xc; Xc's columns sum to 0) and P^T X = R^-T D X = R^-T (u^T C + n m m^T):
+    the same numbers up to each row's sign, which |.| drops, without the n x d product."""
+    u, rho, _ = np.linalg.svd(_inv_sqrt(products.eig_x) @ products.xy @ _inv_sqrt(products.eig_y))
+    c, m = products.xx, products.mean_x
+    drift = products.n * np.outer(m, m)
+    lower = np.linalg.cholesky(u.T @ c @ u + drift)
+    weights = np.abs(np.linalg.solve(lower, u.T @ c + drift)).sum(axis=1)
+    weights = weights[: len(rho)] / weights.sum()
+    return float(np.sum(weights * np.abs(rho)))
+
+
+# --------------------------------------------------------------------------- the built-in measures of one pair
+
+
+def builtin_rows(x: np.ndarray, y: np.ndarray, settings: Settings) -> list[dict]:
+    """The built-in measures' rows of one (layer, site) of a pair, from one set of cross-products; a value that
+    cannot be computed is NaN with its reason."""
+    rows = []
+    n, d = x.shape[0], max(x.shape[1], y.shape[1])
+    products = CrossProducts.of(x, y)
+    if "cka" in settings.measures:
+        rows.append(_row("cka", "cka", cka_of(products, False)))
+        if settings.cka_debiased:
+            value = cka_of(products, True) if n >= 4 else None
+            rows.append(_row("cka", "cka_debiased", value, None if value is not None else "fewer than 4 tokens"))
+    cca = {"svcca": lambda: svcca_of(products, settings.svcca_variance), "pwcca": lambda: pwcca_of(products)}
+    for name, function in cca.items():
+        if name not in settings.measures:
+            continue
+        if n <= d:
+            rows.append(_row(name, name, None, f"CCA needs more sampled tokens ({n}) than dimensions ({d})"))
+        elif not (np.diag(products.xx) > 0).any() or not (np.diag(products.yy) > 0).any():
+            rows.append(_row(name, name, None, "a representation without spread"))
+        else:
+            try:
+                rows.append(_row(name, name, function()))
+            except np.linalg.LinAlgError as error:
+                rows.append(_row(name, name, None, f"linear algebra failed: {error}"))
+    return rows
+
+
+def cka_of(products: CrossProducts, debiased: bool) -> float:
+    """Linear CKA from the centred cross-products (anisweep.measures.cka's HSIC)."""
+    fx = Features(np.empty((products.n, 0)), products.row_norms_x, float(np.square(products.xx).sum()))
+    fy = Features(np.empty((products.n, 0)), products.row_norms_y, float(np.square(products.yy).sum()))
+    xy = hsic(fx, fy, debiased, cross=float(np.square(products.xy).sum()))
+    xx = hsic(fx, fx, debiased, cross=fx.self_product)
+    yy = hsic(fy, fy, debiased, cross=fy.self_product)
+    return xy / np.sqrt(xx * yy) if xx > 0 and yy > 0 else float("nan")
+
+
+def _row(measure: str, metric: str, value, reason: str | None = None) -> dict:
+    return {"measure": measure, "metric": metric, "value": np.nan if value is None else float(value), "reason": reason}
+
+
+# --------------------------------------------------------------------------- a pair's table
+
+
+def compare_pair(
+    folder: str | Path,
+    ref_folder: str | Path,
+    settings: Settings = Settings(),
+    user: Iterable = (),
+) -> pl.DataFrame:
+    """Every comparative measure of the checkpoint in `folder` against the one in `ref_folder`, per shared
+    (layer, site); `user`: the user's comparative measures (anisweep.measures.registry.Measure)."""
+    a, b = Checkpoint.read(folder, settings.sites), Checkpoint.read(ref_folder, settings.sites)
+    rows = []
+    for layer, site in check_same_sample(a, b):
+        x, y = a.vectors[(layer, site)], b.vectors[(layer, site)]
+        found = builtin_rows(x, y, settings) + [r for m in user for r in user_rows(m, x, y, a, b, layer, site)]
+        rows += [{"layer": layer, "ref_layer": layer, "site": site, "n_tokens": x.shape[0], **r} for r in found]
+    return pair_frame(a.identity, b.identity, rows)
+
+
+def user_rows(measure, x, y, a: Checkpoint, b: Checkpoint, layer: int, site: str) -> list[dict]:
+    """A user's comparative measure's rows of one (layer, site): it returns a number or rows of metric and value."""
+    where = f"comparative measure {measure.name!r} ({measure.entry}) at {a.name} against {b.name}, layer {layer} {site}"
+    try:
+        found = measure.target(x, y)
+    except Exception as error:
+        raise ComparisonError(f"{where} failed: {type(error).__name__}: {error}") from error
+    if isinstance(found, (int, float, np.floating, np.integer)) and not isinstance(found, bool):
+        found = [{"metric": measure.name, "value": float(found)}]
+    if isinstance(found, pl.DataFrame):
+        found = found.to_dicts()
+    if isinstance(found, Mapping) or not isinstance(found, Iterable):
+        raise ComparisonError(f"{where} returned {type(found).__name__}; expected a number or rows of metric and value")
+    rows = []
+    for r in found:
+        if not isinstance(r, Mapping) or not isinstance(r.get("metric"), str) or "value" not in r:
+            raise ComparisonError(f"{where}: every row needs a 'metric' (a string) and a 'value': got {r!r}")
+        unknown = set(r) - {"metric", "value", "reason"}
+        if unknown:
+            raise ComparisonError(f"{where}: rows hold {sorted(unknown)}; a row holds metric, value and reason")
+        value = r["value"]
+        rows.append(_row(measure.name, r["metric"], None if value is None else float(value), r.get("reason")))
+    return rows
+
+
+def layer_matrix(folder: str | Path, settings: Settings = Settings()) -> pl.DataFrame:
+    """Linear CKA of every pair of layers of one checkpoint, per site (the checkpoint against itself)."""
+    a = Checkpoint.read(folder, settings.sites)
+    rows = []
+    for site in sorted({s for _, s in a.vectors}):
+        layers = sorted(layer for layer, s in a.vectors if s == site)
+        matrix = cka_matrix([a.vectors[(layer, site)] for layer in layers], debiased=False)
+        n = a.vectors[(layers[0], site)].shape[0]
+        for i, li in enumerate(layers):
+            for j, lj in enumerate(layers):
+                rows.append(
+                    {"layer": li, "ref_layer": lj, "site": site, "n_tokens": n, **_row("cka", "cka", matrix[i, j])}
+                )
+    return pair_frame(a.identity, a.identity, rows)
+
+
+def pair_frame(identity: dict, ref: dict, rows: list[dict]) -> pl.DataFrame:
+    ident = {key: identity.get(key) for key in IDENTITY}
+    ref_ident = {f"ref_{key}": ref.get(key) for key in ("model", "seed", "step", "tokens_seen")}
+    return pl.DataFrame([{**ident, **ref_ident, **r} for r in rows], schema=PAIR_SCHEMA, orient="row")
+
+
+# --------------------------------------------------------------------------- a model's comparisons
+
+
+def aggregate(pairs: Iterable[tuple[str, str | Path]]) -> pl.DataFrame:
+    """Every pair table of a model in one: `pairs` (role, path), the role (`final`, `previous`, `step`, `seed`,
+    `layers`) a column of its rows; a path in several roles gives its rows once per role."""
+    frames = [read_parquet(path).with_columns(role=pl.lit(role)) for role, path in pairs]
+    if not frames:
+        return pl.DataFrame(schema={**PAIR_SCHEMA, "role": pl.String})
+    return pl.concat(frames, how="vertical").sort("role", "ref_model", "step", "site", "layer", "ref_layer", "measure")

@@ -1,0 +1,223 @@
+"""Comparative measures of a pair of checkpoints from their hidden.parquet: SVCCA and PWCCA against google/svcca's
+reference code on the same arrays (vendored in svcca_reference/), CKA against the Gram-matrix formula, the refusal
+of two different samples, and a user's comparative measure through the registry."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from anisweep.measures import compare
+from anisweep.measures.compare import ComparisonError, Settings, compare_pair, layer_matrix, pwcca, svcca
+from anisweep.measures.registry import MeasureError, comparative_measure, measure_of
+
+REFERENCE = Path(__file__).parent / "svcca_reference"
+
+
+@pytest.fixture(scope="module")
+def reference():
+    sys.path.insert(0, str(REFERENCE))
+    try:
+        yield importlib.import_module("cca_core"), importlib.import_module("pwcca")
+    finally:
+        sys.path.remove(str(REFERENCE))
+
+
+def related(n=600, d=12, seed=0, noise=0.5):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d)) @ rng.normal(size=(d, d)) + rng.normal(size=d)
+    y = np.tanh(x @ rng.normal(size=(d, d))) + noise * rng.normal(size=(n, d))
+    return x, y
+
+
+def reference_svcca(cca_core, x, y, variance):
+    """The svcca tutorial's reduction (tutorials/001_Introduction.ipynb), keeping the top directions that explain
+    `variance` of each side's variance, then get_cca_similarity's mean coefficient."""
+    reduced = []
+    for acts in (x.T, y.T):
+        centred = acts - acts.mean(axis=1, keepdims=True)
+        _, s, v = np.linalg.svd(centred, full_matrices=False)
+        share = np.cumsum(s**2) / np.sum(s**2)
+        k = int(np.searchsorted(share, variance - 1e-12) + 1)
+        reduced.append(np.dot(s[:k] * np.eye(k), v[:k]))
+    results = cca_core.get_cca_similarity(reduced[0], reduced[1], epsilon=0.0, verbose=False)
+    return float(np.mean(results["cca_coef1"]))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pwcca_equals_the_reference(reference, seed):
+    _, pwcca_module = reference
+    x, y = related(seed=seed)
+    expected, _, _ = pwcca_module.compute_pwcca(x.T.copy(), y.T.copy(), epsilon=0.0)
+    assert pwcca(x, y) == pytest.approx(expected, rel=1e-9)
+
+
+def test_pwcca_equals_the_reference_on_a_drifted_anisotropic_representation(reference):
+    """Transformer states share a large common vector (the drift) and a few dominant directions: the Cholesky route
+    from the d x d products must hold where D D^T carries n m m^T."""
+    _, pwcca_module = reference
+    rng = np.random.default_rng(13)
+    x, y = related(n=2000, d=24, seed=13)
+    x = x * np.geomspace(30, 0.05, 24) + 200 * rng.normal(size=24)
+    expected, _, _ = pwcca_module.compute_pwcca(x.T.copy(), y.T.copy(), epsilon=0.0)
+    assert pwcca(x, y) == pytest.approx(expected, rel=1e-7)
+
+
+@pytest.mark.parametrize("variance", [0.99, 0.9, 0.5])
+def test_svcca_equals_the_reference(reference, variance):
+    cca_core, _ = reference
+    x, y = related(seed=3)
+    assert svcca(x, y, variance) == pytest.approx(reference_svcca(cca_core, x, y, variance), rel=1e-9)
+
+
+def test_cca_of_a_linear_map_is_one_and_of_noise_is_small():
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(2000, 8))
+    assert pwcca(x, x @ rng.normal(size=(8, 8))) == pytest.approx(1.0)
+    assert svcca(x, rng.normal(size=(2000, 8)), 0.99) < 0.1
+
+
+# --------------------------------------------------------------------------- pair tables from Parquet
+
+
+def write_checkpoint(folder: Path, step: int, vectors: dict, model="toy-x", seed=0, token_ids=None, positions=None):
+    """A checkpoint folder with extract.json and a hidden.parquet holding `vectors` {(layer, site): n x d}, its
+    tokens at seq i // 4, position i % 4, written in a shuffled row order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ident = {"family": "toy", "model": model, "seed": seed, "step": step, "tokens_seen": step * 10}
+    (folder / "extract.json").write_text(json.dumps({"checkpoint": ident}))
+    rows = []
+    for (layer, site), x in vectors.items():
+        n = len(x)
+        ids = np.arange(n) if token_ids is None else token_ids
+        pos = np.arange(n) % 4 if positions is None else positions
+        for i in range(n):
+            rows.append(
+                {
+                    **ident,
+                    "layer": layer,
+                    "site": site,
+                    "seq": i // 4,
+                    "position": int(pos[i]),
+                    "token_id": int(ids[i]),
+                    "vector": x[i].astype(np.float32).tolist(),
+                }
+            )
+    frame = pl.DataFrame(rows).with_columns(pl.col("vector").cast(pl.List(pl.Float32)))
+    frame.sample(fraction=1.0, shuffle=True, seed=step).write_parquet(folder / "hidden.parquet")
+    return folder
+
+
+def gram_cka(x, y):
+    n = len(x)
+    h = np.eye(n) - np.ones((n, n)) / n
+    k, l = x @ x.T, y @ y.T  # noqa: E741
+    hsic = lambda a, b: np.trace(a @ h @ b @ h)  # noqa: E731
+    return hsic(k, l) / math.sqrt(hsic(k, k) * hsic(l, l))
+
+
+def test_pair_table_aligns_tokens_and_equals_independent_computations(tmp_path):
+    x0, y0 = related(n=80, d=6, seed=5)
+    x1, y1 = related(n=80, d=6, seed=6)
+    a = write_checkpoint(tmp_path / "a", 1, {(0, "resid"): x0, (1, "resid"): x1})
+    b = write_checkpoint(tmp_path / "b", 2, {(0, "resid"): y0, (1, "resid"): y1})
+    table = compare_pair(a, b, Settings(cka_debiased=True))
+    assert set(table["metric"]) == {"cka", "cka_debiased", "svcca", "pwcca"}
+    assert table.select("step", "ref_step").unique().rows() == [(1, 2)]
+    x32, y32 = (v.astype(np.float32).astype(np.float64) for v in (x1, y1))
+    row = table.filter(layer=1, metric="cka")
+    assert row["value"].item() == pytest.approx(gram_cka(x32, y32), rel=1e-9)
+    assert table.filter(layer=1, metric="pwcca")["value"].item() == pytest.approx(pwcca(x32, y32), rel=1e-9)
+    assert row["n_tokens"].item() == 80
+
+
+def test_too_few_tokens_for_cca_is_a_reason_not_a_failure(tmp_path):
+    x, y = related(n=8, d=12, seed=7)
+    a = write_checkpoint(tmp_path / "a", 1, {(0, "resid"): x})
+    b = write_checkpoint(tmp_path / "b", 2, {(0, "resid"): y})
+    table = compare_pair(a, b)
+    cca = table.filter(pl.col("measure").is_in(["svcca", "pwcca"]))
+    assert cca["value"].is_nan().all() and cca["reason"].str.contains("more sampled tokens").all()
+    assert table.filter(metric="cka")["value"].is_finite().all()
+
+
+def test_two_samples_of_other_tokens_are_refused(tmp_path):
+    x, y = related(n=40, d=4, seed=8)
+    a = write_checkpoint(tmp_path / "a", 1, {(0, "resid"): x})
+    b = write_checkpoint(tmp_path / "b", 2, {(0, "resid"): y}, token_ids=np.arange(40) + 1)
+    with pytest.raises(ComparisonError, match=r"toy/toy-x/step1 and toy/toy-x/step2 .*same sampled tokens.*token_id"):
+        compare_pair(a, b)
+    c = write_checkpoint(tmp_path / "c", 3, {(0, "resid"): y[:36]})
+    with pytest.raises(ComparisonError, match="40 against 36 tokens"):
+        compare_pair(a, c)
+
+
+def test_layer_matrix_is_cka_of_every_pair_of_layers(tmp_path):
+    x0, x1 = related(n=50, d=5, seed=9)
+    a = write_checkpoint(tmp_path / "a", 1, {(0, "resid"): x0, (1, "resid"): x1})
+    table = layer_matrix(a)
+    assert table.height == 4
+    x0, x1 = (v.astype(np.float32).astype(np.float64) for v in (x0, x1))
+    assert table.filter(layer=0, ref_layer=1)["value"].item() == pytest.approx(gram_cka(x0, x1), rel=1e-9)
+    assert table.filter(layer=1, ref_layer=1)["value"].item() == pytest.approx(1.0)
+
+
+@comparative_measure
+def mean_shift(x, y):
+    """The distance between the two representations' mean vectors."""
+    return [{"metric": "mean_shift", "value": float(np.linalg.norm(x.mean(axis=0) - y.mean(axis=0)))}]
+
+
+def test_a_users_comparative_measure_runs_beside_the_builtins(tmp_path):
+    x, y = related(n=40, d=4, seed=10)
+    a = write_checkpoint(tmp_path / "a", 1, {(0, "resid"): x})
+    b = write_checkpoint(tmp_path / "b", 2, {(0, "resid"): y})
+    measure = measure_of(mean_shift, "tests:mean_shift")
+    assert measure.kind == "comparative" and measure.figures == ()
+    table = compare_pair(a, b, Settings(measures=("cka",)), user=[measure])
+    row = table.filter(measure="mean_shift")
+    x32, y32 = (v.astype(np.float32).astype(np.float64) for v in (x, y))
+    assert row["value"].item() == pytest.approx(np.linalg.norm(x32.mean(axis=0) - y32.mean(axis=0)))
+
+
+def test_a_comparative_measure_of_the_wrong_shape_is_refused():
+    def one(x):
+        return 0.0
+
+    with pytest.raises(MeasureError, match="takes two arguments"):
+        measure_of(comparative_measure(one), "tests:one")
+
+
+def test_aggregate_tags_each_pair_with_its_role(tmp_path):
+    x, y = related(n=40, d=4, seed=11)
+    a = write_checkpoint(tmp_path / "a", 1, {(0, "resid"): x})
+    b = write_checkpoint(tmp_path / "b", 2, {(0, "resid"): y})
+    compare_pair(a, b).write_parquet(tmp_path / "ab.parquet")
+    table = compare.aggregate([("final", tmp_path / "ab.parquet"), ("previous", tmp_path / "ab.parquet")])
+    assert sorted(set(table["role"])) == ["final", "previous"]
+    assert table.height == 2 * 3
+
+
+def test_the_docs_comparative_measure_loads_by_its_entry_and_runs(tmp_path, monkeypatch):
+    """docs/measures.md's `mymeasures.similar:mean_cosine`, as the config names it."""
+    from docs_measures import docs_package
+
+    from anisweep.measures.registry import load
+
+    monkeypatch.syspath_prepend(str(docs_package(tmp_path / "pkg")))
+    measure = load("mymeasures.similar:mean_cosine")
+    x, y = related(n=40, d=4, seed=12)
+    a = write_checkpoint(tmp_path / "a", 1, {(0, "resid"): x})
+    b = write_checkpoint(tmp_path / "b", 2, {(0, "resid"): y})
+    row = compare_pair(a, b, Settings(measures=()), user=[measure])
+    x32, y32 = (v.astype(np.float32).astype(np.float64) for v in (x, y))
+    expected = np.mean(np.sum(x32 * y32, axis=1) / (np.linalg.norm(x32, axis=1) * np.linalg.norm(y32, axis=1)))
+    assert row.select("measure", "metric").rows() == [("mean_cosine", "mean_cosine")]
+    assert row["value"].item() == pytest.approx(expected)

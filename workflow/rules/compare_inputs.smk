@@ -1,0 +1,33 @@
+# The comparisons' pairs, settings and input functions (the rules: workflow/rules/compare.smk).
+from anisweep.measures import compare_plan
+from anisweep.plots.compare import COMPARE_FIGURES
+
+COMPARE = config["compare"]
+COMPARE_MEASURES = {name: m for name, m in MEASURES.items() if m.kind == "comparative"}
+try:
+    PAIRS = compare_plan.pairs(COMPARE, {key: [c.step for c in model_checkpoints(*key)] for key in MODELS})
+except ConfigError as error:
+    raise WorkflowError(f"config: {error}") from None
+# the settings that change the built-in measures' values, recorded (sorted JSON): another order reruns nothing
+COMPARE_SETTINGS = settings_of(COMPARE, ("measures", "cka_debiased", "svcca_variance", "sites"))
+
+
+def compare_outputs(family, model):
+    """A model's compare.parquet and figures, where the config compares any of its checkpoints."""
+    if not compare_plan.of_model(PAIRS, family, model):
+        return []
+    figures = [f"results/{family}/{model}/figures/{name}" for name in COMPARE_FIGURES]
+    return [f"results/{family}/{model}/compare.parquet", *figures]
+
+
+def compare_inputs(wildcards):
+    """The two checkpoints' sampled hidden states and extract.json."""
+    folders = [
+        f"results/{wildcards.family}/{wildcards.model}/step{wildcards.step}",
+        f"results/{wildcards.family}/{wildcards.ref_model}/step{wildcards.ref_step}",
+    ]
+    return [f"{folder}/{name}" for folder in folders for name in ("hidden.parquet", "extract.json")]
+
+
+def model_pairs(wildcards):
+    return {p.path: p for p in compare_plan.of_model(PAIRS, wildcards.family, wildcards.model)}
