@@ -63,6 +63,8 @@ def cmd_phases(args) -> None:
     from anisweep.tables import write_atomic
 
     write_atomic(model_phases(read_complete_sweeps([args.sweep]), args.settings), args.out)
+
+
 def cmd_compare(args) -> None:
     import json
 
@@ -139,6 +141,7 @@ def add_commands(sub) -> None:
         "--settings", type=json_value, default={}, help='JSON {"smooth": .., "tolerance": .., "min_steps": ..}'
     )
     p.set_defaults(run=cmd_phases)
+
     p = sub.add_parser("compare", help="comparative measures of two checkpoints (or a checkpoint's layers)")
     p.add_argument("--extract-dir", required=True, help="the checkpoint's folder (hidden.parquet, extract.json)")
     p.add_argument("--ref-dir", help="the reference checkpoint's folder")

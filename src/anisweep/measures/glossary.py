@@ -1051,6 +1051,9 @@ PHASE_COLUMNS: tuple[Term, ...] = (
     ),
     Term("smooth, tolerance, min_steps", "the rule's settings (config `phases`)", ANISWEEP),
     Term("reason", "why the curve has no phase: too few steps, or it moves less than delta; null elsewhere", ANISWEEP),
+)
+
+
 # --------------------------------------------------------------------------- comparisons
 KORNBLITH = "Kornblith et al. 2019 (CKA); Song et al. 2012 (unbiased HSIC)"
 RAGHU = "Raghu et al. 2017 (SVCCA); google/svcca@1f3fbf1, cca_core.py"

@@ -100,6 +100,8 @@ def cmd_plot_phases(args) -> None:
     from anisweep.tables import read_parquet
 
     spectral_phases(read_complete_sweeps([args.sweep]), read_parquet(args.phases), Path(args.out))
+
+
 def cmd_plot_compare(args) -> None:
     from anisweep.plots.compare import draw_all
     from anisweep.tables import read_parquet
