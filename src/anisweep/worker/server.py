@@ -36,12 +36,17 @@ PRELOAD = (
     "transformers",
     "transformers.modeling_utils",
     "transformers.models.auto.modeling_auto",
+    "transformers.models.auto.tokenization_auto",  # weights, logit_lens: the checkpoint's tokenizer
+    "transformers.models.bert.modeling_bert",  # the toys' architectures (and Pythia's, MultiBERTs')
+    "transformers.models.gpt_neox.modeling_gpt_neox",
     "polars",
     "pyarrow.parquet",
     "scipy.stats",
     "matplotlib.pyplot",
     "anisweep.cli",
     "anisweep.checkpoints.fetch",
+    "anisweep.checkpoints.catalogue",
+    "anisweep.tangent.analysis",
     "anisweep.extract.run",
     "anisweep.measures.metrics",
     "anisweep.measures.sweep",
