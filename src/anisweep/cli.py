@@ -56,6 +56,7 @@ def _checkpoint_key(args) -> str | None:
         "extract": getattr(args, "out", None),
         "metrics": getattr(args, "extract_dir", None),
         "measure": getattr(args, "extract_dir", None),
+        "compare": getattr(args, "extract_dir", None),
         "gradients": str(Path(getattr(args, "out", None) or ".").parent),
     }.get(args.command)
     if folder and Path(folder).name.startswith("step") and len(Path(folder).parts) >= 3:

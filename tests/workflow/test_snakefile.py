@@ -92,7 +92,7 @@ def test_every_rule_logs_the_same_way_and_repeats_its_cause(tmp_path):
         assert f"tail -n 1 {log[1]}" in line and "exit $rc; }" in line, line
         assert log[1].startswith("logs/"), line
         # the per-checkpoint commands name the checkpoint in the line themselves (cli._checkpoint_key)
-        if command not in ("fetch", "extract", "metrics", "measure", "gradients", "weights", "logit-lens"):
+        if command not in ("fetch", "extract", "metrics", "measure", "compare", "gradients", "weights", "logit-lens"):
             assert re.search(r"echo '?[a-z_]+[^\"]*'?\": \$\(tail -n 1 ", line), line
     assert any("echo 'sweep toy/toy-bert'\": $(tail -n 1 logs/sweep/toy/toy-bert.log)\"" in line for line in lines)
 

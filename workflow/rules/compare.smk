@@ -56,6 +56,7 @@ rule compare_layers:
 localrules:
     compare_sweep,
     plot_compare,
+    plot_compare_seeds,
 
 
 rule compare_sweep:
@@ -93,6 +94,28 @@ rule plot_compare:
         figure_command(
             "plot-compare --table {input.table} --out-dir {params.out_dir}",
             "plot_compare",
+            "family",
+            "model",
+        )
+
+
+# Only a model with seed pairs (config compare.seeds) asks for it (compare_outputs).
+rule plot_compare_seeds:
+    input:
+        table="results/{family}/{model}/compare.parquet",
+        code=code_inputs("plots.compare", commands="plots.commands"),
+    output:
+        **model_figures(SEED_FIGURES),
+    log:
+        "logs/plots/{family}/{model}.compare_seeds.log",
+    conda:
+        CONDA_ENV
+    params:
+        out_dir="results/{family}/{model}/figures",
+    shell:
+        figure_command(
+            "plot-compare --seeds --table {input.table} --out-dir {params.out_dir}",
+            "plot_compare_seeds",
             "family",
             "model",
         )

@@ -1,6 +1,6 @@
 # The comparisons' pairs, settings and input functions (the rules: workflow/rules/compare.smk).
 from anisweep.measures import compare_plan
-from anisweep.plots.compare import COMPARE_FIGURES
+from anisweep.plots.compare import COMPARE_FIGURES, SEED_FIGURES
 
 COMPARE = config["compare"]
 COMPARE_MEASURES = {name: m for name, m in MEASURES.items() if m.kind == "comparative"}
@@ -14,9 +14,11 @@ COMPARE_SETTINGS = settings_of(COMPARE, ("measures", "cka_debiased", "svcca_vari
 
 def compare_outputs(family, model):
     """A model's compare.parquet and figures, where the config compares any of its checkpoints."""
-    if not compare_plan.of_model(PAIRS, family, model):
+    pairs = compare_plan.of_model(PAIRS, family, model)
+    if not pairs:
         return []
-    figures = [f"results/{family}/{model}/figures/{name}" for name in COMPARE_FIGURES]
+    names = [*COMPARE_FIGURES, *(SEED_FIGURES if any(p.role == "seed" for p in pairs) else ())]
+    figures = [f"results/{family}/{model}/figures/{name}" for name in names]
     return [f"results/{family}/{model}/compare.parquet", *figures]
 
 

@@ -106,7 +106,7 @@ def cmd_plot_compare(args) -> None:
     from anisweep.plots.compare import draw_all
     from anisweep.tables import read_parquet
 
-    draw_all(read_parquet(args.table), args.out_dir)
+    draw_all(read_parquet(args.table), args.out_dir, seed_figures=args.seeds)
 
 
 def add_commands(sub) -> None:
@@ -119,6 +119,7 @@ def add_commands(sub) -> None:
     p = sub.add_parser("plot-compare", help="figures of one model's comparisons (compare.parquet)")
     p.add_argument("--table", required=True)
     p.add_argument("--out-dir", required=True)
+    p.add_argument("--seeds", action="store_true", help="the seed comparison's figure (compare_seeds.png) alone")
     p.set_defaults(run=cmd_plot_compare)
 
     p = sub.add_parser("plot-family", help="one figure comparing the models of a family")

@@ -12,19 +12,24 @@ import polars as pl
 from anisweep.plots.kit import legend_beside, lines_by, panel_grid, save_figure, step_axis
 
 #: the figures of a model whose comparisons are on (config `compare.enabled`)
-COMPARE_FIGURES = ("compare_training.png", "compare_layers.png", "compare_seeds.png")
+COMPARE_FIGURES = ("compare_training.png", "compare_layers.png")
+#: Drawn for a model with seed pairs only (config compare.seeds), by a job of its own.
+SEED_FIGURES = ("compare_seeds.png",)
 ROLE_WORDS = {"final": "against the final step", "previous": "against the previous step", "step": "against step {}"}
 MEASURE_WORDS = {"cka": "linear CKA", "cka_debiased": "linear CKA (unbiased HSIC)", "svcca": "SVCCA", "pwcca": "PWCCA"}
 
 
-def draw_all(table: pl.DataFrame, out_dir: str | Path, site: str = "resid") -> None:
+def draw_all(table: pl.DataFrame, out_dir: str | Path, site: str = "resid", seed_figures: bool = False) -> None:
+    """COMPARE_FIGURES of a model's compare.parquet into `out_dir`, or with `seed_figures` SEED_FIGURES."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = table.filter(pl.col("site") == site)
     title = f"{table['family'][0]} / {table['model'][0]}" if table.height else "comparisons"
+    if seed_figures:
+        seeds(rows.filter(role="seed"), out_dir / "compare_seeds.png", title)
+        return
     over_training(rows.filter(pl.col("role").is_in(list(ROLE_WORDS))), out_dir / "compare_training.png", title)
     layer_matrices(rows.filter(role="layers"), out_dir / "compare_layers.png", title)
-    seeds(rows.filter(role="seed"), out_dir / "compare_seeds.png", title)
 
 
 def _panels(rows: pl.DataFrame) -> list[tuple[str, object, str]]:
