@@ -637,7 +637,8 @@ def test_a_run_killed_mid_write_resumes_with_rerun_incomplete(run, tmp_path):
 def test_a_forced_rerun_whose_model_job_is_killed_leaves_the_checkpoint_whole(run, tmp_path):
     """`--forcerun extract` of one checkpoint, its extract killed (SIGKILL, as the out-of-memory killer does):
     Snakemake puts the checkpoint's previous tables back (update() outputs), so its tables and the metrics read
-    from them agree, nothing is left half-done, no weights stay, and the next plain run has nothing more to redo than before it."""
+    from them agree, nothing is left half-done, no weights stay, and the next plain run has nothing more to redo
+    than before it."""
     workdir, configfile = copy_run(run, tmp_path), run["config"]
     pending = planned(workdir, configfile)  # what the tests before left to do in the module's run
     step8 = workdir / NEOX / "step8"

@@ -16,6 +16,7 @@ from anisweep.config import complete
 from anisweep.measures.gradient_metrics import GRADIENT_METRICS
 from anisweep.measures.registry import WEIGHT_FIGURES
 from anisweep.mechanism.qk_svd import FIGURES as QK_SVD_FIGURES
+from anisweep.plots.compare import COMPARE_FIGURES
 from anisweep.plots.gradients import gradient_figures
 from anisweep.plots.phases import PHASES_FIGURES
 from anisweep.plots.spectra import SPECTRA_FIGURES
@@ -100,7 +101,12 @@ def test_every_contract_file_is_written(tiny_run):
             *SPECTRA_FIGURES,
             *PHASES_FIGURES,
             *(WEIGHT_FIGURES if complete(dict(config))["weights"]["enabled"] else ()),
+            *(COMPARE_FIGURES if complete(dict(config))["compare"]["enabled"] else ()),
         }
+        if complete(dict(config))["compare"]["enabled"]:
+            compared = pl.read_parquet(tiny_run / "results" / "toy" / model / "compare.parquet")
+            assert {"final", "previous", "layers"} <= set(compared["role"])
+            assert {"cka", "svcca", "pwcca"} <= set(compared["metric"])
         phases = pl.read_parquet(tiny_run / "results" / "toy" / model / "phases.parquet")
         assert set(phases.filter(pl.col("scope") == "model")["metric"]) == {"rankme", "rankme_cov", "alpha_req"}
         new_metrics = {"qk_mean_dot", "qk_cos_concat", "partition_isotropy_mm", "drift_avg_cos_p_exact"}
