@@ -21,7 +21,7 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -49,9 +49,11 @@ def _create(path: Path, directory: bool, keep_suffix: bool = False) -> Path:
             continue
 
 
-def remove_orphans(folder: str | os.PathLike) -> list[Path]:
-    """Delete the temporary files and folders that writes killed midway left in `folder`; returns them."""
-    found = sorted({p for pattern in ORPHANS for p in Path(folder).glob(pattern)})
+def remove_orphans(folder: str | os.PathLike, names: Iterable[str] | None = None) -> list[Path]:
+    """Delete the temporary files and folders that writes killed midway left in `folder`; returns them. With
+    `names`, only those of these files: other jobs may be writing theirs into the same folder right now."""
+    patterns = ORPHANS if names is None else [f".{name}{p.removeprefix('.')}" for name in names for p in ORPHANS]
+    found = sorted({p for pattern in patterns for p in Path(folder).glob(pattern)})
     for orphan in found:
         _remove(orphan)
     return found
