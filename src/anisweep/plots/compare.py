@@ -41,9 +41,14 @@ def _panels(rows: pl.DataFrame) -> list[tuple[str, object, str]]:
         refs = sorted(set(of_role["ref_step"])) if role == "step" else [None]
         for ref in refs:
             metrics = of_role if ref is None else of_role.filter(ref_step=ref)
-            panels += [(role, ref, m) for m in MEASURE_WORDS if m in set(metrics["metric"])]
-            panels += [(role, ref, m) for m in sorted(set(metrics["metric"]) - set(MEASURE_WORDS))]
+            panels += [(role, ref, m) for m in _metric_order(metrics["metric"])]
     return panels
+
+
+def _metric_order(metrics) -> list[str]:
+    """The built-in measures in MEASURE_WORDS' order, then a user's own, sorted."""
+    present = set(metrics)
+    return [m for m in MEASURE_WORDS if m in present] + sorted(present - set(MEASURE_WORDS))
 
 
 def over_training(rows: pl.DataFrame, path: Path, title: str) -> None:
@@ -95,7 +100,7 @@ def seeds(rows: pl.DataFrame, path: Path, title: str) -> None:
     others = sorted(set(rows["ref_model"]))
     if not others:
         return _nothing(path, title, "no seed pairs configured (config compare.seeds)")
-    metrics = [m for m in MEASURE_WORDS if m in set(rows["metric"])] + sorted(set(rows["metric"]) - set(MEASURE_WORDS))
+    metrics = _metric_order(rows["metric"])
     fig, axes = panel_grid(len(others) * len(metrics), len(metrics))
     panels = [(other, metric) for other in others for metric in metrics]
     for ax, (other, metric) in zip(axes, panels):
