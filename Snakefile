@@ -42,11 +42,13 @@ include: "workflow/rules/live.smk"
 onerror:
     write_partial_sweeps(unfinished_sweeps())
     remove_fetched_weights(workflow)
+    cancel_rescheduling_timers()
 
 
 # A measure no longer in the config leaves no table or figure behind (anisweep.measures.stale).
 onsuccess:
     remove_stale_measure_outputs("results", MODELS, MEASURES)
+    cancel_rescheduling_timers()
 
 
 rule all:

@@ -2,6 +2,7 @@ import json
 import os
 import shlex
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -125,6 +126,20 @@ def check_device(device):
         torch_device(device)
     except DeviceUnavailable as error:
         raise WorkflowError(f"config: {error}") from None
+
+
+def cancel_rescheduling_timers():
+    """Cancel the scheduler's pending re-evaluation timers, so that a finished run exits at once.
+
+    Snakemake's job rate limiter (max-jobs-per-timespan) ends every scheduling round with a timer that starts
+    another round after the timespan, and every job's end starts a round of its own, so the rounds per second
+    grow with the jobs finished: each round stats every ready job's inputs (about 40 code files a job here). The
+    workstation profile (profiles/default) sets a 10 s timespan instead of 1 s, a tenth of those rounds; the
+    timers left when the run ends would otherwise hold the process for up to 10 s. They only wake a scheduler
+    that has returned."""
+    for thread in threading.enumerate():
+        if isinstance(thread, threading.Timer):
+            thread.cancel()
 
 
 onstart:
