@@ -392,6 +392,42 @@ def test_saved_figures_have_readable_tick_labels(tmp_path):
     assert max(size for ax, axis, size in seen["sizes"] if axis is axes[1].yaxis) == 12  # larger ones are kept
 
 
+def test_a_figure_its_layout_fits_is_drawn_once(tmp_path, monkeypatch):
+    """save_figure draws a constrained-layout figure once, where savefig drew it twice (once to lay it out, once
+    to render it; bbox_inches="tight" measured it a third time), and the PNG is that drawing at 110 dpi."""
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    import anisweep.plots.kit as kit
+
+    draws = []
+    original = Figure.draw
+    monkeypatch.setattr(Figure, "draw", lambda self, renderer: draws.append(1) or original(self, renderer))
+    fig, axes = kit.panel_grid(2, 2)
+    for ax in axes:
+        ax.plot([0, 1], [0, 1], label="line")
+    kit.legend_beside(fig, axes)
+    fig.suptitle("title")
+    save_figure(fig, tmp_path / "f.png")
+    assert len(draws) == 1
+    assert Image.open(tmp_path / "f.png").size == (round(3.4 * 2 * 110), round(2.8 * 110))
+
+
+def test_a_figure_wider_than_its_canvas_is_saved_whole(tmp_path):
+    """Constrained layout fits the panels, not a suptitle's width: one wider than the figure widens the PNG
+    (cropped to what the figure draws) rather than losing its ends."""
+    from PIL import Image
+
+    import anisweep.plots.kit as kit
+
+    fig, axes = kit.panel_grid(1, 1)
+    axes[0].plot([0, 1], [0, 1])
+    fig.suptitle("a suptitle far wider than the one panel of its figure, " * 3)
+    save_figure(fig, tmp_path / "f.png")
+    width, _ = Image.open(tmp_path / "f.png").size
+    assert width > 2 * 3.4 * 110
+
+
 def tick_gaps(ax) -> tuple[float, float]:
     """(display distance from 0 to the next labelled tick, the smallest distance between two labelled powers of
     ten) on the x axis of `ax`."""
