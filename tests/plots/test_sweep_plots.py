@@ -428,6 +428,25 @@ def test_a_figure_wider_than_its_canvas_is_saved_whole(tmp_path):
     assert width > 2 * 3.4 * 110
 
 
+def test_tokens_seen_are_above_the_top_row_of_panels_only(tmp_path, monkeypatch):
+    """Every panel of a grid shares its step axis: the tokens seen sit above the top row (a second axis over
+    each lower panel repeated it, a third of the figure's axes to lay out and draw)."""
+    import anisweep.plots.sweep as plots
+
+    sweep = analysed(aggregate([fake_checkpoint(tmp_path, s, str(s)) for s in (0, 64, 512, 1000)]))
+    figures = drawn_figures(monkeypatch)
+    plots.isotropy(sweep, tmp_path / "isotropy.png")  # five panels on a 2 x 3 grid
+    fig = figures["isotropy.png"]
+    panels = [ax for ax in fig.axes if ax.get_xlabel() == "optimizer step"]
+    tokens = [ax for ax in fig.axes if ax.get_xlabel() == "tokens seen"]
+    assert len(panels) == 5
+    assert sorted(ax.get_position().y0 for ax in tokens) == sorted(
+        ax.get_position().y0 for ax in panels if ax.get_subplotspec().is_first_row()
+    )
+    assert len(tokens) == 3
+    pyplot().close("all")
+
+
 def tick_gaps(ax) -> tuple[float, float]:
     """(display distance from 0 to the next labelled tick, the smallest distance between two labelled powers of
     ten) on the x axis of `ax`."""

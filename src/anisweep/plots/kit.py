@@ -100,7 +100,9 @@ def human_number(n: float) -> str:
 
 
 def step_axis(ax, sweep: pl.DataFrame, label: bool = True) -> None:
-    """Steps below (symlog for log-spaced grids, from 0), tokens seen above at the same ticks.
+    """Steps below (symlog for log-spaced grids, from 0), tokens seen above at the same ticks, on the panels of
+    the grid's top row only: every panel of a figure shares its step axis, and a second axis above each panel
+    of the lower rows repeated the top row's (a third of the figure's axes to lay out and draw).
 
     Call after plotting: the top axis copies the finished limits and ticks.
     """
@@ -116,6 +118,9 @@ def step_axis(ax, sweep: pl.DataFrame, label: bool = True) -> None:
         set_symlog_ticks(ax, scale["linthresh"])
     if label:
         ax.set_xlabel("optimizer step")
+    spec = ax.get_subplotspec()
+    if spec is not None and not spec.is_first_row():
+        return
     per_step = sweep.filter(pl.col("step") > 0).select(pl.col("tokens_seen") / pl.col("step")).drop_nulls()
     if per_step.height:
         tokens = float(per_step.item(0, 0))
