@@ -447,6 +447,33 @@ def test_tokens_seen_are_above_the_top_row_of_panels_only(tmp_path, monkeypatch)
     pyplot().close("all")
 
 
+def test_the_isotropy_band_is_the_spread_of_isotropic_cosines_without_scipy(tmp_path, monkeypatch):
+    """The isotropy figure's band is 0 +- geometry.isotropic_cos_spread(d); drawing it imports no scipy (geometry
+    imports scipy.stats: a second of CPU in each figure job that drew the band)."""
+    import subprocess
+    import sys
+
+    import anisweep.plots.sweep as plots
+    from anisweep.measures.geometry import isotropic_cos_spread
+
+    sweep = analysed(aggregate([fake_checkpoint(tmp_path, s, str(s)) for s in (0, 64, 512, 1000)]))
+    dim = sweep.filter((pl.col("metric") == "avg_cos") & (pl.col("layer") == 0))
+    sweep = pl.concat([sweep, dim.with_columns(metric=pl.lit("dim"), value=pl.lit(64.0))])
+    figures = drawn_figures(monkeypatch)
+    plots.isotropy(sweep, tmp_path / "isotropy.png")
+    band = next(p for p in figures["isotropy.png"].axes[0].patches if p.get_label().startswith("isotropic"))
+    low, high = band.get_path().transformed(band.get_patch_transform()).get_extents().intervaly
+    assert (low, high) == pytest.approx((-isotropic_cos_spread(64), isotropic_cos_spread(64)))
+    pyplot().close("all")
+    sweep.write_parquet(tmp_path / "sweep.parquet")
+    code = (
+        "import sys; import polars as pl; from pathlib import Path; from anisweep.plots.sweep import isotropy; "
+        f"isotropy(pl.read_parquet({str(tmp_path / 'sweep.parquet')!r}), Path({str(tmp_path / 'i.png')!r})); "
+        "assert 'scipy' not in sys.modules, 'scipy imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def tick_gaps(ax) -> tuple[float, float]:
     """(display distance from 0 to the next labelled tick, the smallest distance between two labelled powers of
     ten) on the x axis of `ax`."""
