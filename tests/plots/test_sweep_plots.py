@@ -392,6 +392,88 @@ def test_saved_figures_have_readable_tick_labels(tmp_path):
     assert max(size for ax, axis, size in seen["sizes"] if axis is axes[1].yaxis) == 12  # larger ones are kept
 
 
+def test_a_figure_its_layout_fits_is_drawn_once(tmp_path, monkeypatch):
+    """save_figure draws a constrained-layout figure once, where savefig drew it twice (once to lay it out, once
+    to render it; bbox_inches="tight" measured it a third time), and the PNG is that drawing at 110 dpi."""
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    import anisweep.plots.kit as kit
+
+    draws = []
+    original = Figure.draw
+    monkeypatch.setattr(Figure, "draw", lambda self, renderer: draws.append(1) or original(self, renderer))
+    fig, axes = kit.panel_grid(2, 2)
+    for ax in axes:
+        ax.plot([0, 1], [0, 1], label="line")
+    kit.legend_beside(fig, axes)
+    fig.suptitle("title")
+    save_figure(fig, tmp_path / "f.png")
+    assert len(draws) == 1
+    assert Image.open(tmp_path / "f.png").size == (round(3.4 * 2 * 110), round(2.8 * 110))
+
+
+def test_a_figure_wider_than_its_canvas_is_saved_whole(tmp_path):
+    """Constrained layout fits the panels, not a suptitle's width: one wider than the figure widens the PNG
+    (cropped to what the figure draws) rather than losing its ends."""
+    from PIL import Image
+
+    import anisweep.plots.kit as kit
+
+    fig, axes = kit.panel_grid(1, 1)
+    axes[0].plot([0, 1], [0, 1])
+    fig.suptitle("a suptitle far wider than the one panel of its figure, " * 3)
+    save_figure(fig, tmp_path / "f.png")
+    width, _ = Image.open(tmp_path / "f.png").size
+    assert width > 2 * 3.4 * 110
+
+
+def test_tokens_seen_are_above_the_top_row_of_panels_only(tmp_path, monkeypatch):
+    """Every panel of a grid shares its step axis: the tokens seen sit above the top row (a second axis over
+    each lower panel repeated it, a third of the figure's axes to lay out and draw)."""
+    import anisweep.plots.sweep as plots
+
+    sweep = analysed(aggregate([fake_checkpoint(tmp_path, s, str(s)) for s in (0, 64, 512, 1000)]))
+    figures = drawn_figures(monkeypatch)
+    plots.isotropy(sweep, tmp_path / "isotropy.png")  # five panels on a 2 x 3 grid
+    fig = figures["isotropy.png"]
+    panels = [ax for ax in fig.axes if ax.get_xlabel() == "optimizer step"]
+    tokens = [ax for ax in fig.axes if ax.get_xlabel() == "tokens seen"]
+    assert len(panels) == 5
+    assert sorted(ax.get_position().y0 for ax in tokens) == sorted(
+        ax.get_position().y0 for ax in panels if ax.get_subplotspec().is_first_row()
+    )
+    assert len(tokens) == 3
+    pyplot().close("all")
+
+
+def test_the_isotropy_band_is_the_spread_of_isotropic_cosines_without_scipy(tmp_path, monkeypatch):
+    """The isotropy figure's band is 0 +- geometry.isotropic_cos_spread(d); drawing it imports no scipy (geometry
+    imports scipy.stats: a second of CPU in each figure job that drew the band)."""
+    import subprocess
+    import sys
+
+    import anisweep.plots.sweep as plots
+    from anisweep.measures.geometry import isotropic_cos_spread
+
+    sweep = analysed(aggregate([fake_checkpoint(tmp_path, s, str(s)) for s in (0, 64, 512, 1000)]))
+    dim = sweep.filter((pl.col("metric") == "avg_cos") & (pl.col("layer") == 0))
+    sweep = pl.concat([sweep, dim.with_columns(metric=pl.lit("dim"), value=pl.lit(64.0))])
+    figures = drawn_figures(monkeypatch)
+    plots.isotropy(sweep, tmp_path / "isotropy.png")
+    band = next(p for p in figures["isotropy.png"].axes[0].patches if p.get_label().startswith("isotropic"))
+    low, high = band.get_path().transformed(band.get_patch_transform()).get_extents().intervaly
+    assert (low, high) == pytest.approx((-isotropic_cos_spread(64), isotropic_cos_spread(64)))
+    pyplot().close("all")
+    sweep.write_parquet(tmp_path / "sweep.parquet")
+    code = (
+        "import sys; import polars as pl; from pathlib import Path; from anisweep.plots.sweep import isotropy; "
+        f"isotropy(pl.read_parquet({str(tmp_path / 'sweep.parquet')!r}), Path({str(tmp_path / 'i.png')!r})); "
+        "assert 'scipy' not in sys.modules, 'scipy imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def tick_gaps(ax) -> tuple[float, float]:
     """(display distance from 0 to the next labelled tick, the smallest distance between two labelled powers of
     ten) on the x axis of `ax`."""

@@ -50,6 +50,8 @@ def metric_words(metric: str) -> str:
 
 #: the smallest font size (points) of any tick label in a saved figure (save_figure lifts smaller ones)
 MIN_TICK_LABEL_SIZE = 8.0
+#: the resolution of every saved figure
+FIGURE_DPI = 110
 
 
 def symlog_position(steps, linthresh: float) -> np.ndarray:
@@ -98,7 +100,9 @@ def human_number(n: float) -> str:
 
 
 def step_axis(ax, sweep: pl.DataFrame, label: bool = True) -> None:
-    """Steps below (symlog for log-spaced grids, from 0), tokens seen above at the same ticks.
+    """Steps below (symlog for log-spaced grids, from 0), tokens seen above at the same ticks, on the panels of
+    the grid's top row only: every panel of a figure shares its step axis, and a second axis above each panel
+    of the lower rows repeated the top row's (a third of the figure's axes to lay out and draw).
 
     Call after plotting: the top axis copies the finished limits and ticks.
     """
@@ -114,6 +118,9 @@ def step_axis(ax, sweep: pl.DataFrame, label: bool = True) -> None:
         set_symlog_ticks(ax, scale["linthresh"])
     if label:
         ax.set_xlabel("optimizer step")
+    spec = ax.get_subplotspec()
+    if spec is not None and not spec.is_first_row():
+        return
     per_step = sweep.filter(pl.col("step") > 0).select(pl.col("tokens_seen") / pl.col("step")).drop_nulls()
     if per_step.height:
         tokens = float(per_step.item(0, 0))
@@ -192,12 +199,46 @@ def legend_beside(fig, axes, source=None, handles=None, labels=None, **kwargs) -
 
 
 def save_figure(fig, path: Path) -> None:
+    """`fig` as a PNG at FIGURE_DPI, its tick labels readable, closed.
+
+    A figure whose layout engine fits it to its canvas (constrained layout: every panel_grid) is drawn once and
+    written as drawn, where everything it drew lies on the canvas: savefig would draw it twice, once to lay it out
+    and once to render it. Constrained layout fits the panels, their tick labels, titles and legends, not the
+    width of a suptitle, of a figure's text or of an axis label; where one of those sticks out, and for any other
+    figure, the figure is cropped to what it draws (savefig's bbox_inches="tight", two more draws)."""
+    from matplotlib.image import imsave
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
     try:
         readable_ticks(fig)
         with replacing(path, keep_suffix=True) as tmp:
-            fig.savefig(tmp, dpi=110, bbox_inches="tight")
+            if isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine) and Path(path).suffix == ".png":
+                fig.set_dpi(FIGURE_DPI)
+                fig.canvas.draw()
+                if not sticks_out(fig):
+                    imsave(tmp, fig.canvas.buffer_rgba(), format="png", dpi=FIGURE_DPI)
+                    return
+            fig.savefig(tmp, dpi=FIGURE_DPI, bbox_inches="tight")
     finally:
         pyplot().close(fig)
+
+
+def sticks_out(fig, tolerance: float = 1.0) -> bool:
+    """Whether a drawn figure's texts, axis labels or legends (what its layout engine may leave off the canvas)
+    reach beyond it by more than `tolerance` pixels."""
+    renderer = fig.canvas.get_renderer()
+    artists = [*fig.texts, *fig.legends]
+    for ax in fig.axes:
+        if ax.get_visible():
+            artists += [ax.xaxis.label, ax.yaxis.label, ax.title, ax.get_legend()]
+    canvas = fig.bbox.padded(tolerance)
+    for artist in artists:
+        if artist is None or not artist.get_visible() or (hasattr(artist, "get_text") and not artist.get_text()):
+            continue
+        box = artist.get_window_extent(renderer)
+        if box.x0 < canvas.x0 or box.y0 < canvas.y0 or box.x1 > canvas.x1 or box.y1 > canvas.y1:
+            return True
+    return False
 
 
 def panel_grid(n: int, ncols: int, size=(3.4, 2.8)):

@@ -118,15 +118,11 @@ def attention_softmax(sweep: pl.DataFrame, path: Path) -> None:
 
 
 def isotropy(sweep: pl.DataFrame, path: Path) -> None:
-    from anisweep.measures.geometry import (
-        isotropic_cos_spread,  # here: geometry imports scipy, and the Snakefile imports plots
-    )
-
     panels = {metric: metric_words(metric) for metric in ISOTROPY_METRICS}
     dims = select_rows(sweep, "dim", "resid")["value"].drop_nulls()
     bands = {}
     if len(dims):  # the cosine spread of an isotropic normal cloud of the residual stream's dimension
-        spread = isotropic_cos_spread(int(dims.max()))
+        spread = 1.0 / np.sqrt(int(dims.max()))  # geometry.isotropic_cos_spread, whose module imports scipy (1 s)
         band = (-spread, spread, f"isotropic N(0, I_d): cos 0 +- 1/sqrt(d), d = {int(dims.max())}")
         bands = {"avg_cos": band, "centred_avg_cos": band}
     lines_per_layer(
