@@ -133,7 +133,7 @@ def test_begin_batch_never_reads_the_device_mask(causal):
     assert on_meta.n_valid == on_cpu.n_valid == 14
     assert on_meta.row_counts == on_cpu.row_counts
     assert on_meta.n_visible.device.type == "meta"
-    assert on_meta.blocks()[0][1][0].index.device.type == "meta"
+    assert on_meta.blocks()[0][1][0].odd.device.type == "meta"
     expected_pairs = sum(range(1, 7)) + sum(range(1, 9)) if causal else 6 * 6 + 8 * 8
     assert on_cpu.row_counts[2] == expected_pairs
 
@@ -206,3 +206,54 @@ def test_score_std_is_exact_where_raw_moments_cancel(causal):
         assert abs(expected.mean()) / expected.std() > 300
         assert float(means["score_mean"][head]) == pytest.approx(expected.mean(), rel=1e-7)
         assert float(means["score_std"][head]) == pytest.approx(expected.std(), rel=1e-5)
+
+
+def masks(t: int):
+    """(name, hidden (R, L) bool) of the masks extract's attention rows take: bidirectional and causal, without and
+    with padding (at the end, at the start), a causal row block against the keys it sees, a row of one key."""
+    causal = torch.ones(t, t, dtype=torch.bool).triu(1)
+    pad_end = (torch.arange(t) >= t - t // 3)[None, :].expand(t, t)
+    pad_start = (torch.arange(t) < t // 4)[None, :].expand(t, t)
+    r0, r1 = t // 3, t - t // 4
+    return [
+        ("bidirectional", torch.zeros(t, t, dtype=torch.bool)),
+        ("bidirectional padded", pad_end),
+        ("causal", causal),
+        ("causal padded", causal | pad_end),
+        ("causal left-padded", causal | pad_start),
+        ("causal row block", (causal | pad_end)[r0:r1, :r1]),
+        ("one key", torch.zeros(3, 1, dtype=torch.bool)),
+    ]
+
+
+@pytest.mark.parametrize("t", [2, 7, 33, 64])
+def test_row_order_statistics_are_a_sort_of_the_visible_keys(t):
+    """p's visible min, lower and upper middle and max from row_statistics (one partition per row) against a full
+    sort of each row's visible exponentials, bit for bit: scores with ties (a few values only), exponentials that
+    underflow to 0 or to subnormals, odd and even counts of visible keys, every mask extract builds."""
+    g = torch.Generator().manual_seed(t)
+    for name, hidden in masks(t):
+        n, (r, length) = 5, hidden.shape
+        scores = torch.randint(-4, 4, (n, r, length), generator=g).float() * 0.75
+        scores[0] = torch.randn(r, length, generator=g)  # no ties
+        scores[1, :, ::3] -= 95.0  # subnormal exponentials
+        scores[2, :, ::2] -= 200.0  # exponentials of 0
+        scores[3, :, ::2] = float("-inf")  # as a -inf bias leaves them
+        keys = VisibleKeys.build(hidden)
+        rows = torch.empty(n, r, len(ROW_FIELDS))
+        e = masked_exp_(scores.clone(), keys, rows, out=torch.empty_like(scores))
+        row_statistics(scores.clone().sub_(rows[..., ROW_FIELDS.index("score_max"), None]), e, keys, rows)
+        visible = ~hidden
+        m = torch.where(visible, scores, torch.finfo(torch.float32).min).amax(dim=-1, keepdim=True)
+        exps = torch.exp(scores - m)  # the same layout as extract's: the same float32 rounding
+        for i in range(n):
+            for row in range(r):
+                values = exps[i, row][visible[row]].sort().values
+                count = len(values)
+                if count == 0 or not float(values[-1]) > 0:  # no visible key, or every visible score -inf: NaN
+                    continue
+                z = rows[i, row, ROW_FIELDS.index("z")]
+                assert float(z) == pytest.approx(float(values.double().sum()), rel=1e-6), name
+                got = rows[i, row, [ROW_FIELDS.index(f) for f in ("p_min", "p_lower", "p_upper", "p_max")]]
+                want = values[[0, (count - 1) // 2, count // 2, count - 1]] / z
+                assert torch.equal(got, want), (name, i, row, got, want)

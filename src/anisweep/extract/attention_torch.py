@@ -129,6 +129,15 @@ def attend(
     weights = None if valid is None else valid.float()[:, None, :].expand(b, h, t)
     query, key = query.float(), key.float()
     zero = query.new_zeros(())
+    plan = [
+        (i, rows, keys, seqs, heads)
+        for i, (rows, keys) in enumerate(blocks)
+        for seqs, heads in chunks(b, h, (rows.stop - rows.start) * keys[0].n_keys, query.device, all_valid)
+    ]
+    if any(seqs.stop - seqs.start > 1 for *_, seqs, _ in plan):
+        # chunks of several sequences read (sequences x heads) as one batch dim: a view only where the heads of
+        # one sequence follow each other, else a copy per chunk (causal blocks copy the keys again for each)
+        query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
 
     def chunk(seqs, heads, rows, keys, part):
         keys_slice = slice(0, keys.n_keys)
@@ -146,18 +155,16 @@ def attend(
         e = masked_exp_(scores, keys, chunk_rows, out=scratch.get("e", shape, q))
         torch.bmm(e.to(value.dtype), flat(value, keys_slice), out=chunk_output)
         chunk_output.div_(chunk_rows[..., ROW_FIELDS.index("z"), None])
-        if part is not None:  # sum_i p_ij = sum_i (valid_i / Z_i) e_ij: one pass over e, before the sort consumes it
+        if part is not None:  # sum_i p_ij = sum_i (valid_i / Z_i) e_ij: one pass over e, before it is partitioned
             z = chunk_rows[..., ROW_FIELDS.index("z")]
             w = flat(weights, rows) / z.clamp_min(TINY)  # 0 on padding rows, whose Z may be 0
             flat(part, keys_slice).copy_(torch.bmm(w[:, None, :], e).squeeze(1))
         row_statistics(scores, e, keys, chunk_rows)
 
-    tasks = []
-    for i, (rows, keys) in enumerate(blocks):
-        n_scores = (rows.stop - rows.start) * keys[0].n_keys
-        for seqs, heads in chunks(b, h, n_scores, query.device, all_valid):
-            part = None if parts is None else parts[i]
-            tasks.append(partial(chunk, seqs, heads, rows, keys[0 if all_valid else seqs.start], part))
+    tasks = [
+        partial(chunk, seqs, heads, rows, keys[0 if all_valid else seqs.start], None if parts is None else parts[i])
+        for i, rows, keys, seqs, heads in plan
+    ]
     workers.run(tasks)
     colsum = None if parts is None else (parts[0] if len(blocks) == 1 else parts.sum(dim=0))
     return output, row_stats, colsum
