@@ -46,22 +46,26 @@ from anisweep.extract.run import run
 
 from slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture test_slurm.py uses
 
-# The test files that take longest (minutes each: whole Snakemake runs, the SLURM cluster, the kernel compile), slowest
-# first, from a full run's --durations. They are collected first, so that pytest-xdist (--dist loadfile hands out
-# whole files in collection order) starts them at once and the short files fill in around them, rather than one
-# worker finishing a long file alone at the end.
+# The test files that take longest (minutes each: whole Snakemake runs, the SLURM cluster, the kernel compile),
+# slowest first, from a full run's --durations=0 summed per file. They are collected first, so that pytest-xdist
+# (--dist loadfile --no-loadscope-reorder hands out whole files in collection order) starts them at once and the
+# short files fill in around them, rather than one worker finishing a long file alone at the end.
 SLOWEST_FILES = [
     "workflow/test_reruns.py",
+    "extract/test_kernel_compile.py",
     "workflow/test_slurm.py",
     "workflow/test_workflow.py",
-    "extract/test_kernel_compile.py",
-    "live/test_live_local.py",
     "workflow/test_measures.py",
+    "live/test_live_local.py",
+    "test_docs.py",
     "workflow/test_media_run.py",
-    "tangent/test_seminmf.py",
-    "live/test_toy_live.py",
+    "workflow/test_hub_pipeline.py",
+    "checkpoints/test_hub_family_run.py",
     "workflow/test_survey.py",
+    "live/test_toy_live.py",
     "workflow/test_unmeasurable_run.py",
+    "test_bad_input.py",
+    "tangent/test_seminmf.py",
 ]
 
 
