@@ -46,6 +46,35 @@ from anisweep.extract.run import run
 
 from slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture test_slurm.py uses
 
+# The test files that take longest (minutes each: whole Snakemake runs, the SLURM cluster, the kernel compile),
+# slowest first, from a full run's --durations=0 summed per file. They are collected first, so that pytest-xdist
+# (--dist loadfile --no-loadscope-reorder hands out whole files in collection order) starts them at once and the
+# short files fill in around them, rather than one worker finishing a long file alone at the end.
+SLOWEST_FILES = [
+    "workflow/test_reruns.py",
+    "extract/test_kernel_compile.py",
+    "workflow/test_slurm.py",
+    "workflow/test_workflow.py",
+    "workflow/test_measures.py",
+    "live/test_live_local.py",
+    "test_docs.py",
+    "workflow/test_media_run.py",
+    "workflow/test_hub_pipeline.py",
+    "checkpoints/test_hub_family_run.py",
+    "workflow/test_survey.py",
+    "live/test_toy_live.py",
+    "workflow/test_unmeasurable_run.py",
+    "test_bad_input.py",
+    "tangent/test_seminmf.py",
+]
+
+
+def pytest_collection_modifyitems(items):
+    here = Path(__file__).parent
+    rank = {here / name: i for i, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path, len(SLOWEST_FILES)))  # stable: the rest keep their order
+
+
 # The dimensions every tiny test model shares (GPT-2 names them its own way).
 TINY_DIMS = {
     "vocab_size": 60,

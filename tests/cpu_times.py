@@ -2,6 +2,10 @@
 user + system, setup and teardown included) as JSON lines in FILE, to compare test costs on a shared machine,
 where wall time says more about the neighbours than about the test.
 
+Under pytest-xdist (the default: -n auto) each worker records the tests it runs, in its own process, and appends
+whole lines to FILE; the sum over FILE is the suite's CPU time (the workers' start-up and collection left out),
+comparable with a serial run's (`-n 0`).
+
 The warm process of tests/warm_snakemake.py counts with its dry runs. Processes that outlive their parent (a
 run's warm worker, started by its first job) are reparented to pytest (a child subreaper) and reaped after each
 test phase, so that their CPU time counts too.
