@@ -285,7 +285,7 @@ def train_toy(
             lr=spec.lr,
             betas=(0.9, 0.95),
             eps=1e-8,
-            fused=True,  # one kernel over all parameters: a toy's ~60 small tensors cost more to loop over than to update
+            fused=True,  # one kernel: a toy's ~60 small tensors cost more to loop over than to update
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, spec.warmup, total))
 
