@@ -244,11 +244,14 @@ class DamagedTable(ValueError):
     """A Parquet file an earlier run left cut short or corrupt: reading it again fails the same way."""
 
 
+#: The tables extract writes beside EXTRACT_TABLES when it runs the gradient pass (anisweep.tangent).
+EXTRACT_GRADIENT_TABLES = ("gradient_sums", "gradient_sample", "embedding_rows")
+
 #: The rule that writes each table, by file name (the rest are named by their folder's rule in the message).
 _MADE_BY = {
     **dict.fromkeys(EXTRACT_TABLES, "extract"),
     **dict.fromkeys(UNTRAINED_TABLES, "untrained"),
-    **dict.fromkeys(("gradient_sums", "gradient_sample", "embedding_rows"), "extract"),
+    **dict.fromkeys(EXTRACT_GRADIENT_TABLES, "extract"),
     **dict.fromkeys(("gradients", "gradient_bases"), "gradients"),
     "gradient_fixed_shares": "gradient_fixed_shares",
     "metrics": "metrics",

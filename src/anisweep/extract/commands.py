@@ -31,14 +31,14 @@ def cmd_extract(args) -> None:
     from anisweep.corpus import load_texts, read_corpus
     from anisweep.extract.model import ExtractSettings
     from anisweep.extract.run import extract_checkpoint
-    from anisweep.tables import EXTRACT_TABLES
+    from anisweep.tables import EXTRACT_GRADIENT_TABLES, EXTRACT_TABLES
 
     settings = ExtractSettings(**args.settings)
     if args.threads:
         settings.threads = args.threads
     manifest = json.loads(Path(args.manifest).read_text())
     # half-written tables of a run killed mid-write: extract's own, never the weights job's beside them
-    own = [f"{name}.parquet" for name in (*EXTRACT_TABLES, "gradient_sums", "gradient_sample", "embedding_rows")]
+    own = [f"{name}.parquet" for name in (*EXTRACT_TABLES, *EXTRACT_GRADIENT_TABLES)]
     remove_orphans(args.out, [*own, "gradient_bases.parquet", "extract.json"])
     texts = read_corpus(args.texts) if args.texts else load_texts(args.corpus)
     more_tables = None
