@@ -147,9 +147,13 @@ def test_table_difference():
         {"layer": [0, 1, 2], "site": ["a", "b", "c"], "x": [1.0, -200.0, 1e-4], "v": [[1.0, 2.0], [3.0], []]}
     )
     assert bench.table_difference(ref, ref) == {"max_rel": 0.0, "column": None}
-    near = ref.with_columns(pl.Series("x", [1.0 + 5e-6, -200.0 * (1 + 2e-5), 1e-4 + 5e-8]))
+    # relative to the column's largest |ref|, 200: the 1e-3 of x = 1 is 5e-6 of it, the 2e-5 of -200 all of 2e-5
+    near = ref.with_columns(pl.Series("x", [1.0 + 1e-3, -200.0 * (1 + 2e-5), 1e-4 + 5e-8]))
     got = bench.table_difference(near, ref)
-    assert got["column"] == "x" and math.isclose(got["max_rel"], 2e-5, rel_tol=1e-6)  # below 0.01: absolute / 0.01
+    assert got["column"] == "x" and math.isclose(got["max_rel"], 2e-5, rel_tol=1e-6)
+    small = pl.DataFrame({"y": [1e-4, 2e-3]})  # a column's scale is at least 0.01: below it differences are absolute
+    got = bench.table_difference(small.with_columns(pl.col("y") + 1e-9), small)
+    assert math.isclose(got["max_rel"], 1e-7, rel_tol=1e-6)
     lists = ref.with_columns(pl.Series("v", [[1.0, 2.0 + 2e-5], [3.0], []]))
     assert bench.table_difference(lists, ref)["column"] == "v"
     inf = float("inf")
@@ -281,3 +285,18 @@ def test_the_outlier_statistics_are_off_only_in_their_variant():
     resid = (1, "resid")
     assert not without.vectors[resid].has_outliers and without.sinks[0].n_rows == 0
     assert with_.vectors[resid].has_outliers and with_.sinks[0].n_rows == 2 * 16
+
+
+def test_profile_extract_reports_each_part(tmp_path):
+    """benchmarks/profile_extract.py on a tiny model on the CPU: the timing line, the ops by host time and the
+    Python functions (the device-time table and the host waits are CUDA's alone)."""
+    path = SCRIPT.parent / "profile_extract.py"
+    profile_spec = importlib.util.spec_from_file_location("profile_extract", path)
+    profile = importlib.util.module_from_spec(profile_spec)
+    profile_spec.loader.exec_module(profile)
+    profile.main(["--shape", "bert-tiny", "--batch", "2", "--seq-len", "16", "--rows", "5", "--out", str(tmp_path)])
+    text = (tmp_path / "bert-tiny_2x16_float32_cpu.txt").read_text()
+    assert text.startswith("# bert-tiny_2x16_float32_cpu: plain ")
+    assert "## ops by their own host time" in text and "aten::" in text
+    assert "## Python functions by cumulative time" in text and "extract/run.py" in text
+    assert "device time" not in text and "host waits" not in text

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,6 +30,8 @@ from test_streaming import attention_rows
 
 from anisweep.extract import attention_triton, recorder
 from anisweep.extract.streaming import ROW_FIELDS
+
+TESTS = Path(__file__).parents[1]
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-5, torch.float16: 1e-5}  # statistics: the scores are float32
 OUTPUT_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}  # p and the output are rounded
@@ -249,4 +252,5 @@ def test_compiled_kernels_on_cuda():
         "    t.assert_matches([x.cpu() for x in got], t.eager(q, k, v, scaling, valid, causal), valid, dtype)\n"
     )
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])  # test_extract imports conftest
     subprocess.run([sys.executable, "-c", code], env=env, check=True)

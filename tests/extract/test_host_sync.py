@@ -80,14 +80,17 @@ def host_sync_trap():
 
 class ReadTrap(TorchFunctionMode):
     """The host reading a device tensor's value (`bool(t)`, `.item()`, `.tolist()`, ...), and tensors made on a
-    device from Python data (`torch.tensor(data, device=...)`, `new_tensor`: a blocking copy the dispatcher
-    does not show)."""
+    device from Python data (`torch.tensor(data, device=...)`, `new_tensor`, `t[i] = number`: a blocking copy the
+    dispatcher does not show)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         if name in TENSOR_READS and args[0].device.type != "cpu":
             refuse(f"Tensor.{name} reads a device value back")
+        if name == "__setitem__" and args[0].device.type != "cpu" and not isinstance(args[2], torch.Tensor):
+            # on CUDA the number becomes a host tensor copied in (on meta it is made on meta, which CopyTrap allows)
+            refuse(f"Tensor.__setitem__ copies a Python value into {args[0].device}, and the host waits for it")
         if func in FROM_HOST_DATA:
             device = kwargs.get("device") or (args[0].device if func is torch.Tensor.new_tensor else "cpu")
             if torch.device(device).type != "cpu":
@@ -217,10 +220,22 @@ def test_the_trap_catches_a_read_back(tmp_path, monkeypatch):
         lambda x: torch.bincount(x.long()),
         lambda x: torch.tensor([1.0], device=x.device),
         lambda x: torch.zeros(3).to(x.device),
+        lambda x: x.__setitem__(1, float("-inf")),
         lambda x: x.cpu(),
         lambda x: x.to("cpu", non_blocking=True),
     ],
-    ids=["item", "bool", "nonzero", "mask", "bincount", "tensor", "to device", "cpu", "to fresh host memory"],
+    ids=[
+        "item",
+        "bool",
+        "nonzero",
+        "mask",
+        "bincount",
+        "tensor",
+        "to device",
+        "setitem",
+        "cpu",
+        "to fresh host memory",
+    ],
 )
 def test_the_trap_refuses_each_kind_of_wait(wait):
     x = torch.zeros(3, device="meta")

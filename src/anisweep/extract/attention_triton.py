@@ -24,9 +24,10 @@ Choices, and why:
 * Blocks and warps (`plan`): a program holds BLOCK_M query rows against the whole row, BLOCK_N keys (T to
   the next power of two); ROW_TILE // BLOCK_N rows, at least 16 for the fused kernel's tl.dot; 4 warps up
   to ROW_TILE scores per program, 8 beyond. Measured statically, by ptxas (benchmarks/compile_kernels.py,
-  out/kernel_compile.md: Triton 3.9, sm_90a and sm_80, d_head 64, 80, 128, 128 to 2048 keys), not timed:
-  nothing spills, the fused kernel uses up to 239 of 255 registers (512 keys, d_head 128, 8 warps) and
-  144 KB of shared memory (sm_80 allows 163 KB a block), the scores kernel up to 168 registers. At 1024
+  out/kernel_compile.md: Triton 3.9, and 3.6 by hand, sm_90a and sm_80, d_head 64, 80, 128, 128 to 2048 keys),
+  not timed: nothing spills, the fused kernel uses up to 254 of 255 registers (239 under 3.6; 512 keys,
+  d_head 128, 8 warps) and 144 KB of shared memory (sm_80 allows 163 KB a block), the scores kernel up to 148
+  (184 under 3.6). At 1024
   keys the fused kernel spilled on sm_90a with 8 warps or 16, and 512 keys on 4 warps spilled.
 * float32 (`_scores_kernel`): Triton's float32 tl.dot rounds its inputs to TF32 (2e-3 off eager) and
   its exact "ieee" mode took 36-46 ms where TF32 took 1.9 ms (same H100 probe), so torch's float32 matmul writes the
@@ -419,11 +420,13 @@ def _column_sums(e, z, valid_ptr, rows, keys, n_keys, T, cs_ptr, sc_t):
 @triton.jit
 def _order_statistics(e, z, n, visible, row_ptrs, row_mask, sr_f):
     """Writes the min, lower and upper middle (sorted positions (n-1)//2 and n//2) and max of each row's
-    visible p = e / Z. Only the bits of e stay live through the bisection."""
+    visible p = e / Z. Only the bits of e stay live through the bisection. The minimum comes from the bits, before
+    the maximum: its order here is what spilled no register under Triton 3.6 and 3.9 (compile_kernels.py)."""
     seen = n > 0
-    _store(row_ptrs + P_MIN * sr_f, tl.min(tl.where(visible, e, float("inf")), axis=1) / z, seen, row_mask)
-    _store(row_ptrs + P_MAX * sr_f, tl.max(e, axis=1) / z, seen, row_mask)
     bits = tl.where(visible, e.to(tl.int32, bitcast=True), INF_BITS)  # e >= 0 orders as its bits; hidden last
+    smallest = tl.min(bits, axis=1).to(tl.float32, bitcast=True)  # the smallest visible e, as min of its bits
+    _store(row_ptrs + P_MIN * sr_f, smallest / z, seen, row_mask)
+    _store(row_ptrs + P_MAX * sr_f, tl.max(e, axis=1) / z, seen, row_mask)
     lower = _kth_smallest(bits, tl.maximum(n - 1, 0) // 2)
     n_at_most = tl.sum((bits <= lower[:, None]).to(tl.int32), axis=1)
     above = tl.min(tl.where(bits > lower[:, None], bits, INF_BITS), axis=1)

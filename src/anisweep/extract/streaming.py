@@ -49,7 +49,7 @@ class VectorStats:
         self.norm_sums = torch.zeros(2, **f64)  # sum ||x||, sum ||x||^2
         self.norm_m2 = torch.zeros((), **f64)  # sum (||x|| - mean ||x||)^2
         self.norm_range = torch.full((2,), float("inf"), **f64)  # min, max ||x||: filled, not copied from the host
-        self.norm_range[1] = float("-inf")
+        self.norm_range[1].neg_()  # `[1] = -inf` would copy a host scalar in, and the host would wait for it
         self.m2 = torch.zeros(2, d, **f64)  # per dimension: M2 of x_j, of x_j / ||x||
         self.abs_max = torch.zeros(d, **f64)  # per dimension: max |x_j|
         # each mini-batch's TOP_K tokens by max_j |x_j| with its first sequence, merged once at the end (top_tokens):
