@@ -127,6 +127,7 @@ KERNEL_TESTS = [
     "tests/extract/test_kernel_compile.py",
 ]
 CUDA_TESTS = ("test_compiled_kernels_on_cuda", "test_on_a_gpu_no_op_of_a_run_synchronises")  # skipped without one
+FAILURE_CHARS = 1500  # of each failed kernel test's report kept in the JSON and the Markdown
 COMPARE_RTOL = 1e-5  # float32 tables on the device against the CPU's
 REL_FLOOR = 0.01  # a column's scale at least: COMPARE_RTOL * REL_FLOOR = 1e-7 absolute, the tests' atol
 SCORE_BINS = {"low": -20.0, "high": 20.0, "n": 80}  # config/config.yaml's: the comparison covers score_hist too
@@ -1014,8 +1015,10 @@ def kernel_tests(a) -> dict:
 
 
 def junit_outcomes(xml: str | None) -> dict:
-    """Every test's outcome from pytest's JUnit XML: passed, failed, error or skipped (with pytest's reason)."""
-    outcomes, reasons = {}, {}
+    """Every test's outcome from pytest's JUnit XML: passed, failed, error or skipped (with pytest's reason), and
+    each failure's or error's message with the end of its report (the process's own output tail can be all
+    warnings)."""
+    outcomes, reasons, failures = {}, {}, {}
     for case in ET.fromstring(xml).iter("testcase") if xml else ():
         test = f"{case.get('classname')}::{case.get('name')}"
         kinds = {child.tag: child for child in case}
@@ -1023,7 +1026,10 @@ def junit_outcomes(xml: str | None) -> dict:
         outcomes[test] = {"failure": "failed"}.get(outcome, outcome)
         if outcome == "skipped":
             reasons[test] = kinds["skipped"].get("message", "")
-    return {"outcomes": outcomes, "skip_reasons": reasons}
+        elif outcome != "passed":
+            report = kinds[outcome]
+            failures[test] = f"{report.get('message', '')}\n{(report.text or '')[-FAILURE_CHARS:]}".strip()
+    return {"outcomes": outcomes, "skip_reasons": reasons, "failures": failures}
 
 
 def comparison(a) -> dict:
@@ -1415,7 +1421,11 @@ def kernel_tests_summary(res: dict) -> list[str]:
         f"`{res['command']}`: {line['measured']} ({res.get('seconds', 0):.0f} s): **{line['verdict']}**",
     ]
     tally = tally_tests(res) if res.get("outcomes") else {"failed": [], "error": [], "skipped": []}
-    lines += [f"- {kind}: {test}" for kind in ("failed", "error") for test in tally[kind]]
+    for kind in ("failed", "error"):
+        for test in tally[kind]:
+            lines.append(f"- {kind}: {test}")
+            said = res.get("failures", {}).get(test)
+            lines += ["", "  ```", *(f"  {line}" for line in said.splitlines()[-12:]), "  ```"] if said else []
     lines += [f"- skipped, NOT run: {test} ({res['skip_reasons'].get(test, '')})" for test in tally["skipped"]]
     return lines
 

@@ -133,6 +133,11 @@ def test_kernel_tests_pass_only_when_every_test_ran():
 
     failed = kernel_res(junit(case("test_ties[dtype0]", '<failure message="x" />'), *CUDA_PASSED), returncode=1)
     assert bench.kernel_tests_line(failed)["verdict"] == FAIL
+    report = "E   ModuleNotFoundError: No module named 'conftest'"
+    failed = kernel_res(junit(case("test_ties[dtype0]", f'<failure message="assert 1 == 0">{report}</failure>')))
+    said = failed["failures"]["tests.extract.test_attention_triton::test_ties[dtype0]"]
+    assert said == f"assert 1 == 0\n{report}"  # kept from the report, whatever the process printed
+    assert f"  {report}" in bench.kernel_tests_summary(failed)
     assert (
         bench.kernel_tests_line(
             {"command": "c", "error": "killed at the time budget, after 180 s", **bench.junit_outcomes(None)}
