@@ -625,14 +625,15 @@ def compare(args) -> dict:
     for shape in args.compare_shapes:
         batch = padded_batch(shape, args.n_sequences, args.seq_len)
         with tempfile.TemporaryDirectory() as tmp:
-            hf_model(shape).save_pretrained(tmp)
+            model = hf_model(shape)
+            model.save_pretrained(tmp)
             reference, ref_info = extract_tables_on(tmp, batch, "cpu", "float32", args.threads)
             runs = []
             for dtype in ("float32", "bfloat16"):
                 tables, info = extract_tables_on(tmp, batch, args.device, dtype, args.threads)
                 differences = {name: table_difference(tables[name], reference[name]) for name in reference}
                 runs.append({**info, "judged": dtype == "float32", "tables": differences})
-        hf = hf_hidden_difference(shape, batch, args.device)
+        hf = hf_hidden_difference(model, batch, args.device)
         shapes.append({"shape": shape, "reference": ref_info, "runs": runs, "hf_hidden": hf})
         print(f"  {shape}: " + "  ".join(f"{r['dtype']} {max_difference(r):.1e}" for r in runs), file=sys.stderr)
     return {
@@ -645,14 +646,14 @@ def compare(args) -> dict:
     }
 
 
-def hf_hidden_difference(shape: str, batch: dict, device: str) -> float:
-    """HF's own eager float32 forward on `device` against the CPU's, on the same weights and batch: the largest
-    |device - cpu| over the hidden states of every layer, relative to their largest |cpu| (column_difference)."""
+def hf_hidden_difference(cpu, batch: dict, device: str) -> float:
+    """HF's own eager float32 forward of the CPU model `cpu` on `device` against the CPU's, on the same weights and
+    batch: the largest |device - cpu| over the hidden states of every layer, relative to their largest |cpu|
+    (column_difference)."""
     import copy
 
     import numpy as np
 
-    cpu = hf_model(shape)
     cpu.set_attn_implementation("eager")
     on_device = copy.deepcopy(cpu).to(device)
     with torch.inference_mode():

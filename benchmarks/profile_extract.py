@@ -98,7 +98,6 @@ def main(argv=None) -> None:
 def sync_sites(once) -> list[str]:
     """The distinct call sites in anisweep or transformers where one extract pass makes the host wait."""
     sites: dict[str, int] = {}
-    original = warnings.showwarning
 
     def record(message, category, filename, lineno, file=None, line=None):
         frames = [f for f in traceback.extract_stack()[:-2] if "anisweep" in f.filename or "transformers" in f.filename]
@@ -107,16 +106,14 @@ def sync_sites(once) -> list[str]:
         sites[key] = sites.get(key, 0) + 1
 
     torch.cuda.synchronize()
-    warnings.showwarning = record
     torch.cuda.set_sync_debug_mode("warn")
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():  # restores showwarning on leaving
             warnings.simplefilter("always")
             warnings.showwarning = record
             once("extract")
     finally:
         torch.cuda.set_sync_debug_mode("default")
-        warnings.showwarning = original
     return [f"{n} x {key}" for key, n in sorted(sites.items(), key=lambda kv: -kv[1])] or ["none"]
 
 
