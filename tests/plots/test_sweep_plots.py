@@ -365,12 +365,14 @@ def test_saved_figures_have_readable_tick_labels(tmp_path):
     figures set 6 pt), on every axis of the figure."""
     import anisweep.plots.kit as kit
 
-    fig, axes = kit.panel_grid(2, 2)
+    fig, axes = kit.panel_grid(3, 3)
     axes[0].plot([1, 10, 100], [1, 2, 3])
     axes[0].set_xscale("log")
     axes[0].tick_params(which="both", labelsize=6)
     axes[1].plot([0, 1], [0, 1])
     axes[1].tick_params(axis="y", labelsize=12)
+    axes[2].imshow(np.zeros((2, 2)))
+    axes[2].set_yticks([0, 1], labels=["a", "b"], fontsize=6)  # as the heatmaps label their rows
     seen = {}
     original = kit.readable_ticks
 
@@ -503,6 +505,30 @@ def test_step_zero_keeps_its_distance_from_the_next_tick(tmp_path, monkeypatch):
         labels = [t.get_window_extent() for t in ax.get_xticklabels() if t.get_text()]
         assert all(a.x1 < b.x0 for a, b in zip(labels, labels[1:])), ax.get_xlabel()
     pyplot().close("all")
+
+
+def test_the_step_axis_is_labelled_in_plain_numbers_and_figures_share_one_mathtext_parser(tmp_path, monkeypatch):
+    """The step axis reads 0, 1, 10, 100, 1k as the tokens-seen axis above it does (matplotlib's own labels are
+    mathtext powers of ten); the log axes that keep mathtext parse each label once per process, not per figure."""
+    import anisweep.plots.kit as kit
+
+    sweep = analysed(aggregate([fake_checkpoint(tmp_path, s, str(s)) for s in (0, 1, 2, 64, 1000)]))
+    fig, ax = pyplot().subplots()
+    ax.plot([0, 1000], [1, 2])
+    kit.step_axis(ax, sweep)
+    fig.canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "10", "100", "1k"]
+    pyplot().close(fig)
+
+    renderers = []
+    draw = kit.pyplot().Figure.draw
+    monkeypatch.setattr(kit.pyplot().Figure, "draw", lambda fig, r: renderers.append(r) or draw(fig, r))
+    for name in ("a.png", "b.png"):
+        fig, axes = kit.panel_grid(1, 1)
+        axes[0].semilogy([1, 2], [1e-3, 1e3])
+        save_figure(fig, tmp_path / name)
+    parsers = {id(r.mathtext_parser) for r in renderers}
+    assert len(renderers) >= 2 and parsers == {id(kit._mathtext_parser())}
 
 
 def test_symlog_ticks_are_0_and_the_powers_of_ten_half_a_decade_from_it():
