@@ -31,6 +31,7 @@ from anisweep.tables import (
     in_metric_schema,
     metric_rows,
     read_parquet,
+    vectors,
 )
 
 
@@ -120,7 +121,7 @@ def sample_rows(hidden: pl.DataFrame) -> list[dict]:
     """Metrics that need the point cloud, on the seeded sample of tokens."""
     rows = []
     for (layer, site), group in sorted(hidden.group_by("layer", "site"), key=lambda g: g[0]):
-        x = np.stack(group["vector"].to_list()).astype(np.float64)
+        x = vectors(group["vector"]).astype(np.float64)
         x = x[np.isfinite(x).all(axis=1)]
         n, d = x.shape
         nan = float("nan")
@@ -158,7 +159,7 @@ def qk_sample_rows(qk_sample: pl.DataFrame) -> list[dict]:
     rows = []
     for (layer, head, rope), group in sorted(qk_sample.group_by("layer", "head", "rope"), key=lambda g: g[0]):
         for which in ("q", "k"):
-            x = np.stack(group[which].to_list()).astype(np.float64)
+            x = vectors(group[which]).astype(np.float64)
             x = x[np.isfinite(x).all(axis=1)]
             values = {f"{which}_avg_cos": geometry.avg_cos(x), f"{which}_drift_ratio": geometry.drift(x)[1]}
             rows += [

@@ -45,7 +45,7 @@ import polars as pl
 
 from anisweep.code_inputs import imported_names
 from anisweep.measures.sites import STREAM_SITES
-from anisweep.tables import EXTRACT_TABLES, IDENTITY, METRIC_KEY, metric_rows, read_parquet
+from anisweep.tables import EXTRACT_TABLES, IDENTITY, METRIC_KEY, metric_rows, read_parquet, vectors
 
 ENTRY_POINT_GROUP = "anisweep.measures"
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -506,7 +506,7 @@ class CheckpointTables:
         tokens in one order at every site; with `site`, that site's only."""
         hidden = self.hidden if site is None else self.hidden.filter(pl.col("site") == site)
         return {
-            (layer, name): np.stack(group.sort("seq", "position")["vector"].to_list()).astype(np.float64)
+            (layer, name): vectors(group.sort("seq", "position")["vector"]).astype(np.float64)
             for (layer, name), group in sorted(hidden.group_by("layer", "site"), key=lambda g: g[0])
         }
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from anisweep.tables import IDENTITY, read_parquet, scan_parquet
+from anisweep.tables import IDENTITY, read_parquet, scan_parquet, vectors
 
 BASES = ("common", "q", "k")
 FIGURES = tuple(f"qk_svd_{basis}.png" for basis in BASES)
@@ -137,8 +137,8 @@ def qk_svd(extract_dirs: list[Path], fraction: float = DEFAULT_FRACTION, seed: i
         for (head, rope), group in sorted(samples.group_by("head", "rope"), key=lambda g: g[0]):
             q_by_step, k_by_step = {}, {}
             for (step,), part in sorted(group.group_by("step"), key=lambda g: g[0]):
-                q_by_step[step] = np.stack(part["q"].to_list()).astype(np.float64)
-                k_by_step[step] = np.stack(part["k"].to_list()).astype(np.float64)
+                q_by_step[step] = vectors(part["q"]).astype(np.float64)
+                k_by_step[step] = vectors(part["k"]).astype(np.float64)
             head_means = layer_means.filter((pl.col("head") == head) & (pl.col("rope") == rope))
             q_means = {s: np.asarray(m, np.float64) for s, m in head_means.select("step", "q_mean").iter_rows()}
             k_means = {s: np.asarray(m, np.float64) for s, m in head_means.select("step", "k_mean").iter_rows()}

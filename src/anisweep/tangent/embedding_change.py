@@ -32,6 +32,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from anisweep.tables import vectors
+
 STRATUM_NAMES = ("frequent", "middle", "rare")
 
 EMBEDDING_SCHEMA = {
@@ -107,7 +109,9 @@ def _pair(rows1: pl.DataFrame, rows2: pl.DataFrame, steps: tuple[int, int]) -> p
             f"embedding change: steps {steps[0]} and {steps[1]} kept different token ids; both must come from the "
             "same evaluation batch and gradients.embedding_tokens / seed (rerun their gradients rules)"
         )
-    return a.with_columns(delta=pl.Series(np.stack(b["vector"].to_list()) - np.stack(a["vector"].to_list())))
+    return a.with_columns(
+        delta=pl.Series(vectors(b["vector"]).astype(np.float64) - vectors(a["vector"]).astype(np.float64))
+    )
 
 
 def change_rows(
@@ -123,12 +127,12 @@ def change_rows(
     from anisweep.tangent.shares import control_stats, null_moments, random_bases
 
     paired = _pair(rows1, rows2, steps)
-    delta = np.stack(paired["delta"].to_list()).astype(np.float64)
+    delta = vectors(paired["delta"]).astype(np.float64)
     weight, stratum = paired["weight"].to_numpy(), paired["stratum"].to_numpy()
     d = delta.shape[1]
     ranks = sorted({rank for by in bases.values() for _, rank in by})
     controls = {rank: random_bases(d, rank, n_random, seed + rank) for rank in ranks}
-    old = np.stack(paired["vector"].to_list()).astype(np.float64)
+    old = vectors(paired["vector"]).astype(np.float64)
     rows = []
     for name in ("all", *STRATUM_NAMES):
         keep = np.ones(len(delta), bool) if name == "all" else stratum == name

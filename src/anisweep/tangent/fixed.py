@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from anisweep.errors import ConfigError
-from anisweep.tables import read_parquet
+from anisweep.tables import read_parquet, vectors
 from anisweep.tangent.seminmf import orthonormal_basis, semi_nmf
 from anisweep.tangent.settings import SUBSPACES
 
@@ -137,7 +137,7 @@ def pooled_sample(hidden: list[pl.DataFrame], layer: int, site: str) -> np.ndarr
     for table in hidden:
         rows = table.filter((pl.col("layer") == layer) & (pl.col("site") == site))
         if rows.height:
-            x = np.stack(rows["vector"].to_list()).astype(np.float64)
+            x = vectors(rows["vector"]).astype(np.float64)
             parts.append(x[np.isfinite(x).all(1)])
     if not parts:
         raise ValueError(f"gradient fixed subspaces: no sampled vectors of layer {layer} {site} in the window")

@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 
 from anisweep.measures.logit_lens import lens_rows, targets_of
-from anisweep.tables import metric_rows, read_parquet, unmeasured_row
+from anisweep.tables import metric_rows, read_parquet, unmeasured_row, vectors
 from anisweep.weights.layout import Layout
 from anisweep.weights.source import Unmeasurable
 
@@ -72,7 +72,7 @@ def _states(rows: pl.DataFrame) -> tuple[dict[int, np.ndarray], pl.DataFrame]:
     """({layer: (n, d) float64}, the n tokens' seq, position, token_id) from rows sorted by layer, seq, position."""
     states, tokens = {}, None
     for (layer,), group in rows.group_by("layer", maintain_order=True):
-        states[int(layer)] = np.stack(group["vector"].to_list()).astype(np.float64)
+        states[int(layer)] = vectors(group["vector"]).astype(np.float64)
         if tokens is None:
             tokens = group.select("seq", "position", "token_id")
     return states, tokens
