@@ -7,6 +7,7 @@ plot, ...); `anisweep COMMAND --help` gives its arguments.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ from anisweep.weights import commands as weights
 STAGES = (toy, live, checkpoints, extract, measures, weights, tangent, mechanism, plots, explore)
 
 
+@functools.cache  # built once per process: the warm worker builds it before it forks its jobs
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="anisweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

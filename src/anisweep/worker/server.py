@@ -164,7 +164,9 @@ def preload(module: str) -> None:
 
         matplotlib.use("Agg")
     try:
-        importlib.import_module(module)
+        imported = importlib.import_module(module)
+        if module == "anisweep.cli":
+            imported.parser()  # every job parses its command line with it: built once, here (cli.parser is cached)
     except Exception:  # an optional module missing: a job that needs it fails on it itself, as it would have
         traceback.print_exc()
     sys.stdout.flush()
