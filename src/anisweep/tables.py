@@ -239,14 +239,12 @@ def vectors(column: pl.Series):
     """A list (or array) column of equal-length vectors (hidden.parquet's `vector`, qk_sample's `q` and `k`) as one
     (rows, width) numpy array in its own dtype, read in one piece: a Python list per row and np.stack of them took
     a quarter of a metrics job."""
-    import numpy as np
-
     if isinstance(column.dtype, pl.Array):
         return column.to_numpy()
     lengths = column.list.len()
     if column.len() == 0 or lengths.null_count() or lengths.min() != lengths.max():
         raise ValueError(f"column {column.name!r} holds no vectors, or vectors of different lengths: cannot stack them")
-    return np.asarray(column.explode().to_numpy()).reshape(column.len(), -1)
+    return column.explode().to_numpy().reshape(column.len(), -1)
 
 
 def write_atomic(df: pl.DataFrame, path: str | os.PathLike) -> None:

@@ -195,7 +195,7 @@ def bases_from_frame(frame: pl.DataFrame) -> dict[tuple[int, str, int], dict[str
     # in the file's order (group_by's own order varies from run to run, and the rows follow it)
     for (layer, site, method, rank), group in frame.group_by("layer", "site", "subspace", "rank", maintain_order=True):
         group = group.sort("column")
-        bases.setdefault((layer, site, rank), {})[method] = np.stack(group["vector"].to_list(), axis=1)
+        bases.setdefault((layer, site, rank), {})[method] = np.ascontiguousarray(vectors(group["vector"]).T)
     return bases
 
 
