@@ -3,9 +3,11 @@ exit status, signals), it serves its owner's user only, and it ends with its own
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -107,6 +109,56 @@ def test_a_signal_to_the_command_reaches_its_job(tmp_path, runtime_dir, owner, n
     command.send_signal(number)
     assert command.wait(timeout=30) == -number
     wait_for(lambda: job not in children(worker), 30, "the job's end")
+
+
+def test_a_signal_sent_the_moment_the_job_is_forked_is_not_lost(tmp_path, runtime_dir, owner):
+    """The client forwards a signal as soon as it has the job's pid, which is often before the forked child has
+    run at all: the signal must still end the job (CPython drops signals that come before its after-fork work)."""
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    env = environment(runtime_dir, owner)
+    anisweep("checkpoints", "--configfile", str(CONFIG), env=env)  # the worker is up
+    (path,) = Path(runtime_dir, f"anisweep-worker-{os.getuid()}").glob(f"{owner}-*.sock")
+    for _ in range(5):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(str(path))
+            replies = connection.makefile("rb")
+            client._send(connection, ["checkpoints", "--configfile", str(fifo)])
+            os.kill(json.loads(replies.readline())["pid"], signal.SIGINT)
+            connection.settimeout(30)
+            status = json.loads(replies.readline())["status"]
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT
+
+
+BLOCKED_JOB = """
+import os, signal, sys, time
+from anisweep.worker.server import preload
+preload("polars")
+pid = os.fork()
+if pid == 0:
+    try:
+        open(sys.argv[1]).read()  # no writer: blocks in open(2), a call the kernel restarts after a SA_RESTART handler
+    except KeyboardInterrupt:
+        os._exit(7)
+    os._exit(0)
+time.sleep(1)
+os.kill(pid, signal.SIGINT)
+for _ in range(100):
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        sys.exit(os.waitstatus_to_exitcode(status))
+    time.sleep(0.1)
+os.kill(pid, signal.SIGKILL)
+sys.exit("the job did not take its SIGINT")
+"""
+
+
+def test_sigint_reaches_a_job_blocked_in_a_system_call_though_polars_is_loaded(tmp_path):
+    """polars installs its own SIGINT handler with SA_RESTART (pola-rs/polars#21739): the worker puts Python's back."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    run = subprocess.run([sys.executable, "-c", BLOCKED_JOB, str(fifo)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 7, run.stderr
 
 
 def test_a_killed_command_takes_its_job_with_it(tmp_path, runtime_dir, owner):

@@ -22,6 +22,8 @@ import sys
 import time
 import traceback
 
+from anisweep.worker.client import FORWARDED
+
 IDLE_SECONDS = 300  # with no job in flight and none asked for: the worker exits (its owner's end also ends it)
 KILL_AFTER_SECONDS = 10  # a job whose client went away gets SIGTERM, then SIGKILL after this long
 # glibc's malloc (mallopt(3)): blocks under MMAP_THRESHOLD come from the heap, and up to TRIM_THRESHOLD of free heap
@@ -32,6 +34,7 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD = 32 << 20  # glibc's largest
 TRIM_THRESHOLD = 128 << 20
 PRELOAD = (
+    "polars",  # first: its SIGINT handler is replaced before any job forks (preload)
     "torch",
     "transformers",
     "transformers.modeling_utils",
@@ -39,7 +42,6 @@ PRELOAD = (
     "transformers.models.auto.tokenization_auto",  # weights, logit_lens: the checkpoint's tokenizer
     "transformers.models.bert.modeling_bert",  # the toys' architectures (and Pythia's, MultiBERTs')
     "transformers.models.gpt_neox.modeling_gpt_neox",
-    "polars",
     "pyarrow.parquet",
     "scipy.stats",
     "matplotlib.pyplot",
@@ -165,6 +167,10 @@ def preload(module: str) -> None:
         matplotlib.use("Agg")
     try:
         imported = importlib.import_module(module)
+        if module == "polars":
+            # polars installs a SIGINT handler with SA_RESTART (pola-rs/polars#21739), under which a job blocked in
+            # a restartable call (opening a FIFO, reading a pipe, waitpid) never sees its KeyboardInterrupt
+            signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))  # Python's own handler again
         if module == "anisweep.cli":
             imported.parser()  # every job parses its command line with it: built once, here (cli.parser is cached)
     except Exception:  # an optional module missing: a job that needs it fails on it itself, as it would have
@@ -187,9 +193,13 @@ def _accept(listener: socket.socket, inherited) -> Job | None:
     except (OSError, ValueError):
         connection.close()
         return None
+    # a signal that reaches the child before its interpreter is ready would be lost (CPython clears pending signals
+    # after a fork, and one raised in an at-fork hook is only printed): held until _run_job takes it
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     pid = os.fork()
     if pid == 0:
-        _run_job(request, fds, [*inherited, connection])
+        _run_job(request, fds, [*inherited, connection], mask)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     for fd in fds:
         os.close(fd)
     job = Job(pid, connection)
@@ -230,11 +240,12 @@ def _signal(job: Job, number: int) -> None:
         pass
 
 
-def _run_job(request: dict, fds: list[int], inherited) -> None:
+def _run_job(request: dict, fds: list[int], inherited, mask) -> None:
     """In the forked child: become the command's process, as `python -m anisweep ARGV` in the client's working
     directory, environment and standard streams; never returns."""
     status = 1
     try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal held since the fork is raised here
         for item in inherited:
             item.close() if hasattr(item, "close") else os.close(item)
         for target, fd in enumerate(fds):
