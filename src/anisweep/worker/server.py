@@ -38,6 +38,7 @@ PRELOAD = (
     "torch",
     "transformers",
     "transformers.modeling_utils",
+    "transformers.conversion_mapping",
     "transformers.models.auto.modeling_auto",
     "transformers.models.auto.tokenization_auto",  # weights, logit_lens: the checkpoint's tokenizer
     "transformers.models.bert.modeling_bert",  # the toys' architectures (and Pythia's, MultiBERTs')
@@ -171,6 +172,8 @@ def preload(module: str) -> None:
             # polars installs a SIGINT handler with SA_RESTART (pola-rs/polars#21739), under which a job blocked in
             # a restartable call (opening a FIFO, reading a pipe, waitpid) never sees its KeyboardInterrupt
             signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))  # Python's own handler again
+        if module == "transformers.conversion_mapping":
+            imported.get_checkpoint_conversion_mapping("bert")  # its renamings table, built (0.1 s) at a model load
         if module == "anisweep.cli":
             imported.parser()  # every job parses its command line with it: built once, here (cli.parser is cached)
     except Exception:  # an optional module missing: a job that needs it fails on it itself, as it would have
