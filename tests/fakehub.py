@@ -128,7 +128,8 @@ class FakeHub:
                 hub._handle(self, "POST")
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # shutdown() waits for the loop's next poll: the default interval (0.5 s) was most of a hub test's teardown
+        thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
         thread.start()
         try:
             yield self
