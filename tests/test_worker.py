@@ -141,7 +141,9 @@ if pid == 0:
     except KeyboardInterrupt:
         os._exit(7)
     os._exit(0)
-time.sleep(1)
+while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "S":  # until it sleeps in open(2)
+    time.sleep(0.01)
+time.sleep(0.1)
 os.kill(pid, signal.SIGINT)
 for _ in range(100):
     done, status = os.waitpid(pid, os.WNOHANG)
@@ -154,7 +156,8 @@ sys.exit("the job did not take its SIGINT")
 
 
 def test_sigint_reaches_a_job_blocked_in_a_system_call_though_polars_is_loaded(tmp_path):
-    """polars installs its own SIGINT handler with SA_RESTART (pola-rs/polars#21739): the worker puts Python's back."""
+    """polars installs its own SIGINT handler with SA_RESTART (pola-rs/polars#21739), under which the job would sit
+    in open(2) until a writer came: the worker puts Python's handler back."""
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     run = subprocess.run([sys.executable, "-c", BLOCKED_JOB, str(fifo)], capture_output=True, text=True, timeout=120)

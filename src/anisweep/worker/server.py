@@ -170,7 +170,8 @@ def preload(module: str) -> None:
         imported = importlib.import_module(module)
         if module == "polars":
             # polars installs a SIGINT handler with SA_RESTART (pola-rs/polars#21739), under which a job blocked in
-            # a restartable call (opening a FIFO, reading a pipe, waitpid) never sees its KeyboardInterrupt
+            # a restartable call (opening a FIFO, reading a pipe, waitpid) sees its KeyboardInterrupt only once the
+            # call returns; a job gives up polars' own Ctrl-C abort of a long query, which anisweep never runs
             signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))  # Python's own handler again
         if module == "transformers.conversion_mapping":
             imported.get_checkpoint_conversion_mapping("bert")  # its renamings table, built (0.1 s) at a model load
@@ -196,13 +197,16 @@ def _accept(listener: socket.socket, inherited) -> Job | None:
     except (OSError, ValueError):
         connection.close()
         return None
-    # a signal that reaches the child before its interpreter is ready would be lost (CPython clears pending signals
-    # after a fork, and one raised in an at-fork hook is only printed): held until _run_job takes it
+    # a signal that reaches the child before its interpreter is ready would be lost (CPython forgets the signals it
+    # caught but has not yet handled when it forks, and one raised in an at-fork hook is only printed): held until
+    # _run_job takes it
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
-    pid = os.fork()
-    if pid == 0:
-        _run_job(request, fds, [*inherited, connection], mask)
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            _run_job(request, fds, [*inherited, connection], mask)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     for fd in fds:
         os.close(fd)
     job = Job(pid, connection)
@@ -248,12 +252,12 @@ def _run_job(request: dict, fds: list[int], inherited, mask) -> None:
     directory, environment and standard streams; never returns."""
     status = 1
     try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal held since the fork is raised here
         for item in inherited:
             item.close() if hasattr(item, "close") else os.close(item)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal held since the fork is raised here, on its streams
         if sys.path and sys.path[0] == os.getcwd():  # `python -m` looks first where it was started
             sys.path[0] = request["cwd"]
         os.chdir(request["cwd"])
