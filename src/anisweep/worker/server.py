@@ -161,6 +161,22 @@ def keep_freed_memory() -> None:
         mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
+def _python_handles_sigint(_polars) -> None:
+    """polars installs a SIGINT handler with SA_RESTART (pola-rs/polars#21739), under which a job blocked in a
+    restartable call (opening a FIFO, reading a pipe, waitpid) sees its KeyboardInterrupt only once the call returns:
+    Python's own handler again. A job gives up polars' Ctrl-C abort of a long query, which anisweep never runs."""
+    signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))
+
+
+# What the worker does with a module once imported, so that its jobs never do it (or, for polars, undo it):
+AFTER_IMPORT = {
+    "polars": _python_handles_sigint,
+    # the renamings table every model load reads, built (0.1 s) at the first
+    "transformers.conversion_mapping": lambda module: module.get_checkpoint_conversion_mapping("bert"),
+    "anisweep.cli": lambda module: module.parser(),  # every job parses its command line with it (cached)
+}
+
+
 def preload(module: str) -> None:
     if module == "matplotlib.pyplot":
         import matplotlib
@@ -168,15 +184,8 @@ def preload(module: str) -> None:
         matplotlib.use("Agg")
     try:
         imported = importlib.import_module(module)
-        if module == "polars":
-            # polars installs a SIGINT handler with SA_RESTART (pola-rs/polars#21739), under which a job blocked in
-            # a restartable call (opening a FIFO, reading a pipe, waitpid) sees its KeyboardInterrupt only once the
-            # call returns; a job gives up polars' own Ctrl-C abort of a long query, which anisweep never runs
-            signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))  # Python's own handler again
-        if module == "transformers.conversion_mapping":
-            imported.get_checkpoint_conversion_mapping("bert")  # its renamings table, built (0.1 s) at a model load
-        if module == "anisweep.cli":
-            imported.parser()  # every job parses its command line with it: built once, here (cli.parser is cached)
+        if module in AFTER_IMPORT:
+            AFTER_IMPORT[module](imported)
     except Exception:  # an optional module missing: a job that needs it fails on it itself, as it would have
         traceback.print_exc()
     sys.stdout.flush()
