@@ -3,11 +3,12 @@ exit status, signals), it serves its owner's user only, and it ends with its own
 
 from __future__ import annotations
 
-import json
+import marshal
 import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -124,10 +125,31 @@ def test_a_signal_sent_the_moment_the_job_is_forked_is_not_lost(tmp_path, runtim
             connection.connect(str(path))
             replies = connection.makefile("rb")
             client._send(connection, ["checkpoints", "--configfile", str(fifo)])
-            os.kill(json.loads(replies.readline())["pid"], signal.SIGINT)
+            os.kill(int(replies.readline()), signal.SIGINT)
             connection.settimeout(30)
-            status = json.loads(replies.readline())["status"]
+            status = int(replies.readline())
         assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT
+
+
+@pytest.mark.parametrize("payload", [b"not marshal", marshal.dumps(["a list", "not a dict"])])
+def test_a_broken_request_is_refused_and_the_worker_serves_on(tmp_path, runtime_dir, owner, payload):
+    """A request that is not a marshalled dict is answered by closing the connection, without a job, and the
+    descriptors that came with it are not kept open in the worker."""
+    env = environment(runtime_dir, owner)
+    anisweep("checkpoints", "--configfile", str(CONFIG), env=env)  # the worker is up
+    (worker,) = workers_of(owner)
+    (path,) = Path(runtime_dir, f"anisweep-worker-{os.getuid()}").glob(f"{owner}-*.sock")
+    open_before = len(os.listdir(f"/proc/{worker}/fd"))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.connect(str(path))
+        socket.send_fds(connection, [struct.pack("!I", len(payload))], [0, 1, 2])
+        connection.sendall(payload)
+        connection.settimeout(30)
+        assert connection.recv(100) == b""  # closed, no pid
+    assert not children(worker)
+    assert len(os.listdir(f"/proc/{worker}/fd")) == open_before
+    warm = anisweep("checkpoints", "--configfile", str(CONFIG), env=env, cwd=tmp_path)
+    assert warm.returncode == 0, warm.stderr
 
 
 BLOCKED_JOB = """

@@ -12,7 +12,7 @@ import ctypes
 import fcntl
 import gc
 import importlib
-import json
+import marshal
 import os
 import select
 import signal
@@ -108,7 +108,7 @@ class Worker:
         self.clients.pop(job.connection.fileno(), None)
         _, status = os.waitpid(job.pid, 0)
         os.close(job.pidfd)
-        _reply(job.connection, {"status": status})
+        _reply(job.connection, status)
         job.connection.close()
 
     def close(self) -> None:
@@ -203,7 +203,7 @@ def _accept(listener: socket.socket, inherited) -> Job | None:
         connection.settimeout(10)
         request, fds = _receive(connection)
         connection.settimeout(None)
-    except (OSError, ValueError):
+    except (OSError, ValueError, EOFError, TypeError):  # marshal's errors for a payload that is not one
         connection.close()
         return None
     # a signal that reaches the child before its interpreter is ready would be lost (CPython forgets the signals it
@@ -219,14 +219,23 @@ def _accept(listener: socket.socket, inherited) -> Job | None:
     for fd in fds:
         os.close(fd)
     job = Job(pid, connection)
-    _reply(connection, {"pid": pid})
+    _reply(connection, pid)
     return job
 
 
 def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
     header, fds, _, _ = socket.recv_fds(connection, 4, 3)
-    if len(fds) != 3:
-        raise ValueError(f"expected 3 file descriptors, got {len(fds)}")
+    try:
+        if len(fds) != 3:
+            raise ValueError(f"expected 3 file descriptors, got {len(fds)}")
+        return _request(connection, header), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def _request(connection: socket.socket, header: bytes) -> dict:
     while len(header) < 4:
         more = connection.recv(4 - len(header))
         if not more:
@@ -239,12 +248,15 @@ def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
         if not more:
             raise ValueError("the request ended early")
         payload += more
-    return json.loads(payload), fds
+    request = marshal.loads(payload)  # from a process of this user's (SO_PEERCRED), the same interpreter
+    if not isinstance(request, dict):
+        raise ValueError(f"the request is a {type(request).__name__}, not a dict")
+    return request
 
 
-def _reply(connection: socket.socket, message: dict) -> None:
+def _reply(connection: socket.socket, number: int) -> None:
     try:
-        connection.sendall(json.dumps(message).encode() + b"\n")
+        connection.sendall(b"%d\n" % number)
     except OSError:  # the client has gone: its end was or will be handled
         pass
 
