@@ -167,8 +167,9 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=1000
-# Finished jobs stay visible to squeue this long (the plugin needs >= 3 x its first status-check delay).
-MinJobAge=600
+# Finished jobs stay visible to squeue and scontrol this long: the plugin needs >= 3 x its first status-check
+# delay, and test_slurm reads every job's record once the whole sweep is done (over 10 minutes on a busy machine).
+MinJobAge=3600
 ReturnToService=2
 KillWait=5
 InactiveLimit=0

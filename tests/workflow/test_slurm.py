@@ -50,18 +50,20 @@ SWEEP["toy"] = {"toy-neox": SWEEP["toy"]["toy-neox"]}
 CHECKPOINTS = [(name, step) for name, toy in SWEEP["toy"].items() for step in toy["steps"]]
 
 # Test-only overrides of the profile: the first status check 2 s after a submission instead of 40 (the test
-# cluster keeps finished jobs visible to squeue for MinJobAge = 600 s); 2 checkpoints per group job instead of
+# cluster keeps finished jobs visible to squeue for MinJobAge = 3600 s); 2 checkpoints per group job instead of
 # 10, so that the sweep's 3 make 2 group jobs sharing the node's 2 CPUs; the SLURM logs of successful jobs
-# kept, as evidence.
+# kept, as evidence. `--group-components` replaces the profile's whole list: the groups it leaves alone
+# (compare) are passed on as the profile sets them.
 FAST = ("--slurm-init-seconds-before-status-checks", "2")
 PER_GROUP = 2
+GROUP_COMPONENTS = {**yaml.safe_load((PROFILE / "config.yaml").read_text())["group-components"]}
+GROUP_COMPONENTS.update(sweep=PER_GROUP, measure=PER_GROUP)
 CLUSTER_ARGS = (
     "--workflow-profile",
     str(PROFILE),
     *FAST,
     "--group-components",
-    f"sweep={PER_GROUP}",
-    f"measure={PER_GROUP}",
+    *(f"{group}={n}" for group, n in GROUP_COMPONENTS.items()),
     "--slurm-keep-successful-logs",
 )
 
@@ -237,9 +239,10 @@ def test_sweep_goes_through_slurm(cluster_run, slurm_cluster):
     n_gradients = len(list((workdir / "results").glob("*/*/step*/gradients.parquet")))
     assert n_gradients > 0
     n_groups = -(-n_checkpoints // PER_GROUP)
-    # the comparisons of pairs of checkpoints in groups of their own (profiles/slurm: `compare`)
+    # the comparisons of pairs of checkpoints in groups of their own, up to the profile's number a job
     compared = {kind: n for kind, n in kinds.items() if kind.startswith("group_compare")}
-    assert compared, kinds
+    n_compared = len(resources_of(out, "compare_pair")) + len(resources_of(out, "compare_layers"))
+    assert sum(compared.values()) == -(-n_compared // GROUP_COMPONENTS["compare"]), (compared, n_compared)
     kinds = {kind: n for kind, n in kinds.items() if kind not in compared}
     assert kinds == {"group_sweep_extract": n_groups, "group_measure_metrics": n_groups, "rule_gradients": n_gradients}
     for rule in ("train_toy", "fetch", "sweep", "plot_model", "plot_family"):
