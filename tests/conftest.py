@@ -26,6 +26,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 import polars as pl
+import pytest
 import torch
 from transformers import (
     AlbertConfig,
@@ -43,6 +44,7 @@ from transformers import (
 from anisweep.extract import tables as extract_tables
 from anisweep.extract.model import ExtractSettings, load_model
 from anisweep.extract.run import run
+from anisweep.worker import address as worker_address
 
 from slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture test_slurm.py uses
 
@@ -250,6 +252,29 @@ def job_stats(done: subprocess.CompletedProcess) -> dict[str, int]:
         counts[name] = int(count)
     counts.pop("all", None)
     return counts
+
+
+@pytest.fixture(scope="module")
+def shared_worker():
+    """One warm worker for all the Snakemake runs of a module that asks for it
+    (`pytest.mark.usefixtures("shared_worker")`), instead of one per run, each importing torch, transformers and
+    the stages again (seconds of CPU a run): a stand-in owner named in the environment the runs inherit
+    (anisweep.worker.address.offer keeps a live owner), whose end at the module's end ends the worker."""
+    if os.environ.get(worker_address.OWNER_VARIABLE, "").strip().lower() in worker_address.OFF:
+        yield None  # turned off for this session
+        return
+    owner = subprocess.Popen(["sleep", "infinity"])
+    previous = os.environ.get(worker_address.OWNER_VARIABLE)
+    os.environ[worker_address.OWNER_VARIABLE] = str(owner.pid)
+    try:
+        yield owner.pid
+    finally:
+        if previous is None:
+            del os.environ[worker_address.OWNER_VARIABLE]
+        else:
+            os.environ[worker_address.OWNER_VARIABLE] = previous
+        owner.kill()
+        owner.wait()
 
 
 def snakemake_command(workdir: Path, *args: str) -> list[str]:

@@ -235,11 +235,17 @@ def test_no_worker_without_an_owner_or_where_others_could_open_its_socket(tmp_pa
         shutil.rmtree(shared)
 
 
-def test_offer_names_the_asking_process_unless_turned_off():
+def test_offer_names_the_asking_process_unless_turned_off_or_a_live_owner_is_named(owner):
     env = {}
     assert address.offer(env) and env[address.OWNER_VARIABLE] == str(os.getpid())
     env = {address.OWNER_VARIABLE: "off"}
     assert not address.offer(env) and env[address.OWNER_VARIABLE] == "off"
+    env = {address.OWNER_VARIABLE: str(owner)}  # a live process of this user's: its worker serves this run too
+    assert address.offer(env) and env[address.OWNER_VARIABLE] == str(owner)
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    env = {address.OWNER_VARIABLE: str(ended.pid)}  # a stale name: this process owns the worker
+    assert address.offer(env) and env[address.OWNER_VARIABLE] == str(os.getpid())
 
 
 ALLOCATING = """

@@ -24,7 +24,8 @@ import yaml
 from conftest import job_stats, snakemake_command
 from hubcache import build_hub_cache, save_tiny_bert, save_tiny_pythia
 
-pytestmark = pytest.mark.slow  # Snakemake runs on the offline hub
+# Snakemake runs on the offline hub; its Snakemake runs share one warm worker
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_worker")]
 
 EXTRACT = {"n_sequences": 8, "seq_len": 32, "batch_size": 4, "sample_tokens": 64, "device": "cpu", "seed": 0}
 SENTENCES = [  # the tiny tokenizers were built from these (tests/hubcache.py): real tokens, no [UNK]

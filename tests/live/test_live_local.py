@@ -30,6 +30,8 @@ from anisweep.toy.tokenizers import build_neox_tokenizer
 
 from conftest import assert_tables_equal, neox_config, snakemake_command
 
+pytestmark = pytest.mark.usefixtures("shared_worker")  # the Snakemake runs share one warm worker
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = (0, 2, 4)
 TOKENS_PER_STEP = 256

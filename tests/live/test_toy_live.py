@@ -28,6 +28,8 @@ from anisweep.toy.train import ToySpec, train_toy
 
 from conftest import assert_tables_equal, neox_config, snakemake_command
 
+pytestmark = pytest.mark.usefixtures("shared_worker")  # the Snakemake runs share one warm worker
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = [0, 3, 6]
 TINY = ToySpec(d_model=32, n_layers=2, n_heads=4, d_ff=64, seq_len=32, batch_size=8, lr=5e-3, vocab_size=400, warmup=2)

@@ -26,7 +26,8 @@ from fakehub import FakeHub, read_folder
 from conftest import job_stats, snakemake_command
 from hubcache import save_tiny_pythia
 
-pytestmark = pytest.mark.slow  # fetch, extract and metrics of three tiny checkpoints through Snakemake
+# fetch, extract and metrics of three tiny checkpoints through Snakemake; its Snakemake runs share one warm worker
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_worker")]
 
 REPO = "EleutherAI/pythia-70m"
 STEPS = [0, 1, 2, 4, 8, 16, 143000]

@@ -19,7 +19,8 @@ from anisweep.measures.cka import linear_cka
 from conftest import snakemake_command
 from hubcache import build_hub_cache, save_tiny_bert
 
-pytestmark = pytest.mark.slow  # a whole (small) DAG: fetch, extract, compare
+# a whole (small) DAG: fetch, extract, compare; its Snakemake runs share one warm worker
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_worker")]
 
 SENTENCES = [
     "the cat sat on the mat and the dog sat on the log",

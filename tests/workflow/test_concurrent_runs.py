@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text())
 NEOX = "toy/toy-neox"
 
-pytestmark = pytest.mark.slow  # a toy trained, then a failing Snakemake run
+# a toy trained, then a failing Snakemake run; its Snakemake runs share one warm worker
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_worker")]
 
 
 def snakemake(workdir: Path, configfile: Path, *args: str) -> subprocess.CompletedProcess:

@@ -35,6 +35,8 @@ from anisweep.tables import METRIC_SCHEMA, extract_columns, write_atomic
 from conftest import snakemake_command
 from hubcache import build_hub_cache, offline_hub, repo_cache_dir, save_tiny_bert, save_tiny_decoder, save_tiny_pythia
 
+pytestmark = pytest.mark.usefixtures("shared_worker")  # the Snakemake runs share one warm worker
+
 ROOT = Path(__file__).resolve().parents[2]
 
 PYTHIA_TOKENS = 2_097_152

@@ -22,7 +22,8 @@ TINY = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text())
 NEOX = "results/toy/toy-neox"
 STEPS = [0, 8]
 
-pytestmark = pytest.mark.slow  # a whole (small) sweep, then dry runs
+# a whole (small) sweep, then dry runs; its Snakemake runs share one warm worker
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_worker")]
 
 
 @pytest.fixture(scope="module")

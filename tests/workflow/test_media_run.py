@@ -25,7 +25,8 @@ from PIL import Image
 from conftest import job_stats, snakemake_command
 from hubcache import build_hub_cache
 
-pytestmark = pytest.mark.slow  # two whole workflows
+# two whole workflows; its Snakemake runs share one warm worker
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_worker")]
 
 VIT, WAV2VEC2 = "google/vit-base-patch16-224", "facebook/wav2vec2-base"
 EXTRACT = {"n_sequences": 6, "batch_size": 3, "sample_tokens": 64, "qk_sample_tokens": 64, "device": "cpu"}

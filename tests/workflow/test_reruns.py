@@ -43,7 +43,8 @@ STEPS = [0, 8, 32]  # swept by the module run
 GRID = [0, 4, 8, 32]  # saved by the toy run: step 4 is there to grow the sweep
 EXTRACT = TINY["extract"]
 
-pytestmark = pytest.mark.slow  # the whole DAG, then reruns of it
+# the whole DAG, then reruns of it; its Snakemake runs share one warm worker
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_worker")]
 
 
 def write_config(path: Path, models: list[dict]) -> Path:

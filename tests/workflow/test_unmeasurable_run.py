@@ -17,6 +17,8 @@ from transformers import AutoTokenizer, BertForPreTraining, PreTrainedTokenizerF
 from conftest import snakemake_command
 from hubcache import save_tiny_bert
 
+pytestmark = pytest.mark.usefixtures("shared_worker")  # the Snakemake runs share one warm worker
+
 SENTENCES = [  # the words the tiny WordPiece vocabulary was built from (tests/hubcache.py)
     "the cat sat on the mat and the dog sat on the log",
     "a model of the world is a map of the territory",

@@ -28,7 +28,8 @@ from conftest import snakemake_command
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "configs" / "tiny.yaml"
 
-pytestmark = pytest.mark.slow  # the whole DAG, and Snakemake started per bad config
+# the whole DAG, and Snakemake started per bad config; its Snakemake runs share one warm worker
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_worker")]
 
 CONTRACT = {
     **{f"{name}.parquet": extract_columns(name) for name in ("qk_sample", "score_hist", "qk", "attention", "hidden")},

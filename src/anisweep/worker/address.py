@@ -39,10 +39,23 @@ OFF = ("off", "0", "false", "no")
 
 def offer(environ=os.environ) -> bool:
     """Ask for a worker for the commands this process starts (it is their owner), unless the environment turns it
-    off (ANISWEEP_WORKER=off). Returns whether it did."""
+    off (ANISWEEP_WORKER=off) or already names a live owner: a run started inside another's, or by a test module
+    that shares one worker among its many small runs, uses that owner's worker, which ends with that owner.
+    Returns whether a worker is asked for."""
     if environ.get(OWNER_VARIABLE, "").strip().lower() in OFF:
         return False
-    environ[OWNER_VARIABLE] = str(os.getpid())
+    owner = owner_pid(environ)
+    if owner is None or not _alive(owner):
+        environ[OWNER_VARIABLE] = str(os.getpid())
+    return True
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a running process of this user's."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
     return True
 
 
