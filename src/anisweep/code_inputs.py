@@ -29,31 +29,42 @@ def module_file(module: str) -> Path:
     return file
 
 
+@functools.cache
 def _is_module(module: str) -> bool:
     path = ROOT.joinpath(*module.split("."))
     return path.is_dir() or path.with_suffix(".py").is_file()
 
 
-def _runtime_nodes(tree: ast.AST):
-    """Every node but those under `if TYPE_CHECKING:` (imports for annotations only never run)."""
-    for node in ast.iter_child_nodes(tree):
+# The fields of a node that hold statements: an import is a statement, so the walk never enters an expression.
+_STATEMENT_BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def _runtime_statements(statements):
+    """Every statement, nested ones too, but those under `if TYPE_CHECKING:` (imports for annotations only never
+    run)."""
+    for node in statements:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            yield from (child for orelse in node.orelse for child in [orelse, *_runtime_nodes(orelse)])
+            yield from _runtime_statements(node.orelse)
             continue
         yield node
-        yield from _runtime_nodes(node)
+        for block in _STATEMENT_BLOCKS:
+            yield from _runtime_statements(getattr(node, block, ()))
 
 
 def imported_names(file: Path, package: str, on_load: bool = False) -> set[str]:
     """Every dotted name `file` imports when it runs (with `on_load`, when it loads: none of its functions' imports),
     made absolute: `import a.b` gives a.b; `from .c import d` in the package `package` gives package.c and
     package.c.d (d a module or an attribute)."""
-    tree = ast.parse(file.read_text(), str(file))
+    return _names_imported_by(ast.parse(file.read_text(), str(file)), package, on_load)
+
+
+def _names_imported_by(tree: ast.Module, package: str, on_load: bool) -> set[str]:
+    statements = tree.body
     if on_load:
         functions = (ast.FunctionDef, ast.AsyncFunctionDef)
-        tree = ast.Module(body=[node for node in tree.body if not isinstance(node, functions)], type_ignores=[])
+        statements = [node for node in statements if not isinstance(node, functions)]
     found = set()
-    for node in _runtime_nodes(tree):
+    for node in _runtime_statements(statements):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -70,15 +81,24 @@ def imported_names(file: Path, package: str, on_load: bool = False) -> set[str]:
 def direct_imports(module: str, on_load: bool = False) -> frozenset[str]:
     """The anisweep modules `module` imports (relative to the package: `extract.model`); with `on_load`, those it
     imports when it loads, not inside a function."""
+    return _direct_imports(module)[on_load]
+
+
+@functools.cache
+def _direct_imports(module: str) -> dict[bool, frozenset[str]]:
+    """direct_imports of both kinds from one parse of the module."""
     file = module_file(module)
-    package = module if file.name == "__init__.py" else module.rpartition(".")[0]
-    found = {
-        name[len(PACKAGE) + 1 :]
-        for name in imported_names(file, ".".join(filter(None, [PACKAGE, package])), on_load)
-        if name.startswith(PACKAGE + ".") and _is_module(name[len(PACKAGE) + 1 :])
-    }
-    found.discard(module)
-    return frozenset(found)
+    tree = ast.parse(file.read_text(), str(file))
+    package = ".".join(filter(None, [PACKAGE, module if file.name == "__init__.py" else module.rpartition(".")[0]]))
+    found = {}
+    for on_load in (False, True):
+        names = {
+            name[len(PACKAGE) + 1 :]
+            for name in _names_imported_by(tree, package, on_load)
+            if name.startswith(PACKAGE + ".")
+        }
+        found[on_load] = frozenset(name for name in names if name != module and _is_module(name))
+    return found
 
 
 def closure(*modules: str) -> list[str]:

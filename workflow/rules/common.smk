@@ -132,19 +132,50 @@ def cancel_rescheduling_timers():
     """Cancel the scheduler's pending re-evaluation timers, so that a finished run exits at once.
 
     Snakemake's job rate limiter (max-jobs-per-timespan) ends every scheduling round with a timer that starts
-    another round after the timespan, and every job's end starts a round of its own, so the rounds per second
-    grow with the jobs finished: each round stats every ready job's inputs (about 40 code files a job here). The
-    workstation profile (profiles/default) sets a 10 s timespan instead of 1 s, a tenth of those rounds; the
-    timers left when the run ends would otherwise hold the process for up to 10 s. They only wake a scheduler
-    that has returned."""
+    another round after the timespan (one pending at a time: OneReevaluationTimer). The workstation profile
+    (profiles/default) sets a 10 s timespan instead of 1 s; the timer left when the run ends would otherwise hold
+    the process for up to 10 s. It only wakes a scheduler that has returned."""
     for thread in threading.enumerate():
         if isinstance(thread, threading.Timer):
             thread.cancel()
 
 
+class OneReevaluationTimer:
+    """The scheduler's re-evaluation after the rate limiter's timespan, with at most one timer pending.
+
+    Snakemake ends every scheduling round with a timer that starts another round after the timespan, so each
+    finished job starts a chain of rounds of its own: by a sweep's end, one round a second per 10 finished jobs,
+    each stat-ing every ready job's inputs. One pending timer wakes the scheduler as often as the rate limiter
+    needs (a job it held back waits at most two timespans), whatever the number of jobs that finished. An internal
+    API: where the scheduler lacks it, its own timers stay."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+        self.lock = threading.Lock()
+        self.pending = False
+
+    def __call__(self, delay):
+        with self.lock:
+            if self.pending:
+                return
+            self.pending = True
+        threading.Timer(delay, self.reevaluate).start()
+
+    def reevaluate(self):
+        with self.lock:
+            self.pending = False  # before the round it starts, so that the round schedules the next timer
+        self.scheduler._open_jobs.release()
+
+    @classmethod
+    def install(cls, scheduler):
+        if hasattr(scheduler, "_schedule_reevalutation") and hasattr(scheduler, "_open_jobs"):
+            scheduler._schedule_reevalutation = cls(scheduler)
+
+
 onstart:
     check_device(config["extract"]["device"])
     AUDIT.write_grids()
+    OneReevaluationTimer.install(workflow.scheduler)
 
 
 def check_architectures(checkpoints):
