@@ -19,6 +19,7 @@ from anisweep.tangent.settings import GradientSettings
 from anisweep.tangent.shares import (
     STRATA,
     anisotropy_share,
+    control_bases,
     energy_share,
     moments,
     null_moments,
@@ -342,3 +343,11 @@ def test_gradient_sweep_and_figures_from_checkpoint_tables(tmp_path):
     written = plot_gradients(sweep, tmp_path / "figures")
     assert [p.name for p in written] == list(GRADIENT_FIGURES)
     assert all(p.stat().st_size > 10_000 for p in written)
+
+
+def test_control_bases_are_the_random_bases_drawn_once_and_read_only():
+    controls = control_bases(12, 3, 5, 7)
+    assert control_bases(12, 3, 5, 7) is controls
+    for cached, fresh in zip(controls, random_bases(12, 3, 5, 7), strict=True):
+        np.testing.assert_array_equal(cached, fresh)
+        assert not cached.flags.writeable

@@ -14,6 +14,7 @@ from scipy.optimize import nnls
 from anisweep.tangent.seminmf import (
     MAX_ITER,
     SemiNMFConvergenceWarning,
+    _solve_passive,
     nnls_rows,
     principal_angles,
     semi_nmf,
@@ -200,6 +201,25 @@ def test_nnls_rows_matches_scipy(case):
         np.testing.assert_allclose(loss, best, rtol=1e-9, atol=1e-9)
         if case == "plain":
             np.testing.assert_allclose(g, reference, atol=1e-8)
+
+
+def test_nnls_rows_solves_each_row_as_its_own_masked_system():
+    """Rows free everywhere share the gram matrix rather than a copy each: the same solutions, bit for bit, as
+    building every row's masked system (a fixed coordinate's equation g_j = 0) and solving them all at once."""
+    rng = np.random.default_rng(3)
+    d, k, n = 20, 6, 200
+    f = rng.normal(size=(d, k))
+    gram, targets = f.T @ f, rng.normal(size=(n, d)) @ f
+    passive = rng.random((n, k)) > 0.1  # about half the rows free everywhere
+    assert 0 < passive.all(1).sum() < n
+    h = gram + 1e-12 * np.mean(np.diag(gram)) * np.eye(k)
+    free = passive.astype(np.float64)
+    system = h * free[:, :, None] * free[:, None, :]
+    system[:, np.arange(k), np.arange(k)] += 1.0 - free
+    built = np.linalg.solve(system, (targets * passive)[..., None])[..., 0]
+    whole = passive.all(1)
+    for rows in (np.ones(n, bool), whole, ~whole):  # mixed, all free everywhere, none
+        np.testing.assert_array_equal(_solve_passive(h, targets[rows], passive[rows]), built[rows])
 
 
 def test_the_default_solver_takes_the_same_steps_as_scipys_nnls():

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from anisweep.tangent.seminmf import orthonormal_basis, semi_nmf
 from anisweep.tangent.settings import GradientSettings
-from anisweep.tangent.shares import isotropy_rows, random_bases, reference_bases, share_rows
+from anisweep.tangent.shares import control_bases, isotropy_rows, reference_bases, share_rows
 from anisweep.tangent.sums import GradientPass
 
 
@@ -96,7 +96,7 @@ def checkpoint_rows(
             if bases_out is not None:
                 bases_out[(*key, rank)] = bases
             if per_checkpoint:
-                controls = random_bases(d_model, rank, settings.n_random, settings.seed + rank)
+                controls = control_bases(d_model, rank, settings.n_random, settings.seed + rank)
                 for row in share_rows(bases, controls, result.sums[key], rank):
                     rows.append({**where, **row, "fit": "checkpoint", "chance": rank / d_model})
             centred = act - act.mean(0)
@@ -142,7 +142,7 @@ def fixed_rows(sums: dict, fixed: dict, settings: GradientSettings) -> pl.DataFr
     for key in sorted(sums):
         d_model = sums[key].d
         for rank in settings.ranks():
-            controls = random_bases(d_model, rank, settings.n_random, settings.seed + rank)
+            controls = control_bases(d_model, rank, settings.n_random, settings.seed + rank)
             bases = _fixed_bases_of(fixed, key, rank, d_model)
             for row in share_rows(bases, controls, sums[key], rank):
                 rows.append({"layer": key[0], "site": key[1], **row, "fit": "fixed", "chance": rank / d_model})

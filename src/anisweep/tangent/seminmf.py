@@ -164,15 +164,11 @@ def nnls_rows(gram: np.ndarray, targets: np.ndarray, start: np.ndarray | None = 
     best = np.full(n, k + 1)  # the fewest infeasible coordinates seen, per row
     backup = np.full(n, 3)  # full exchanges left before the one-at-a-time backup rule
     rows = np.arange(n)
-    diagonal = np.arange(k)
     # tolerances for "negative", against round-off: relative to the size of the row's solution and gradient
     slack = 1e-10 * (np.abs(targets).max(1) + _EPS)
     for _ in range(max_iter or 10 * k + 100):
         p, b = passive[rows], targets[rows]
-        free = p.astype(np.float64)
-        system = h * free[:, :, None] * free[:, None, :]
-        system[:, diagonal, diagonal] += 1.0 - free  # a fixed coordinate: the equation g_j = 0
-        solution = np.linalg.solve(system, (b * p)[..., None])[..., 0]
+        solution = _solve_passive(h, b, p)
         gradient = solution @ h - b  # y = H g - b, zero on the passive coordinates
         tolerance = slack[rows, None]
         infeasible = (p & (solution < -tolerance / scale)) | (~p & (gradient < -tolerance))
@@ -198,6 +194,32 @@ def nnls_rows(gram: np.ndarray, targets: np.ndarray, start: np.ndarray | None = 
         passive[rows] ^= flip
         result[rows] = np.maximum(solution, 0.0)  # the best so far, should the cap be reached
     return result
+
+
+def _solve_passive(h: np.ndarray, targets: np.ndarray, passive: np.ndarray) -> np.ndarray:
+    """Each row's solution of H g = b on its passive coordinates, its other coordinates held at 0 (the equation
+    g_j = 0 in place of row and column j of H). A row passive everywhere solves H itself, shared rather than built
+    per row (n copies of k x k were a third of an ALS sweep); every row is still its own solve, as before."""
+    n, k = targets.shape
+    whole = passive.all(1)
+    if whole.all():
+        return _solve_rows(np.broadcast_to(h, (n, k, k)), targets)
+    solution = np.empty((n, k))
+    if whole.any():
+        solution[whole] = _solve_rows(np.broadcast_to(h, (int(whole.sum()), k, k)), targets[whole])
+    part = ~whole
+    if part.any():
+        free = passive[part].astype(np.float64)
+        system = h * free[:, :, None] * free[:, None, :]
+        diagonal = np.arange(k)
+        system[:, diagonal, diagonal] += 1.0 - free  # a fixed coordinate: the equation g_j = 0
+        solution[part] = _solve_rows(system, targets[part] * passive[part])
+    return solution
+
+
+def _solve_rows(systems: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """x_i = systems_i^-1 rows_i for every i."""
+    return np.linalg.solve(systems, rows[..., None])[..., 0]
 
 
 def _als_update(x: np.ndarray, g: np.ndarray, f: np.ndarray) -> np.ndarray:
