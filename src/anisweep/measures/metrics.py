@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 
 from anisweep.measures import geometry, ln_outliers, massive, rogue, sinks, spectra, spectral
+from anisweep.measures.grouped import vectors_by_group
 from anisweep.measures.registry import (
     GRADIENT_MEASURE,
     CheckpointTables,
@@ -31,7 +32,6 @@ from anisweep.tables import (
     in_metric_schema,
     metric_rows,
     read_parquet,
-    vectors,
 )
 
 
@@ -120,8 +120,8 @@ PAIR_SEED = 0
 def sample_rows(hidden: pl.DataFrame) -> list[dict]:
     """Metrics that need the point cloud, on the seeded sample of tokens."""
     rows = []
-    for (layer, site), group in sorted(hidden.group_by("layer", "site"), key=lambda g: g[0]):
-        x = vectors(group["vector"]).astype(np.float64)
+    for (layer, site), group in vectors_by_group(hidden, ("layer", "site"), ("vector",)):
+        x = group["vector"]
         x = x[np.isfinite(x).all(axis=1)]
         n, d = x.shape
         nan = float("nan")
@@ -157,9 +157,9 @@ def qk_sample_rows(qk_sample: pl.DataFrame) -> list[dict]:
     """Anisotropy of the queries and of the keys themselves per head (Godey et al. 2024, Sec. 5): exact
     all-pairs avg_cos and drift ratio within the sampled q vectors, and within the sampled k vectors."""
     rows = []
-    for (layer, head, rope), group in sorted(qk_sample.group_by("layer", "head", "rope"), key=lambda g: g[0]):
+    for (layer, head, rope), group in vectors_by_group(qk_sample, ("layer", "head", "rope"), ("q", "k")):
         for which in ("q", "k"):
-            x = vectors(group[which]).astype(np.float64)
+            x = group[which]
             x = x[np.isfinite(x).all(axis=1)]
             values = {f"{which}_avg_cos": geometry.avg_cos(x), f"{which}_drift_ratio": geometry.drift(x)[1]}
             rows += [
@@ -172,9 +172,8 @@ def spectral_rows(hidden: pl.DataFrame) -> list[dict]:
     """The shape of each sampled site's spectrum (anisweep.measures.spectral): its uncentred singular values, as
     spectra.parquet holds them, and its centred covariance's eigenvalues."""
     rows = []
-    for (layer, site), group in sorted(hidden.group_by("layer", "site"), key=lambda g: g[0]):
-        vectors = group["vector"]
-        x = vectors.list.to_array(len(vectors[0])).to_numpy().astype(np.float64)  # 5x faster than stacking lists
+    for (layer, site), group in vectors_by_group(hidden, ("layer", "site"), ("vector",)):
+        x = group["vector"]
         x = x[np.isfinite(x).all(axis=1)]
         singular, _ = spectra.spectrum(x)
         values = spectral.sample_spectral_values(x, singular)

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from anisweep.tables import IDENTITY, read_parquet, vectors, with_identity
+from anisweep.measures.grouped import vectors_by_group
+from anisweep.tables import IDENTITY, read_parquet, with_identity
 
 SCHEMA = {
     "layer": pl.Int64,
@@ -66,10 +67,10 @@ def checkpoint_spectra(extract_dir: str | Path) -> pl.DataFrame:
     hidden = read_parquet(extract_dir / "hidden.parquet")
     qk = read_parquet(extract_dir / "qk_sample.parquet")
     rows = []
-    for (layer, site), group in sorted(hidden.group_by("layer", "site"), key=lambda g: g[0]):
-        rows += _rows(layer, None, site, "hidden", vectors(group["vector"]).astype(np.float64))
-    for (layer, head, rope), group in sorted(qk.group_by("layer", "head", "rope"), key=lambda g: g[0]):
+    for (layer, site), group in vectors_by_group(hidden, ("layer", "site"), ("vector",)):
+        rows += _rows(layer, None, site, "hidden", group["vector"])
+    for (layer, head, rope), group in vectors_by_group(qk, ("layer", "head", "rope"), ("q", "k")):
         for which in ("q", "k"):
-            rows += _rows(layer, head, f"qk_{rope}", which, vectors(group[which]).astype(np.float64))
+            rows += _rows(layer, head, f"qk_{rope}", which, group[which])
     ident = {key: hidden[key][0] for key in IDENTITY}
     return with_identity(pl.DataFrame(rows, schema=SCHEMA), ident)

@@ -1,0 +1,35 @@
+"""The sampled vectors of a table split by group (hidden.parquet per (layer, site), qk_sample.parquet per (layer,
+head, rope)) with numpy, from one array per column: iterating polars' group_by ran a query per group, and turning
+each group's column into an array several more, most of a metrics job's time on a small model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import polars as pl
+
+from anisweep.tables import vectors
+
+
+def vectors_by_group(
+    df: pl.DataFrame, keys: Sequence[str], columns: Sequence[str]
+) -> list[tuple[tuple, dict[str, np.ndarray]]]:
+    """[(key, {column: the group's vectors as one float64 array (rows, width)})] for each distinct value of `keys`,
+    in sorted order of the key, each group's rows in the table's order."""
+    groups = df.select(keys).with_row_index("row").group_by(keys).agg(pl.col("row"))
+    groups = sorted(groups.iter_rows(), key=lambda group: group[:-1])
+    rows = [np.sort(np.asarray(group[-1], dtype=np.int64)) for group in groups]
+    split = {column: _split(df[column], rows) for column in columns}
+    return [
+        (group[:-1], {column: split[column][i].astype(np.float64) for column in columns})
+        for i, group in enumerate(groups)
+    ]
+
+
+def _split(column: pl.Series, rows: list[np.ndarray]) -> list[np.ndarray]:
+    try:
+        whole = vectors(column)
+    except ValueError:  # vectors of several widths (a model whose width changes with depth): group by group
+        return [vectors(column.gather(index)) for index in rows]
+    return [whole[index] for index in rows]
