@@ -44,6 +44,26 @@ def test_directions_match_numpy_svd_up_to_sign():
         assert v[i][np.abs(v[i]).argmax()] > 0  # the sign convention
 
 
+def test_vectors_by_head_split_one_layer_by_head_rope_and_step_in_row_order():
+    samples = pl.DataFrame(
+        {
+            "step": [8, 0, 8, 0, 0, 8],
+            "head": [1, 1, 0, 0, 1, 1],
+            "rope": ["pre"] * 6,
+            "q": [[float(i), 0.0] for i in range(6)],
+            "k": [[0.0, float(i)] for i in range(6)],
+        }
+    )
+    by_head = qk_svd._vectors_by_head(samples)
+    assert list(by_head) == [(0, "pre"), (1, "pre")]
+    q_by_step, k_by_step = by_head[(1, "pre")]
+    assert list(q_by_step) == [0, 8]
+    np.testing.assert_array_equal(q_by_step[0][:, 0], [1.0, 4.0])
+    np.testing.assert_array_equal(k_by_step[8][:, 1], [0.0, 5.0])
+    assert q_by_step[8].dtype == np.float64
+    assert qk_svd._vectors_by_head(samples.clear()) == {}
+
+
 def test_directions_use_a_seeded_share():
     x = np.random.default_rng(1).standard_normal((100, D))
     a, sa, used = qk_svd.directions(x, fraction=0.2, seed=3)

@@ -113,6 +113,22 @@ def _read(paths: list[Path], columns: list[str]) -> pl.DataFrame:
     return pl.concat([read_parquet(p, columns=columns) for p in paths])
 
 
+def _vectors_by_head(samples: pl.DataFrame) -> dict[tuple, tuple[dict, dict]]:
+    """{(head, rope): ({step: q vectors}, {step: k vectors})} (float64, in the sample's row order), sorted by head,
+    rope and step: the layer's columns turned into numpy once, not once per head and step."""
+    if samples.is_empty():
+        return {}
+    step, head, rope = (samples[c].to_numpy() for c in ("step", "head", "rope"))
+    q, k = (vectors(samples[c]).astype(np.float64) for c in ("q", "k"))
+    by_head = {}
+    for h, r in sorted(set(zip(head.tolist(), rope.tolist(), strict=True))):
+        in_head = (head == h) & (rope == r)
+        steps = sorted(set(step[in_head].tolist()))
+        rows = {s: in_head & (step == s) for s in steps}
+        by_head[(h, r)] = ({s: q[m] for s, m in rows.items()}, {s: k[m] for s, m in rows.items()})
+    return by_head
+
+
 def qk_svd(extract_dirs: list[Path], fraction: float = DEFAULT_FRACTION, seed: int = 0) -> tuple[pl.DataFrame, dict]:
     """qk_svd.parquet's rows for every (layer, head, rope) of one model, and what the figures need: the
     directions, and a seeded share of the sampled vectors per head."""
@@ -134,11 +150,7 @@ def qk_svd(extract_dirs: list[Path], fraction: float = DEFAULT_FRACTION, seed: i
             [f.filter(pl.col("layer") == layer).select("step", "head", "rope", "q", "k") for f in sample_frames]
         ).collect()
         layer_means = means.filter(pl.col("layer") == layer)
-        for (head, rope), group in sorted(samples.group_by("head", "rope"), key=lambda g: g[0]):
-            q_by_step, k_by_step = {}, {}
-            for (step,), part in sorted(group.group_by("step"), key=lambda g: g[0]):
-                q_by_step[step] = vectors(part["q"]).astype(np.float64)
-                k_by_step[step] = vectors(part["k"]).astype(np.float64)
+        for (head, rope), (q_by_step, k_by_step) in _vectors_by_head(samples).items():
             head_means = layer_means.filter((pl.col("head") == head) & (pl.col("rope") == rope))
             q_means = {s: np.asarray(m, np.float64) for s, m in head_means.select("step", "q_mean").iter_rows()}
             k_means = {s: np.asarray(m, np.float64) for s, m in head_means.select("step", "k_mean").iter_rows()}
