@@ -7,8 +7,9 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
-from anisweep import config
+from anisweep import config, schema
 from anisweep.checkpoints.catalogue import COMMON_ENTRY_KEYS, FAMILIES, final_step, params_millions
 from anisweep.checkpoints.hub import MultiBERTs, Pythia
 from anisweep.errors import ConfigError
@@ -240,3 +241,7 @@ def test_the_rank_is_checked_only_against_the_models_the_gradient_analysis_cover
     done["gradients"]["steps"] = None
     with pytest.raises(ConfigError, match="of pythia/pythia-14m"):
         config.checkpoints(config.complete(done))
+
+
+def test_the_schema_read_with_libyaml_is_the_document_pyyaml_reads():
+    assert schema.schema() == yaml.safe_load(schema.SCHEMA_PATH.read_text())
