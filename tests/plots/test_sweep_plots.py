@@ -531,6 +531,37 @@ def test_the_step_axis_is_labelled_in_plain_numbers_and_figures_share_one_mathte
     assert len(renderers) >= 2 and parsers == {id(kit._mathtext_parser())}
 
 
+def test_cached_font_height_metrics_lay_out_texts_as_matplotlib_does():
+    """save_figure hands the renderer the font height metrics once per font (kit.share_font_caches), where
+    matplotlib's Text reads them from the font's tables for every text it measures: every text, one line or
+    several, of any size, must land on the same pixels either way."""
+    import anisweep.plots.kit as kit
+
+    def extents(share: bool) -> list:
+        fig = pyplot().figure(dpi=kit.FIGURE_DPI)
+        texts = [
+            fig.text(0.1, 0.1 * i, text, fontsize=size)
+            for i, (text, size) in enumerate(
+                [("1k", 8), ("layer 0\nhead 1", 9), ("tokens seen", 10), ("$10^{3}$", 12), ("Äg", 14)]
+            )
+        ]
+        renderer = fig.canvas.get_renderer()
+        if share:
+            kit.share_font_caches(renderer)
+        boxes = [t.get_window_extent(renderer).bounds for t in texts]
+        pyplot().close(fig)
+        return boxes
+
+    assert extents(share=True) == extents(share=False)
+    renderer = pyplot().figure(dpi=kit.FIGURE_DPI).canvas.get_renderer()
+    kit.share_font_caches(renderer)
+    assert all(
+        isinstance(value, float)
+        for value in renderer._get_font_height_metrics(matplotlib.font_manager.FontProperties())
+    )
+    pyplot().close("all")
+
+
 def test_symlog_ticks_are_0_and_the_powers_of_ten_half_a_decade_from_it():
     from anisweep.plots.kit import symlog_ticks
 

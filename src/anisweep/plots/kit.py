@@ -53,6 +53,8 @@ def metric_words(metric: str) -> str:
 MIN_TICK_LABEL_SIZE = 8.0
 #: the resolution of every saved figure
 FIGURE_DPI = 110
+#: how PIL writes the PNGs: zlib's level 3 makes files the size its default (6) makes, in two thirds of the time
+PNG_OPTIONS = {"compress_level": 3}
 
 
 def symlog_position(steps, linthresh: float) -> np.ndarray:
@@ -222,14 +224,45 @@ def save_figure(fig, path: Path) -> None:
         with replacing(path, keep_suffix=True) as tmp:
             if isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine) and Path(path).suffix == ".png":
                 fig.set_dpi(FIGURE_DPI)
-                fig.canvas.get_renderer().mathtext_parser = _mathtext_parser()
+                share_font_caches(fig.canvas.get_renderer())
                 fig.canvas.draw()
                 if not sticks_out(fig):
-                    imsave(tmp, fig.canvas.buffer_rgba(), format="png", dpi=FIGURE_DPI)
+                    imsave(tmp, fig.canvas.buffer_rgba(), format="png", dpi=FIGURE_DPI, pil_kwargs=PNG_OPTIONS)
                     return
-            fig.savefig(tmp, dpi=FIGURE_DPI, bbox_inches="tight")
+            png = {"pil_kwargs": PNG_OPTIONS} if Path(path).suffix == ".png" else {}
+            fig.savefig(tmp, dpi=FIGURE_DPI, bbox_inches="tight", **png)
     finally:
         pyplot().close(fig)
+
+
+def share_font_caches(renderer) -> None:
+    """Give `renderer` the process's mathtext parser and font height metrics, which matplotlib would work out
+    again for every figure (the parser) or every text it measures (the metrics)."""
+    renderer.mathtext_parser = _mathtext_parser()
+    renderer._get_font_height_metrics = functools.partial(font_height_metrics, dpi=renderer.dpi)
+
+
+def font_height_metrics(prop, dpi: float) -> tuple[float | None, float | None, float | None]:
+    """The ascent, descent and line gap (pixels at `dpi`) of the font `prop` names, as matplotlib's Text takes
+    them from the font's tables each time it measures a text (a third of laying out a tick label, from matplotlib
+    3.11): a renderer that has this method is asked instead (backends that measure fonts their own way have one).
+    (None, None, None) lets Text measure them itself."""
+    return _font_height_metrics(prop.copy(), dpi)  # a copy: the caller may change its properties later
+
+
+@functools.lru_cache(maxsize=256)
+def _font_height_metrics(prop, dpi: float) -> tuple[float | None, float | None, float | None]:
+    from matplotlib.font_manager import fontManager, get_font
+
+    font = get_font(fontManager._find_fonts_by_props(prop))  # the font Text measures (matplotlib.text)
+    tables = (("OS/2", "sTypoLineGap", "sTypoAscender", "sTypoDescender"), ("hhea", "lineGap", "ascent", "descent"))
+    for name, gap_key, ascent_key, descent_key in tables:
+        table = font.get_sfnt_table(name)
+        if table is None:
+            continue
+        scale = 1 / font.get_sfnt_table("head")["unitsPerEm"] * prop.get_size_in_points() * dpi / 72
+        return table[ascent_key] * scale, -table[descent_key] * scale, table[gap_key] * scale
+    return None, None, None
 
 
 @functools.cache
