@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from anisweep.tables import IDENTITY, read_parquet, scan_parquet, vectors
+from anisweep.measures.grouped import vectors_by_group
+from anisweep.tables import IDENTITY, read_parquet, scan_parquet
 
 BASES = ("common", "q", "k")
 FIGURES = tuple(f"qk_svd_{basis}.png" for basis in BASES)
@@ -115,17 +116,11 @@ def _read(paths: list[Path], columns: list[str]) -> pl.DataFrame:
 
 def _vectors_by_head(samples: pl.DataFrame) -> dict[tuple, tuple[dict, dict]]:
     """{(head, rope): ({step: q vectors}, {step: k vectors})} (float64, in the sample's row order), sorted by head,
-    rope and step: the layer's columns turned into numpy once, not once per head and step."""
-    if samples.is_empty():
-        return {}
-    step, head, rope = (samples[c].to_numpy() for c in ("step", "head", "rope"))
-    q, k = (vectors(samples[c]).astype(np.float64) for c in ("q", "k"))
+    rope and step."""
     by_head = {}
-    for h, r in sorted(set(zip(head.tolist(), rope.tolist(), strict=True))):
-        in_head = (head == h) & (rope == r)
-        steps = sorted(set(step[in_head].tolist()))
-        rows = {s: in_head & (step == s) for s in steps}
-        by_head[(h, r)] = ({s: q[m] for s, m in rows.items()}, {s: k[m] for s, m in rows.items()})
+    for (head, rope, step), group in vectors_by_group(samples, ("head", "rope", "step"), ("q", "k")):
+        q_by_step, k_by_step = by_head.setdefault((head, rope), ({}, {}))
+        q_by_step[step], k_by_step[step] = group["q"], group["k"]
     return by_head
 
 
