@@ -26,7 +26,8 @@ base-model forward (sdpa attention, no hooks) on the same batch:
 * the outlier statistics' cost (`--parts outliers`): extract against extract without what it measures of rogue
   dimensions, massive activations and attention sinks (without_outlier_statistics: no per-dimension squares or top
   tokens at the sampled sites, no column sums in the attention pass), both interleaved with the plain forward in
-  one process (median of 11 repetitions): the drop of extract's speed ratio, the median of the paired differences.
+  each of --processes fresh processes (3; 11 repetitions each): the ratios are medians over all the repetitions,
+  each process's own beside them; the drop of extract's ratio is the median of the paired differences.
 
 On a GPU (`--device cuda`, one call, about 6 minutes on one H200; it stops at once where torch sees no GPU), in
 this order, each part in fresh processes without TRITON_INTERPRET, so that Triton compiles its kernels:
@@ -850,20 +851,24 @@ def drive(a) -> None:
 
 
 def outlier_cost(a, shape: str, t: int) -> dict:
-    """extract's speed ratio to the plain forward with and without the outlier statistics, interleaved in one
-    process: the drop is the median over repetitions of the paired difference."""
-    print(f"[{shape} {a.batch}x{t}] outlier statistics' cost ...", flush=True)
-    sp = spawn(
-        sys.executable,
-        "speed",
-        shape=shape,
-        seq_len=t,
-        repeat=a.repeat or 11,
-        variants=["plain", "extract", "extract_without_outliers"],
-        threads=a.threads,
-        batch=a.batch,
-    )
-    with_, without = sp["extract"], sp["extract_without_outliers"]
+    """extract's speed ratio to the plain forward with and without the outlier statistics, interleaved in each of
+    --processes fresh processes (a process's ratio differs from the next one's by up to 0.05 on a 2-core machine):
+    each ratio is the median over all their repetitions, the drop the median of the paired differences."""
+    print(f"[{shape} {a.batch}x{t}] outlier statistics' cost, {a.processes} processes ...", flush=True)
+    runs = [
+        spawn(
+            sys.executable,
+            "speed",
+            shape=shape,
+            seq_len=t,
+            repeat=a.repeat or 11,
+            variants=["plain", "extract", "extract_without_outliers"],
+            threads=a.threads,
+            batch=a.batch,
+        )
+        for _ in range(a.processes)
+    ]
+    with_, without = pooled(runs, "extract"), pooled(runs, "extract_without_outliers")
     drops = [w - x for w, x in zip(without["speed_ratios"], with_["speed_ratios"])]
     return {
         "shape": shape,
@@ -871,9 +876,22 @@ def outlier_cost(a, shape: str, t: int) -> dict:
         "seq_len": t,
         "with": with_["speed_ratio"],
         "without": without["speed_ratio"],
+        "with_per_process": with_["per_process"],
+        "without_per_process": without["per_process"],
         "drop": statistics.median(drops),
         "drops": drops,
         "added_seconds": statistics.median(w - x for w, x in zip(with_["seconds"], without["seconds"])),
+    }
+
+
+def pooled(runs: list[dict], variant: str) -> dict:
+    """One variant's figures from several `speed` processes: their repetitions together, the speed ratio as the
+    median over all of them, and each process's own median."""
+    return {
+        "seconds": [s for run in runs for s in run[variant]["seconds"]],
+        "speed_ratios": [r for run in runs for r in run[variant]["speed_ratios"]],
+        "speed_ratio": statistics.median(r for run in runs for r in run[variant]["speed_ratios"]),
+        "per_process": [run[variant]["speed_ratio"] for run in runs],
     }
 
 
@@ -1131,12 +1149,14 @@ def summary(out: dict) -> str:
     if out.get("outlier_cost"):
         lines += [
             "",
-            "| model | batch x seq | extract vs plain | without the outlier statistics | drop (median of pairs) |",
-            "|---|---|---|---|---|",
+            "| model | batch x seq | extract vs plain | each process | without the outlier statistics | "
+            "drop (median of pairs) |",
+            "|---|---|---|---|---|---|",
         ]
         for c in out["outlier_cost"]:
+            each = " / ".join(f"{r:.3f}" for r in c.get("with_per_process", [c["with"]]))
             lines.append(
-                f"| {c['shape']} | {c['batch']}x{c['seq_len']} | {c['with']:.3f}x | {c['without']:.3f}x | "
+                f"| {c['shape']} | {c['batch']}x{c['seq_len']} | {c['with']:.3f}x | {each} | {c['without']:.3f}x | "
                 f"{c['drop']:.3f} ({c['added_seconds'] * 1e3:.0f} ms per batch) |"
             )
     if out.get("checkpoint"):
@@ -1444,6 +1464,7 @@ def main(argv=None):
     ap.add_argument("--seq-lens", type=int, nargs="+", default=[128, 512])
     ap.add_argument("--shapes", nargs="+", default=["bert", "pythia"], choices=["bert", "pythia"])
     ap.add_argument("--repeat", type=int, help="repetitions: default 7 (CPU ratios), 5 (the device table)")
+    ap.add_argument("--processes", type=int, default=3, help="fresh processes of the outlier statistics' cost")
     ap.add_argument("--flat-n", type=int, nargs="*", default=[8, 32, 128])
     ap.add_argument("--tl-python", default="/work/benchvenv/bin/python")
     ap.add_argument("--out", help="default benchmarks/out/extract.json, or extract_<device>.json off the CPU")

@@ -292,6 +292,39 @@ def test_the_outlier_statistics_are_off_only_in_their_variant():
     assert with_.vectors[resid].has_outliers and with_.sinks[0].n_rows == 2 * 16
 
 
+def test_the_outlier_cost_pools_the_repetitions_of_every_process(monkeypatch):
+    """--processes fresh `speed` processes: each ratio is the median over all their repetitions, not a median of
+    medians, each process's own is kept beside it, and the Markdown shows both."""
+    plain = [1.0, 1.0, 1.0]
+    results = iter(
+        [
+            {"extract": [1.25, 1.25, 1.25], "extract_without_outliers": [1.1, 1.1, 1.1]},
+            {"extract": [1.0, 1.0, 2.0], "extract_without_outliers": [1.0, 1.0, 1.0]},
+        ]
+    )
+
+    def speed(python, mode, **kw):
+        assert mode == "speed" and kw["variants"] == ["plain", "extract", "extract_without_outliers"]
+        seconds = {"plain": plain, **next(results)}
+        return {
+            name: {
+                "seconds": s,
+                "speed_ratios": [p / x for p, x in zip(plain, s)],
+                "speed_ratio": sorted(p / x for p, x in zip(plain, s))[1],
+            }
+            for name, s in seconds.items()
+        }
+
+    monkeypatch.setattr(bench, "spawn", speed)
+    a = argparse.Namespace(processes=2, repeat=3, threads=2, batch=8)
+    cost = bench.outlier_cost(a, "bert", 512)
+    assert cost["with_per_process"] == [0.8, 1.0]
+    assert cost["with"] == pytest.approx(0.8)  # of 0.8, 0.8, 0.8, 1, 1, 0.5; the median of medians would be 0.9
+    assert cost["without"] == pytest.approx((1 / 1.1 + 1.0) / 2)
+    row = bench.summary({"outlier_cost": [cost]}).splitlines()[-1]
+    assert row.startswith("| bert | 8x512 | 0.800x | 0.800 / 1.000 | 0.955x |"), row
+
+
 def test_profile_extract_reports_each_part(tmp_path):
     """benchmarks/profile_extract.py on a tiny model on the CPU: the timing line, the ops by host time and the
     Python functions (the device-time table and the host waits are CUDA's alone)."""
