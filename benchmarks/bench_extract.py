@@ -852,7 +852,7 @@ def drive(a) -> None:
 
 def outlier_cost(a, shape: str, t: int) -> dict:
     """extract's speed ratio to the plain forward with and without the outlier statistics, interleaved in each of
-    --processes fresh processes (a process's ratio differs from the next one's by up to 0.05 on a 2-core machine):
+    --processes fresh processes (a process's ratio differs from the next one's by up to 0.1 on a 2-core machine):
     each ratio is the median over all their repetitions, the drop the median of the paired differences."""
     print(f"[{shape} {a.batch}x{t}] outlier statistics' cost, {a.processes} processes ...", flush=True)
     runs = [
