@@ -855,19 +855,8 @@ def outlier_cost(a, shape: str, t: int) -> dict:
     --processes fresh processes (a process's ratio differs from the next one's by up to 0.1 on a 2-core machine):
     each ratio is the median over all their repetitions, the drop the median of the paired differences."""
     print(f"[{shape} {a.batch}x{t}] outlier statistics' cost, {a.processes} processes ...", flush=True)
-    runs = [
-        spawn(
-            sys.executable,
-            "speed",
-            shape=shape,
-            seq_len=t,
-            repeat=a.repeat or 11,
-            variants=["plain", "extract", "extract_without_outliers"],
-            threads=a.threads,
-            batch=a.batch,
-        )
-        for _ in range(a.processes)
-    ]
+    variants = ["plain", "extract", "extract_without_outliers"]
+    runs = [spawn_speed(a, shape, t, variants, a.repeat or 11) for _ in range(a.processes)]
     with_, without = pooled(runs, "extract"), pooled(runs, "extract_without_outliers")
     drops = [w - x for w, x in zip(without["speed_ratios"], with_["speed_ratios"])]
     return {
@@ -887,12 +876,20 @@ def outlier_cost(a, shape: str, t: int) -> dict:
 def pooled(runs: list[dict], variant: str) -> dict:
     """One variant's figures from several `speed` processes: their repetitions together, the speed ratio as the
     median over all of them, and each process's own median."""
+    ratios = [r for run in runs for r in run[variant]["speed_ratios"]]
     return {
         "seconds": [s for run in runs for s in run[variant]["seconds"]],
-        "speed_ratios": [r for run in runs for r in run[variant]["speed_ratios"]],
-        "speed_ratio": statistics.median(r for run in runs for r in run[variant]["speed_ratios"]),
+        "speed_ratios": ratios,
+        "speed_ratio": statistics.median(ratios),
         "per_process": [run[variant]["speed_ratio"] for run in runs],
     }
+
+
+def spawn_speed(a, shape: str, t: int, variants: list[str], repeat: int, python: str = sys.executable) -> dict:
+    """The `speed` worker on --batch sequences of t tokens of `shape`, on --threads, in a fresh process of `python`."""
+    return spawn(
+        python, "speed", shape=shape, seq_len=t, repeat=repeat, variants=variants, threads=a.threads, batch=a.batch
+    )
 
 
 def ratio_rows(a, shape: str, t: int) -> list[dict]:
@@ -900,19 +897,9 @@ def ratio_rows(a, shape: str, t: int) -> list[dict]:
     common = dict(threads=a.threads, batch=a.batch)
     tl_ok = a.tl_python and Path(a.tl_python).exists()
     print(f"[{shape} {a.batch}x{t}] speed ...", flush=True)
-    sp = spawn(
-        sys.executable,
-        "speed",
-        shape=shape,
-        seq_len=t,
-        repeat=a.repeat or 7,
-        variants=["plain", "extract", "hf_keep_all"],
-        **common,
-    )
+    sp = spawn_speed(a, shape, t, ["plain", "extract", "hf_keep_all"], a.repeat or 7)
     if tl_ok:
-        sp_tl = spawn(
-            a.tl_python, "speed", shape=shape, seq_len=t, repeat=a.repeat or 7, variants=["plain", "tl"], **common
-        )
+        sp_tl = spawn_speed(a, shape, t, ["plain", "tl"], a.repeat or 7, python=a.tl_python)
         sp["tl"] = sp_tl["tl"]
         sp["tl"]["plain_tokens_per_s_same_process"] = sp_tl["plain"]["tokens_per_s"]
     mem = {}

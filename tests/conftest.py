@@ -260,7 +260,7 @@ def shared_worker():
     (`pytest.mark.usefixtures("shared_worker")`), instead of one per run, each importing torch, transformers and
     the stages again (seconds of CPU a run): a stand-in owner named in the environment the runs inherit
     (anisweep.worker.address.offer keeps a live owner), whose end at the module's end ends the worker."""
-    if os.environ.get(worker_address.OWNER_VARIABLE, "").strip().lower() in worker_address.OFF:
+    if worker_address.turned_off():
         yield None  # turned off for this session
         return
     owner = subprocess.Popen(["sleep", "infinity"])

@@ -42,12 +42,17 @@ def offer(environ=os.environ) -> bool:
     off (ANISWEEP_WORKER=off) or already names a live owner: a run started inside another's, or by a test module
     that shares one worker among its many small runs, uses that owner's worker, which ends with that owner.
     Returns whether a worker is asked for."""
-    if environ.get(OWNER_VARIABLE, "").strip().lower() in OFF:
+    if turned_off(environ):
         return False
     owner = owner_pid(environ)
     if owner is None or not _alive(owner):
         environ[OWNER_VARIABLE] = str(os.getpid())
     return True
+
+
+def turned_off(environ=os.environ) -> bool:
+    """Whether the environment turns the worker off (ANISWEEP_WORKER=off, 0, false or no)."""
+    return environ.get(OWNER_VARIABLE, "").strip().lower() in OFF
 
 
 def _alive(pid: int) -> bool:
