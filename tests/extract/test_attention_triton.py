@@ -29,7 +29,7 @@ from test_extract import (
 from test_streaming import attention_rows
 
 from anisweep.extract import attention_triton, recorder
-from anisweep.extract.streaming import ROW_FIELDS
+from anisweep.extract.streaming import LOG2_E, ROW_FIELDS, SCORE_FIELDS
 
 TESTS = Path(__file__).parents[1]
 
@@ -45,8 +45,8 @@ def inputs(b=3, h=2, t=13, d=16, dtype=torch.float32, lengths=(13, 6, 1), seed=0
 
 
 def eager(q, k, v, scaling, valid, causal):
-    """Softmax attention, each row's ROW_FIELDS by their definitions, in float64, with a full sort, and each key's
-    column sum over the valid query rows."""
+    """Softmax attention, each row's ROW_FIELDS by their definitions (SCORE_FIELDS in bits), in float64, with a
+    full sort, and each key's column sum over the valid query rows."""
     q, k, v = q.double(), k.double(), v.double()
     t = q.shape[-2]
     s = scaling * q @ k.transpose(-1, -2)
@@ -72,7 +72,9 @@ def eager(q, k, v, scaling, valid, causal):
         "z": z.squeeze(-1),
     }
     colsum = torch.where(valid[:, None, :, None], p, 0.0).sum(-2)
-    return p @ v, torch.stack([fields[name] for name in ROW_FIELDS], dim=-1), colsum
+    rows = torch.stack([fields[name] for name in ROW_FIELDS], dim=-1)
+    rows[..., SCORE_FIELDS] *= LOG2_E
+    return p @ v, rows, colsum
 
 
 def assert_matches(got, expected, valid, dtype):

@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from anisweep.extract.streaming import ROW_FIELDS, AttentionStats, VectorStats, VisibleKeys, masked_exp_, row_statistics
+from anisweep.extract.streaming import (
+    LN_2,
+    LOG2_E,
+    ROW_FIELDS,
+    AttentionStats,
+    VectorStats,
+    VisibleKeys,
+    masked_exp_,
+    row_statistics,
+)
 
 
 def batches(seed: int = 0):
@@ -168,7 +177,9 @@ def attention_rows(query, key, scaling, valid, causal):
         if causal:
             hidden = hidden | torch.ones(t, t, dtype=torch.bool).triu(1)
         keys = VisibleKeys.build(hidden)
-        scores = torch.baddbmm(torch.zeros(()), query[seq], key[seq].transpose(-1, -2), beta=0.0, alpha=scaling)
+        scores = torch.baddbmm(
+            torch.zeros(()), query[seq], key[seq].transpose(-1, -2), beta=0.0, alpha=scaling * LOG2_E
+        )  # in bits, as attention_torch.attend computes them
         rows = torch.empty(*scores.shape[:2], len(ROW_FIELDS))
         e = masked_exp_(scores, keys, rows, out=torch.empty_like(scores))
         row_statistics(scores, e, keys, rows)
@@ -177,9 +188,15 @@ def attention_rows(query, key, scaling, valid, causal):
 
 
 def visible_scores(query, key, scaling, valid, causal, head):
-    """The float32 scores of one head's visible (valid query, visible key) pairs, as float64 numpy."""
+    """The float32 scores of one head's visible (valid query, visible key) pairs, as float64 numpy: in bits, as
+    attention_torch.attend computes them, then in nats in float64, as AttentionStats.update turns them."""
     t = query.shape[-2]
-    s = torch.baddbmm(torch.zeros(()), query[:, head], key[:, head].transpose(-1, -2), beta=0.0, alpha=scaling)
+    s = (
+        torch.baddbmm(
+            torch.zeros(()), query[:, head], key[:, head].transpose(-1, -2), beta=0.0, alpha=scaling * LOG2_E
+        ).double()
+        * LN_2
+    )
     visible = valid[:, :, None] & valid[:, None, :]
     if causal:
         visible = visible & torch.ones(t, t, dtype=torch.bool).tril()
@@ -245,7 +262,7 @@ def test_row_order_statistics_are_a_sort_of_the_visible_keys(t):
         row_statistics(scores.clone().sub_(rows[..., ROW_FIELDS.index("score_max"), None]), e, keys, rows)
         visible = ~hidden
         m = torch.where(visible, scores, torch.finfo(torch.float32).min).amax(dim=-1, keepdim=True)
-        exps = torch.exp(scores - m)  # the same layout as extract's: the same float32 rounding
+        exps = torch.exp2(scores - m)  # scores in bits; the same layout as extract's: the same float32 rounding
         for i in range(n):
             for row in range(r):
                 values = exps[i, row][visible[row]].sort().values

@@ -10,7 +10,7 @@ from functools import partial
 
 import torch
 
-from anisweep.extract.streaming import ROW_FIELDS, masked_exp_, row_statistics
+from anisweep.extract.streaming import LOG2_E, ROW_FIELDS, masked_exp_, row_statistics
 
 CHUNK_ELEMENTS = 2**20
 ROW_BLOCKS, MIN_ROW_BLOCK = 8, 32
@@ -120,8 +120,8 @@ def attend(
     bool: the query rows whose probabilities the column sums add up, sum_i p_ij over them (the attention key j
     receives: streaming.SinkStats); without it the column sums are None."""
     b, h, t, _ = query.shape
-    if bias is not None:
-        bias = bias.float().expand(b, h, t, key.shape[2])
+    if bias is not None:  # in bits, as the scores
+        bias = bias.float().mul(LOG2_E).expand(b, h, t, key.shape[2])
     output = value.new_empty(b, h, t, value.shape[-1])
     row_stats = query.new_empty(b, h, t, len(ROW_FIELDS), dtype=torch.float32)
     # one partial sum per row block: the blocks of one sequence and head run on different threads
@@ -148,7 +148,7 @@ def attend(
         chunk_rows, chunk_output = flat(row_stats, rows), flat(output, rows)
         shape = (q.shape[0], q.shape[1], k.shape[1])
         scores = torch.baddbmm(
-            zero, q, k.transpose(-1, -2), beta=0.0, alpha=scaling, out=scratch.get("scores", shape, q)
+            zero, q, k.transpose(-1, -2), beta=0.0, alpha=scaling * LOG2_E, out=scratch.get("scores", shape, q)
         )
         if bias is not None:
             scores.add_(bias[seqs, heads, rows, keys_slice].reshape(shape))

@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from anisweep.extract.streaming import ROW_FIELDS
+from anisweep.extract.streaming import LOG2_E, ROW_FIELDS, SCORE_FIELDS
 
 MAX_KEYS = 2048  # keys per row that one program holds
 ROW_TILE = 4096  # scores per program (BLOCK_M rows x BLOCK_N keys) on 4 warps; 8 beyond: 16 x 512 on 4 spilled
@@ -163,7 +163,8 @@ def attend(query, key, value, scaling: float, valid: torch.Tensor, causal: bool)
     """query, key (B, H, T, d_head), value (B, H, T, d_v); valid (B, T) bool: real tokens. A key is visible
     to a row iff it is valid and, if causal, not after the row. Returns the output (B, H, T, d_v) in
     value's dtype (stored as (B, T, H, d_v), the layout the model wants next), the ROW_FIELDS of every
-    row, (B, H, T, len(ROW_FIELDS)) float32, and the column sums over the valid rows, (B, H, T) float32."""
+    row, (B, H, T, len(ROW_FIELDS)) float32 (SCORE_FIELDS in bits, as the torch path's), and the column sums
+    over the valid rows, (B, H, T) float32."""
     if query.device.type != "cuda" and not INTERPRETED:
         raise ValueError("Triton attention runs on CUDA tensors, or on the CPU under TRITON_INTERPRET=1")
     b, h, t, _ = query.shape
@@ -176,6 +177,8 @@ def attend(query, key, value, scaling: float, valid: torch.Tensor, causal: bool)
         fused_launch(query, key, value, scaling, valid, causal, output, rows, chosen, colsum)()
     else:
         _from_scores(query, key, value, scaling, valid, causal, output, rows, chosen, colsum)
+    # the kernels work in nats (tl.exp; exp2 made the scores kernel spill on sm_80): the rows' unit is bits
+    rows[..., SCORE_FIELDS] *= LOG2_E
     return output, rows, colsum
 
 
