@@ -113,8 +113,9 @@ def attend(
     bias=None,
     valid=None,
 ):
-    """Attention output (B, H, T, d_v), per-row statistics (B, H, T, len(ROW_FIELDS)) and column sums (B, H, L) of
-    one layer, in chunks of (sequences, heads, query rows). `blocks` are the batch's (query rows, VisibleKeys of
+    """Attention output (B, H, T, d_v) (stored as (B, T, H, d_v), the layout the model wants next), per-row
+    statistics (B, H, T, len(ROW_FIELDS)) and column sums (B, H, L) of one layer, in chunks of (sequences, heads,
+    query rows). `blocks` are the batch's (query rows, VisibleKeys of
     each sequence, or of all when `all_valid`) from `row_blocks`. `bias`, (1 or B, H, T, T): added to the scaled
     scores before the softmax (T5's relative position bias); the score statistics include it. `valid`, (B, T)
     bool: the query rows whose probabilities the column sums add up, sum_i p_ij over them (the attention key j
@@ -122,7 +123,7 @@ def attend(
     b, h, t, _ = query.shape
     if bias is not None:  # in bits, as the scores
         bias = bias.float().mul(LOG2_E).expand(b, h, t, key.shape[2])
-    output = value.new_empty(b, h, t, value.shape[-1])
+    output = value.new_empty(b, t, h, value.shape[-1]).transpose(1, 2)  # stored as the model reads it next
     row_stats = query.new_empty(b, h, t, len(ROW_FIELDS), dtype=torch.float32)
     # one partial sum per row block: the blocks of one sequence and head run on different threads
     parts = None if valid is None else query.new_zeros(len(blocks), b, h, key.shape[2], dtype=torch.float32)
@@ -142,10 +143,12 @@ def attend(
     def chunk(seqs, heads, rows, keys, part):
         keys_slice = slice(0, keys.n_keys)
         # a view whenever the chunk is one sequence or whole heads, as chunks makes them: the out=
-        # writes below land in row_stats and output
+        # writes below land in row_stats (and in output where the chunk is one sequence, else copied there)
         flat = lambda x, pos: x[seqs, heads, pos].flatten(0, 1)  # noqa: E731
         q, k = flat(query, rows), flat(key, keys_slice)
-        chunk_rows, chunk_output = flat(row_stats, rows), flat(output, rows)
+        chunk_rows, target = flat(row_stats, rows), output[seqs, heads, rows]
+        one_sequence = seqs.stop - seqs.start == 1
+        chunk_output = target[0] if one_sequence else scratch.get("output", (*q.shape[:2], value.shape[-1]), value)
         shape = (q.shape[0], q.shape[1], k.shape[1])
         scores = torch.baddbmm(
             zero, q, k.transpose(-1, -2), beta=0.0, alpha=scaling * LOG2_E, out=scratch.get("scores", shape, q)
@@ -155,6 +158,8 @@ def attend(
         e = masked_exp_(scores, keys, chunk_rows, out=scratch.get("e", shape, q))
         torch.bmm(e.to(value.dtype), flat(value, keys_slice), out=chunk_output)
         chunk_output.div_(chunk_rows[..., ROW_FIELDS.index("z"), None])
+        if not one_sequence:
+            target.copy_(chunk_output.view(target.shape))
         if part is not None:  # sum_i p_ij = sum_i (valid_i / Z_i) e_ij: one pass over e, before it is partitioned
             z = chunk_rows[..., ROW_FIELDS.index("z")]
             w = flat(weights, rows) / z.clamp_min(TINY)  # 0 on padding rows, whose Z may be 0
