@@ -471,7 +471,7 @@ class AttentionStats:
         terms are >= 0 (as accurate as summing entr(p) of float32 p; unshifted scores would lose
         ~eps * max|s| per row).
         """
-        rows = rows.double()
+        rows = rows.to(torch.float64, copy=True)  # never the caller's
         rows[..., SCORE_FIELDS] *= LN_2  # bits to nats
         r = dict(zip(ROW_FIELDS, rows.unbind(-1)))
         entropy = torch.log(r["z"]) - r["p_dot_shifted"]
