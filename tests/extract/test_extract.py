@@ -14,6 +14,7 @@ from anisweep.extract import tables as extract_tables
 from anisweep.extract.model import DTYPES, ExtractSettings, load_model
 from anisweep.extract.recorder import SAMPLED_SITES
 from anisweep.extract.run import run
+from anisweep.extract.streaming import VisibleKeys
 from anisweep.tables import ATTENTION_STATISTICS, EXTRACT_SCHEMAS, IDENTITY, IDENTITY_SCHEMA
 
 from conftest import (
@@ -403,6 +404,23 @@ def test_many_sequences_per_chunk_match_eager_reference(tmp_path, monkeypatch):
     batch = full_batch(n=7)
     tables, _ = run_extract(path, batch, batch_size=7)
     check_all(tables, reference(path, batch, "bert"), batch, causal=False)
+
+
+@pytest.mark.parametrize("chunk_elements", [12 * 12, 4 * 12 * 12 * 3])  # one head; three whole sequences
+def test_torch_attention_output_is_stored_as_the_model_reads_it(monkeypatch, chunk_elements):
+    """attend's output (B, H, T, d_v) is stored as (B, T, H, d_v), so that the model's `.contiguous()` copies
+    nothing, and is float64 softmax attention's, in one-sequence chunks (written in place by bmm's out=) and in
+    chunks of several sequences (copied there)."""
+    monkeypatch.setattr(attention_torch, "CHUNK_ELEMENTS", chunk_elements)
+    g = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(7, 4, 12, 8, generator=g) for _ in range(3))
+    blocks = [(slice(0, 12), [VisibleKeys.build(torch.zeros(12, 12, dtype=torch.bool))])]
+    output, _, _ = attention_torch.attend(
+        query, key, value, 8**-0.5, blocks, True, attention_torch.Workers(1), attention_torch.Scratch()
+    )
+    assert output.transpose(1, 2).is_contiguous()
+    expected = torch.softmax(query.double() @ key.double().transpose(-1, -2) * 8**-0.5, dim=-1) @ value.double()
+    np.testing.assert_allclose(output.double().numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(
