@@ -46,10 +46,10 @@ def test_help_and_parsing_import_no_torch():
     assert not {"torch", "transformers", "numpy", "polars", "matplotlib"} & set(loaded)
 
 
-def test_each_command_is_beside_its_stage():
+def test_each_command_is_in_its_stages_module_of_the_command_line():
     sub = next(a for a in parser()._actions if a.dest == "command")
     modules = {name: p.get_default("run").__module__ for name, p in sub.choices.items()}
-    assert modules["fetch"] == "anisweep.checkpoints.commands"
-    assert modules["extract"] == "anisweep.extract.commands"
-    assert modules["metrics"] == "anisweep.measures.commands"
-    assert all(m.endswith(".commands") for m in modules.values()), modules
+    assert modules["fetch"] == "anisweep.cli.checkpoints"
+    assert modules["extract"] == "anisweep.cli.extract"
+    assert modules["metrics"] == "anisweep.cli.measures"
+    assert all(m.startswith("anisweep.cli.") for m in modules.values()), modules

@@ -1,6 +1,6 @@
-"""The house rules of the package (README, Layout): no import circles, imports run one way through the stages,
-no private name is imported across modules, and a rule's code input (anisweep.code_inputs) holds every module
-its command imports."""
+"""The house rules of the package (README, Layout): the floors below, each importing only itself and the floors
+beneath it; no import circles, between modules or between floors; no private name imported across modules; and a
+rule's code input (anisweep.code_inputs) holds every module its command imports."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ import pytest
 
 from anisweep.code_inputs import ROOT, closure, code_inputs, direct_imports
 
-# The flow, in order: a module may import its own stage and the stages before it, never one after it.
-STAGES = (
+# The floors of the house, bottom to top: a module imports its own floor and the floors beneath it, never one above.
+# A floor is a top-level module or a stage folder; the stages follow the flow (checkpoints, extract, measures, ...),
+# but where one stage's code uses another's (extract records the measures' sites), the used one sits lower.
+FLOORS = (
     "errors",
-    "arguments",  # the command line's argument types (JSON, step lists), shared by the stages' commands
+    "arguments",  # the command line's argument types (JSON, step lists)
     "atomic",
     "job_failure",
     "code_inputs",
@@ -39,8 +41,7 @@ STAGES = (
     "plots",
     "results",
     "explore",  # the explorer page: reads a results folder
-    "commands",  # each stage's `commands` module: its commands and their arguments, which run its code and others'
-    "cli",
+    "cli",  # the command line: one module per stage (cli/extract.py, ...), each wiring the floors beneath it
     "worker",  # the warm worker: runs cli.main in a fork of a process that imported the stages once
     "__main__",
 )
@@ -56,29 +57,82 @@ RULE_MODULES = sorted(
 )
 
 
-def stage(module: str) -> int:
-    if module.endswith(".commands"):
-        return STAGES.index("commands")
-    return STAGES.index(module.split(".")[0])
+def floor(module: str) -> int:
+    return FLOORS.index(module.split(".")[0])
 
 
-def test_every_module_has_a_stage():
+def test_every_module_stands_on_a_floor():
     assert len(RULE_MODULES) >= 10  # the rules' code inputs were found
-    assert {m.split(".")[0] for m in MODULES} <= set(STAGES)
-    assert {m for m in MODULES if m.endswith(".commands")} >= {"checkpoints.commands", "extract.commands"}
+    assert {m.split(".")[0] for m in MODULES} <= set(FLOORS)
+    assert {"cli.checkpoints", "cli.extract", "cli.measures"} <= set(MODULES)
 
 
-@pytest.mark.parametrize("module", [m for m in MODULES if m.endswith(".commands")])
+@pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("cli.")])
 def test_a_stages_commands_import_no_other_stages_commands(module):
-    """The command line is built by cli from every stage's commands; a stage's commands stand alone."""
-    others = sorted(n for n in direct_imports(module) if n.endswith(".commands"))
+    """The command line (cli/__init__.py) is built from every stage's command module; each stands alone."""
+    others = sorted(n for n in direct_imports(module) if n.split(".")[0] == "cli")
     assert not others, f"{module} imports {others}"
 
 
 @pytest.mark.parametrize("module", MODULES)
-def test_imports_run_one_way_through_the_stages(module):
-    upward = sorted(n for n in direct_imports(module) if stage(n) > stage(module))
-    assert not upward, f"{module} imports later stages: {upward}"
+def test_imports_run_down_the_floors(module):
+    upward = sorted(n for n in direct_imports(module) if floor(n) > floor(module))
+    assert not upward, f"{module} imports higher floors: {upward}"
+
+
+def floor_imports() -> dict[str, set[str]]:
+    """Which floors each floor imports (imports at any depth, TYPE_CHECKING blocks aside)."""
+    found: dict[str, set[str]] = {f: set() for f in FLOORS}
+    for module in MODULES:
+        found[module.split(".")[0]] |= {n.split(".")[0] for n in direct_imports(module)} - {module.split(".")[0]}
+    return found
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one node (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for n in sorted(graph.get(node, ())):
+            if n not in index:
+                visit(n)
+                low[node] = min(low[node], low[n])
+            elif n in stack:
+                low[node] = min(low[node], index[n])
+        if low[node] == index[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_circles_between_floors():
+    assert not circles(floor_imports())
+
+
+def test_circles_are_found():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_readme_layout_lists_the_folders_in_floor_order():
+    """README's Layout tree names every stage folder, in the order of FLOORS."""
+    readme = (ROOT.parents[1] / "README.md").read_text()
+    tree = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    folders = [f for f in FLOORS if (ROOT / f).is_dir()]
+    named = re.findall(r"^  (\w+)/", tree, re.M)
+    assert [f for f in named if f in folders] == folders, named
 
 
 def test_no_import_circles():
@@ -134,11 +188,11 @@ def test_a_rules_code_input_holds_every_module_its_command_imports(module):
 
 
 def test_a_rules_code_input_holds_its_stages_commands_not_what_their_other_commands_run():
-    files = code_inputs("measures.metrics", commands="measures.commands")
-    assert str(ROOT / "measures" / "commands.py") in files
+    files = code_inputs("measures.metrics", commands="cli.measures")
+    assert str(ROOT / "cli" / "measures.py") in files
     assert str(ROOT / "arguments.py") in files  # what the commands module imports when it loads
     assert str(ROOT / "checkpoints" / "audit.py") not in files  # the sweep command runs it, metrics does not
-    assert str(ROOT / "cli.py") not in files
+    assert str(ROOT / "cli" / "__init__.py") not in files
 
 
 RULES = ROOT.parents[1] / "workflow" / "rules"

@@ -3,7 +3,7 @@
 A rule names the module its command runs (`measures.metrics`); its code input is that module's file and the
 file of every anisweep module it imports, directly or through others, at the top or inside a function. Editing
 any of them reruns the rule (Snakemake's mtime trigger); editing anything else does not. The command itself is
-one function of its stage's `commands` module (`measures.commands`), which holds that stage's other commands
+one function of its stage's command module (`cli.measures`), which holds that stage's other commands
 too: the rule's code input holds that module's file and what it imports when it loads, never what its other
 commands run.
 """
@@ -116,7 +116,7 @@ def closure(*modules: str) -> list[str]:
 
 def code_inputs(*modules: str, commands: str | None = None) -> list[str]:
     """The source files of `modules` and of everything they import: a rule's `code` input. `commands`: the stage's
-    commands module that holds the rule's command (`measures.commands`), whose file and whose imports on load are
+    command module that holds the rule's command (`cli.measures`), whose file and whose imports on load are
     in it too (what the command runs is `modules`)."""
     found = set(closure(*modules))
     if commands:

@@ -304,16 +304,16 @@ def test_compare_config_changes_rerun_what_docs_reruns_says(compared, compare, e
         ("measures/logit_lens.py", {"logit_lens": 3, "metrics": 3, "plot_logit_lens": 1}, ("weights",)),
         ("plots/circuits.py", {"plot_circuits": 1, "plot_logit_lens": 1}, ("metrics", "sweep", "weights")),
         # a stage's commands module reruns the jobs of the rules whose commands it holds, and what reads them
-        ("measures/commands.py", {"metrics": 3, "sweep": 1, "phases": 1, "plot_model": 1}, ("weights", "logit_lens")),
-        ("weights/commands.py", {"weights": 3, "logit_lens": 3, "metrics": 3, "plot_circuits": 1}, ()),
+        ("cli/measures.py", {"metrics": 3, "sweep": 1, "phases": 1, "plot_model": 1}, ("weights", "logit_lens")),
+        ("cli/weights.py", {"weights": 3, "logit_lens": 3, "metrics": 3, "plot_circuits": 1}, ()),
         (
-            "plots/commands.py",
+            "cli/plots.py",
             {"plot_model": 1, "plot_family": 1, "plot_circuits": 1, "plot_logit_lens": 1, "plot_phases": 1},
             ("metrics", "sweep", "phases", "weights", "logit_lens"),
         ),
-        ("cli.py", {}, ("metrics", "sweep", "weights", "logit_lens", "plot_model", "plot_circuits")),
-        ("extract/commands.py", {}, ("metrics", "sweep", "weights", "logit_lens", "plot_model")),
-        ("checkpoints/commands.py", {}, ("metrics", "sweep", "weights", "logit_lens", "plot_model")),
+        ("cli/__init__.py", {}, ("metrics", "sweep", "weights", "logit_lens", "plot_model", "plot_circuits")),
+        ("cli/extract.py", {}, ("metrics", "sweep", "weights", "logit_lens", "plot_model")),
+        ("cli/checkpoints.py", {}, ("metrics", "sweep", "weights", "logit_lens", "plot_model")),
     ],
 )
 def test_analysis_code_reruns_metrics_and_figures_never_extract(run, module, reruns, never):
@@ -395,8 +395,8 @@ GRADIENT_JOBS = {"gradients", "gradient_fixed_shares", "gradients_sweep", "sweep
         ("tangent/backward.py", set()),
         ("tangent/analysis.py", {*GRADIENT_JOBS, "metrics"}),
         ("tables.py", {"gradient_fixed_bases", *GRADIENT_JOBS, "metrics", "qk_svd"}),
-        ("tangent/commands.py", {"gradient_fixed_bases", *GRADIENT_JOBS, "metrics"}),
-        ("mechanism/commands.py", {"qk_svd"}),
+        ("cli/tangent.py", {"gradient_fixed_bases", *GRADIENT_JOBS, "metrics"}),
+        ("cli/mechanism.py", {"qk_svd"}),
         ("arguments.py", {"gradient_fixed_bases", *GRADIENT_JOBS, "metrics", "qk_svd", "plot_spectra", "plot_model"}),
     ],
 )

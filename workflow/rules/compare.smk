@@ -8,7 +8,7 @@
 rule compare_pair:
     input:
         compare_inputs,
-        code=code_inputs("measures.compare", commands="measures.commands"),
+        code=code_inputs("measures.compare", commands="cli.measures"),
     output:
         "results/{family}/{model}/step{step}/compare/{ref_model}.step{ref_step}.parquet",
     log:
@@ -35,7 +35,7 @@ rule compare_layers:
     input:
         hidden="results/{family}/{model}/step{step}/hidden.parquet",
         info="results/{family}/{model}/step{step}/extract.json",
-        code=code_inputs("measures.compare", commands="measures.commands"),
+        code=code_inputs("measures.compare", commands="cli.measures"),
     output:
         "results/{family}/{model}/step{step}/compare/layers.parquet",
     log:
@@ -62,7 +62,7 @@ localrules:
 rule compare_sweep:
     input:
         pairs=lambda wc: sorted(model_pairs(wc)),
-        code=code_inputs("measures.compare", commands="measures.commands"),
+        code=code_inputs("measures.compare", commands="cli.measures"),
     output:
         "results/{family}/{model}/compare.parquet",
     log:
@@ -81,7 +81,7 @@ rule compare_sweep:
 rule plot_compare:
     input:
         table="results/{family}/{model}/compare.parquet",
-        code=code_inputs("plots.compare", commands="plots.commands"),
+        code=code_inputs("plots.compare", commands="cli.plots"),
     output:
         **model_figures(COMPARE_FIGURES),
     log:
@@ -103,7 +103,7 @@ rule plot_compare:
 rule plot_compare_seeds:
     input:
         table="results/{family}/{model}/compare.parquet",
-        code=code_inputs("plots.compare", commands="plots.commands"),
+        code=code_inputs("plots.compare", commands="cli.plots"),
     output:
         **model_figures(SEED_FIGURES),
     log:

@@ -39,7 +39,7 @@ rule weight_measure:
     input:
         toy_checkpoints_dir,
         after_fetch,
-        code=code_inputs("weights.run", commands="weights.commands"),
+        code=code_inputs("weights.run", commands="cli.weights"),
     output:
         "results/{family}/{model}/step{step}/measures/{measure}.parquet",
     log:
@@ -73,7 +73,7 @@ rule logit_lens:
         masked="results/{family}/{model}/step{step}/masked_resid.parquet",
         info="results/{family}/{model}/step{step}/extract.json",
         texts=rules.corpus.output[0],
-        code=code_inputs("weights.lens", commands="weights.commands"),
+        code=code_inputs("weights.lens", commands="cli.weights"),
     output:
         "results/{family}/{model}/step{step}/logit_lens.parquet",
     log:
@@ -99,7 +99,7 @@ rule logit_lens:
 rule plot_logit_lens:
     input:
         sweep="results/{family}/{model}/sweep.parquet",
-        code=code_inputs("plots.circuits", commands="plots.commands"),
+        code=code_inputs("plots.circuits", commands="cli.plots"),
     output:
         **model_figures(LENS_FIGURES),
     log:
@@ -119,7 +119,7 @@ rule plot_circuits:
     input:
         weights=per_checkpoint("weights.parquet"),
         pairs=per_checkpoint("weight_pairs.parquet"),
-        code=code_inputs("plots.circuits", commands="plots.commands"),
+        code=code_inputs("plots.circuits", commands="cli.plots"),
     output:
         **model_figures(BUILTIN_WEIGHT["circuits"]),
     log:

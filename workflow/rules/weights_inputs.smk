@@ -3,7 +3,7 @@ from anisweep.measures.registry import BUILTIN_WEIGHT, LENS_FIGURES, WEIGHT_FIGU
 
 WEIGHT_MEASURES = {name: m for name, m in MEASURES.items() if m.kind == "weight"}
 # the circuits, the weights' readers, the job's table
-WEIGHTS_CODE = code_inputs("weights.builtin", commands="weights.commands")
+WEIGHTS_CODE = code_inputs("weights.builtin", commands="cli.weights")
 if WEIGHT_MEASURES and LIVE_MODELS:
     raise WorkflowError(
         f"config: weight measures {sorted(WEIGHT_MEASURES)} read saved weights, which the live models {LIVE_MODELS} "

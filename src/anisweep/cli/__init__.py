@@ -12,20 +12,11 @@ import json
 import sys
 from pathlib import Path
 
-from anisweep.checkpoints import commands as checkpoints
+from anisweep.cli import checkpoints, explore, extract, live, measures, mechanism, plots, tangent, toy, weights
 from anisweep.errors import DISK_FULL
-from anisweep.explore import commands as explore
-from anisweep.extract import commands as extract
-from anisweep.live import commands as live
-from anisweep.measures import commands as measures
-from anisweep.mechanism import commands as mechanism
-from anisweep.plots import commands as plots
-from anisweep.tangent import commands as tangent
-from anisweep.toy import commands as toy
-from anisweep.weights import commands as weights
 
-# Each stage adds its own commands (its `commands` module, beside the code they run), in the flow's order; they
-# import what they run only when they run, so that `anisweep --help` and parsing a command import no torch.
+# Each stage's commands (cli/<stage>.py), in the flow's order; they import what they run only when they run, so
+# that `anisweep --help` and parsing a command import no torch.
 STAGES = (toy, live, checkpoints, extract, measures, weights, tangent, mechanism, plots, explore)
 
 
