@@ -12,7 +12,8 @@ Repositories are in memory, ``{repo_id: {branch: {filename: bytes}}}``, served u
   LFS files, size) (``hf_hub_download``); a GET with ``Range: bytes=a-b`` gets those bytes alone (206)
 
 Every request is recorded (``hub.requests``: method and path), so a test can say what was downloaded and in
-which order; ``hub.served`` records the bytes each GET of a file sent (path, bytes). Use :func:`online_hub` to
+which order; ``hub.served`` records the bytes each GET of a file sent (path, bytes), ``hub.ranges`` each range a GET
+asked for (path, first byte, last byte). Use :func:`online_hub` to
 point huggingface_hub at it for one test::
 
     hub = FakeHub({"EleutherAI/pythia-70m": {"step0": files_a, "main": files_b}})
@@ -71,6 +72,7 @@ class FakeHub:
         self.commits: dict[str, dict[str, str]] = {}
         self.requests: list[tuple[str, str]] = []
         self.served: list[tuple[str, int]] = []  # (path, bytes sent) of each GET on the resolve endpoint
+        self.ranges: list[tuple[str, int, int]] = []  # (path, first, last byte asked) of each range GET of a file
         self._lock = threading.Lock()
         for repo_id, branches in repos.items():
             for branch, files in branches.items():
@@ -226,6 +228,8 @@ class FakeHub:
             out |= {"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(len(data))}
         asked = re.fullmatch(r"bytes=(\d+)-(\d*)", (headers.get("Range") or "").strip())
         if method == "GET" and asked:
+            with self._lock:
+                self.ranges.append((path, int(asked[1]), int(asked[2]) if asked[2] else len(data) - 1))
             start = int(asked[1])
             stop = min(int(asked[2]) + 1 if asked[2] else len(data), len(data))
             return 206, out | {"Content-Range": f"bytes {start}-{stop - 1}/{len(data)}"}, data[start:stop]

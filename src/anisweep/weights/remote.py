@@ -7,9 +7,10 @@ asked for by its own range (the rows of a matrix a measure reads in part, such a
 fused QKV matrix, by a range per block of rows), from the resolve URL of the pinned commit (huggingface_hub's
 endpoint, headers and token). config.json, the tokenizer files and the shard index are downloaded (small) into the
 Hugging Face cache; a branch without a weight file its index names is a WeightsError naming it, before any tensor
-moves. Pickled ``pytorch_model*.bin`` files cannot be read in part: each is downloaded whole (and cached), said once
-on stderr. Weight files the cache already holds for the commit are read there, moving nothing. `bytes_read` counts
-the bytes moved (headers included).
+moves. Each range moves once per source: one asked for again (the same rows read by two measures of a job) is read
+back from local disk (anisweep.weights.held). Pickled ``pytorch_model*.bin`` files cannot be read in part: each is
+downloaded whole (and cached), said once on stderr. Weight files the cache already holds for the commit are read
+there, moving nothing. `bytes_read` counts the bytes moved (headers included).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 
 from anisweep.checkpoints.base import Checkpoint
 from anisweep.checkpoints.files import CONFIG_FILES, TOKENIZER_FILES, absent_in_folder, index_of
+from anisweep.weights.held import HeldRanges
 from anisweep.weights.source import LocalSource, WeightsError, weight_files
 
 SMALL_FILES = (*CONFIG_FILES, *TOKENIZER_FILES)  # fetch's: config.json, then the tokenizer's or processor's
@@ -54,6 +56,7 @@ class HubSource:
         if not self.files:
             raise WeightsError(f"{repo_id}@{commit}: no *.safetensors or pytorch_model*.bin weights")
         self.bytes_read = 0
+        self._held = HeldRanges()
         self._headers: dict[str, tuple[int, dict]] = {}
         self._where: dict[str, str] | None = None
         self._local: LocalSource | None = None
@@ -66,10 +69,19 @@ class HubSource:
         return f"{self.subfolder}/{name}" if self.subfolder else name
 
     def _range(self, name: str, start: int, stop: int) -> bytes:
-        """Bytes [start, stop) of the file, by one range request."""
-        data, moved = self._fetch(name, start, stop)
-        self.bytes_read += moved
-        return data
+        """Bytes [start, stop) of the file, by one range request unless this source has moved them already."""
+        return self._ranges(name, [(start, stop)])[0]
+
+    def _ranges(self, name: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Bytes [start, stop) of the file for each range: those this source has not moved yet by a range request
+        each (a few at once), the others read back from where it holds them."""
+        new = list(dict.fromkeys(r for r in ranges if (name, *r) not in self._held))
+        with ThreadPoolExecutor(max_workers=min(RANGE_REQUESTS_AT_ONCE, len(new) or 1)) as pool:
+            reads = dict(zip(new, pool.map(lambda r: self._fetch(name, *r), new), strict=True))
+        for (start, stop), (data, moved) in reads.items():
+            self._held.keep(name, start, stop, data)
+            self.bytes_read += moved
+        return [reads[r][0] if r in reads else self._held.read(name, *r) for r in ranges]
 
     def _fetch(self, name: str, start: int, stop: int) -> tuple[bytes, int]:
         """(bytes [start, stop) of the file, the bytes the request moved), by one range request."""
@@ -160,12 +172,9 @@ class HubSource:
             tensor = self._whole().get(name)
             return torch.cat([tensor[a:b] for a, b in spans])
         file, ranges = self.row_ranges(name, spans)
-        with ThreadPoolExecutor(max_workers=min(RANGE_REQUESTS_AT_ONCE, len(ranges) or 1)) as pool:
-            reads = list(pool.map(lambda r: self._fetch(file, *r), ranges))
-        self.bytes_read += sum(moved for _, moved in reads)
         info = self._tensor(name)[2]
         rows = sum(b - a for a, b in spans)
-        return as_tensor(bytearray(b"".join(data for data, _ in reads)), info["dtype"], [rows, *info["shape"][1:]])
+        return as_tensor(bytearray(b"".join(self._ranges(file, ranges))), info["dtype"], [rows, *info["shape"][1:]])
 
 
 def as_tensor(data: bytearray, dtype: str, shape) -> torch.Tensor:
