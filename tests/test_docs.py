@@ -72,14 +72,14 @@ NOT_RUN = {
         "--directory /scratch/run1",
     ): "installs from PyPI; my.yaml there is the config above it, whose models "
     "download from the Hub and whose local run is /data/run",
-    ("README.md", "godey2024_survey.yaml"): "installs from PyPI and downloads seven models and WikiText-103 from the "
+    ("docs/papers.md", "godey2024_survey.yaml"): "installs from PyPI and downloads seven models and WikiText-103 from the "
     "Hub (tests/workflow/test_survey.py runs this config offline, tiny models under the same repository ids)",
     ("README.md", 'pip install -e ".[slurm]"'): "installs from PyPI and submits to a SLURM cluster "
     "(tests/workflow/test_slurm.py runs the profile on a one-node SLURM it starts)",
     ("docs/slurm.md", 'pip install -e ".[slurm]"'): "installs from PyPI",
     ("README.md", "xdg-open results/explore.html"): "opens a browser; tests/test_explore.py runs `anisweep explore` "
     "on a results folder and tests/test_explore_browser.py opens its page in headless Chromium",
-    ("README.md", "tensorboard --logdir"): "starts TensorBoard's server; the README's callback block runs with "
+    ("docs/live.md", "tensorboard --logdir"): "starts TensorBoard's server; docs/live.md's callback block runs with "
     'report_to=["tensorboard"] and its test reads the event file back with TensorBoard\'s own reader',
     ("docs/modalities.md", "--configfile my_images.yaml"): "my_images.yaml is the config above it, whose ViT "
     "downloads from the Hub and whose images are the user's (tests/workflow/test_media_run.py runs it offline, a tiny "
@@ -133,7 +133,7 @@ def results_folder(tmp_path: Path):
 
 
 def trainer_run(tmp_path: Path):
-    """README, Analysing a model while it trains: a tiny GPT-NeoX in training, the Trainer's arguments and data."""
+    """docs/live.md, Analysing a model while it trains: a tiny GPT-NeoX in training, the Trainer's arguments and data."""
     pytest.importorskip("accelerate")  # the `live` extra, which the README's section names
     import torch
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, TrainingArguments
@@ -173,7 +173,7 @@ def trainer_run(tmp_path: Path):
     def check(namespace):
         assert (tmp_path / "results/local/my-run/step0/extract.json").is_file()
         assert (tmp_path / "results/local/my-run/step0/gradient_sums.parquet").is_file()
-        if tensorboard:  # the README's `tensorboard --logdir out/runs` shows these
+        if tensorboard:  # docs/live.md's `tensorboard --logdir out/runs` shows these
             (events,) = (tmp_path / "trainer" / "runs").rglob("events.out.tfevents.*")
             reader = tensorboard.EventAccumulator(str(events.parent))
             reader.Reload()
@@ -219,7 +219,7 @@ def phase_rule(tmp_path: Path):
 #: (page, a string only that block holds): its setup
 PYTHON = {
     ("README.md", "from anisweep.results import"): results_folder,
-    ("README.md", "AnisweepCallback("): trainer_run,
+    ("docs/live.md", "AnisweepCallback("): trainer_run,
     ("docs/measures.md", "figure=draw"): own_figure,
     ("docs/measures.md", "curve_phases(steps, rankme"): phase_rule,
     ("docs/adapters.md", "named_modules()"): module_names,
@@ -290,7 +290,7 @@ def test_the_adapter_walkthrough_shows_the_adapters_own_code():
         assert any(source[i : i + len(lines)] == lines for i in starts), str(b)
 
 
-# the README's callback is asked for steps 100 and 1000, past the test's one training step: warned about
+# docs/live.md's callback is asked for steps 100 and 1000, past the test's one training step: warned about
 @pytest.mark.slow  # over ~1.5 s: the quick subset leaves it to the full run
 @pytest.mark.filterwarnings("ignore:AnisweepCallback:UserWarning")
 @pytest.mark.parametrize("key", list(PYTHON), ids=[f"{page}:{marker}" for page, marker in PYTHON])
@@ -352,3 +352,43 @@ def test_snakemake_command_dry_runs(b, command, tmp_path):
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+# Links: every relative link of README.md and docs/ resolves, a heading anchor included, and so does every page,
+# config, benchmark or test the text names in backquotes.
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+NAMED_FILE = re.compile(r"`((?:docs|config|benchmarks|tests)/[\w./-]+\.(?:md|yaml|py))`")
+
+
+def anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation but hyphens dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```$", "", markdown, flags=re.M | re.S), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def broken_links(page: Path, text: str) -> list[str]:
+    broken = []
+    for target in LINK.findall(text):
+        if re.match(r"[a-z]+:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(target)
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file.read_text(encoding="utf-8")):
+            broken.append(target)
+    broken += [name for name in NAMED_FILE.findall(text) if not (ROOT / name).exists()]
+    return broken
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_link_resolves(page):
+    path = ROOT / page
+    assert not broken_links(path, path.read_text(encoding="utf-8"))
+
+
+def test_a_broken_link_is_found(tmp_path):
+    page = tmp_path / "page.md"
+    (tmp_path / "there.md").write_text("# A heading, with punctuation\n")
+    text = "[a](there.md) [b](there.md#a-heading-with-punctuation) [c](gone.md) [d](there.md#gone) `docs/gone.md`"
+    assert broken_links(page, text) == ["gone.md", "there.md#gone", "docs/gone.md"]
