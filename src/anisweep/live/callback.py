@@ -154,17 +154,17 @@ class AnisweepCallback(_trainer_callback_base()):
     def _out(self, step: int) -> Path:
         return self.results / "local" / self.run_name / f"step{step}"
 
-    def _analyse(self, args, state, control, step: int, model) -> None:
+    def _analyse(self, args, state, control, step: int, model):
+        """The step's analysis when it is pending; the control the Trainer goes on with."""
         if step not in self.pending or model is None:
-            return
+            return control
         ident = live_ident(self.run_name, step, self.tokens_per_step, getattr(args, "seed", None))
         out = analyse_live(model, self.batch, self.tokenizer, self._out(step), ident, self.settings, self.gradients)
         self.written.append(out)
         self.pending.discard(step)
-        if self.report:
-            self._report(args, state, control, out)
+        return self._report(args, state, control, out) if self.report else control
 
-    def _report(self, args, state, control, out: Path) -> None:
+    def _report(self, args, state, control, out: Path):
         handler = calling_handler()
         if handler is None:
             if not self.unreported_warned:
@@ -175,8 +175,8 @@ class AnisweepCallback(_trainer_callback_base()):
                     stacklevel=3,
                 )
                 self.unreported_warned = True
-            return
-        log_through(handler, args, state, control, checkpoint_scalars(out))
+            return control
+        return log_through(handler, args, state, control, checkpoint_scalars(out))
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         step = state.global_step  # 0, or the checkpoint's step when the training resumes from one
@@ -192,12 +192,10 @@ class AnisweepCallback(_trainer_callback_base()):
             )
         if step and (self._out(step) / "extract.json").is_file():
             self.pending.discard(step)  # analysed by the run that saved the checkpoint
-        self._analyse(args, state, control, step, model)
-        return control
+        return self._analyse(args, state, control, step, model)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        self._analyse(args, state, control, state.global_step, model)
-        return control
+        return self._analyse(args, state, control, state.global_step, model)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.pending:

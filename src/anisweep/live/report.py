@@ -47,7 +47,14 @@ def calling_handler(depth: int = 6):
 
 
 def log_through(handler, args, state, control, scalars: dict[str, float]):
-    """What Trainer.log does with a dict of values: into the state's log_history, then every callback's on_log."""
+    """What Trainer.log does with a dict of values: into the state's log_history, then every callback's on_log.
+
+    The handler's on_log clears `control.should_log`, the flag by which the Trainer, after on_step_end, logs its
+    loss, grad_norm and learning_rate; it is given back as it was, so that the Trainer logs (or not) at this step
+    what it would have without these values, and its loss stays the mean of the steps since its last log."""
     logs = dict(scalars)
     state.log_history.append({**logs, "step": state.global_step})
-    return handler.on_log(args, state, control, logs)
+    should_log = control.should_log
+    control = handler.on_log(args, state, control, logs)
+    control.should_log = should_log
+    return control
