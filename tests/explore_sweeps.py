@@ -1,5 +1,7 @@
 """Synthetic sweep tables for the explorer's tests: two models (one with two seeds), their per-layer rows at
-resid and attention, and rows the page must leave out (a head's, a gradient subspace's, a duplicate step's)."""
+resid and attention, and rows the page must leave out (a head's, a gradient subspace's, a duplicate step's); a
+Hub model and a live run whose tokens seen are unknown (all, or past step 8) and that lack some metric x site pairs;
+a model whose names (folders too) are markup."""
 
 from __future__ import annotations
 
@@ -58,3 +60,43 @@ def expected(root: Path, family: str, model: str, seed: int, site: str, metric: 
         .select("step", "tokens_seen", "value")
         .sort("step")
     )
+
+
+def write_gaps(root: Path) -> None:
+    """write_results(root) and two models with gaps: a Hub entry without tokens_per_step (no tokens seen) that has
+    avg_cos alone (no isoscore, nothing at attention), and a live run whose tokens seen are known up to step 8 only,
+    without isoscore."""
+    write_results(root)
+    hub = sweep_rows("hub", "tiny-hub", 0, 2).filter(pl.col("metric") == "avg_cos")
+    live = sweep_rows("local", "live-run", 0, 2).filter(pl.col("metric") != "isoscore")
+    for rows in (
+        hub.with_columns(tokens_seen=pl.lit(None, pl.Int64)),
+        live.with_columns(tokens_seen=pl.when(pl.col("step") <= 8).then(pl.col("tokens_seen"))),
+    ):
+        path = root / rows["family"][0] / rows["model"][0] / "sweep.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows.write_parquet(path)
+
+
+#: Names that are markup where they stand in the page: a script element's end, a comment's start, an entity.
+HOSTILE = {
+    "family": "fam<!--<script>",
+    "model": "m&amp;</script><script>x</script>",
+    "site": "resid</SCRIPT ><!--",
+    "metric": "isoscore<!--<script>",
+}
+
+
+def write_hostile(root: Path) -> Path:
+    """One model's sweep.parquet at root/{family}/{model}/ with the HOSTILE names, its isoscore and resid renamed
+    (avg_cos and attention keep theirs)."""
+    rows = sweep_rows("toy", "toy-neox", 0, 2).with_columns(
+        family=pl.lit(HOSTILE["family"]),
+        model=pl.lit(HOSTILE["model"]),
+        site=pl.when(pl.col("site") == "resid").then(pl.lit(HOSTILE["site"])).otherwise(pl.col("site")),
+        metric=pl.when(pl.col("metric") == "isoscore").then(pl.lit(HOSTILE["metric"])).otherwise(pl.col("metric")),
+    )
+    path = root / HOSTILE["family"] / HOSTILE["model"].replace("/", "_") / "sweep.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows.write_parquet(path)
+    return path

@@ -5,12 +5,13 @@ float32, nothing per head or per token; Plotly inline and no address to fetch; t
 from __future__ import annotations
 
 import base64
+import json
 import re
 
 import numpy as np
 import polars as pl
 import pytest
-from explore_sweeps import MODELS, STEPS, expected, write_results
+from explore_sweeps import HOSTILE, MODELS, STEPS, expected, write_hostile, write_results
 
 from anisweep.cli import main
 from anisweep.explore.data import explore_data, read_sweeps, write_explore
@@ -77,6 +78,24 @@ def test_the_page_is_self_contained(results, tmp_path):
     own = page.replace(plotly_js(), "")
     assert "Plotly.react" in own and not re.search(r"""(src|href)=["']?(https?:)?//|<script src|<link""", own)
     assert page.count('id="anisweep-data"') == 1
+
+
+def test_no_name_can_end_the_data_element_or_change_how_it_is_read(tmp_path):
+    root = tmp_path / "results<!--<script>"
+    write_hostile(root)
+    sweeps = read_sweeps([root])
+    page = write_explore(sweeps, root / "explore.html").read_text()
+    start = page.index('<script type="application/json" id="anisweep-data">') + len(
+        '<script type="application/json" id="anisweep-data">'
+    )
+    text = page[start : page.lower().index("</script", start)]
+    assert (
+        "<" not in text and ">" not in text
+    )  # no `</script`, `<!--` or `<script` in it: the tokenizer stays in script data
+    data = json.loads(text)
+    assert data == explore_data(sweeps)
+    assert (data["models"][0]["family"], data["models"][0]["model"]) == (HOSTILE["family"], HOSTILE["model"])
+    assert HOSTILE["site"] in data["sites"] and HOSTILE["metric"] in data["metrics"]
 
 
 def test_anisweep_explore_writes_the_page_into_the_results_folder(results, capsys):

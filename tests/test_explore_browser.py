@@ -8,8 +8,9 @@ from __future__ import annotations
 import shutil
 
 import numpy as np
+import polars as pl
 import pytest
-from explore_sweeps import expected, write_results
+from explore_sweeps import HOSTILE, expected, write_gaps, write_hostile, write_results
 
 from anisweep.explore.data import read_sweeps, write_explore
 
@@ -45,6 +46,13 @@ def page(tmp_path_factory):
     return root, write_explore(read_sweeps([root]), root / "explore.html")
 
 
+@pytest.fixture(scope="module")
+def gaps(tmp_path_factory):
+    root = tmp_path_factory.mktemp("explore") / "results"
+    write_gaps(root)
+    return root, write_explore(read_sweeps([root]), root / "explore.html")
+
+
 def _draws(driver) -> int:
     return int(driver.execute_script("return document.body.dataset.draws || '0'"))
 
@@ -67,6 +75,18 @@ def _choose(driver, id_: str, *values: str) -> None:
 def _drawn(driver) -> list[dict]:
     return driver.execute_script(
         "return document.getElementById('plot').data.map(t => ({meta: t.meta, x: t.x, y: t.y}))"
+    )
+
+
+def _notes(driver) -> list[str]:
+    return driver.execute_script("return [...document.querySelectorAll('#notes li')].map((li) => li.textContent)")
+
+
+def _panels(driver) -> dict[str, str]:
+    """{the title drawn above each panel: the x axis of the panel it stands on}."""
+    return driver.execute_script(
+        "const g = document.getElementById('plot');"
+        "return Object.fromEntries(g.layout.annotations.map((a) => [a.text, a.xref.split(' ')[0]]))"
     )
 
 
@@ -114,3 +134,77 @@ def test_the_survey_view_draws_each_model_across_depth_at_its_last_step(browser,
     last = [expected(root, "pythia", "pythia-70m", 0, "resid", "avg_cos", layer)[-1] for layer in range(4)]
     assert trace["meta"]["step"] == 512 and trace["x"] == [0, 1 / 3, 2 / 3, 1]
     assert np.array_equal(np.array(trace["y"]), np.array([r["value"][0] for r in last], dtype=np.float32))
+
+
+def test_a_chosen_model_without_values_for_the_choice_is_named_and_no_panel_is_left_to_it(browser, gaps):
+    _, path = gaps
+    _open(browser, path)
+    _choose(browser, "metric", "isoscore")  # neither tiny-hub nor live-run has it: named in the models' order
+    drawn = _drawn(browser)
+    assert {t["meta"]["model"] for t in drawn} == {"toy-neox", "pythia-70m"}
+    assert _notes(browser) == ["Not drawn, no isoscore at resid: tiny-hub seed 0, live-run seed 0."]
+    panels = _panels(browser)  # a title per drawn panel, each above its own traces
+    assert set(panels) == {"pythia/pythia-70m seed 0", "toy-neox seed 0", "toy-neox seed 1"}
+    axes = browser.execute_script("return document.getElementById('plot').data.map((t) => [t.name, t.xaxis])")
+    for title, axis in panels.items():
+        assert {xaxis for name, xaxis in axes if name.startswith(title + " ")} == {axis}
+
+    _choose(browser, "metric", "avg_cos")
+    _choose(browser, "layers", "3")  # pythia-70m's alone
+    assert {t["meta"]["model"] for t in _drawn(browser)} == {"pythia-70m"}
+    assert _notes(browser) == [
+        "Not drawn, none of the chosen layers: tiny-hub seed 0, live-run seed 0, toy-neox seed 0, toy-neox seed 1."
+    ]
+
+    _choose(browser, "metric", "entropy_mean")
+    _choose(browser, "view", "survey")
+    assert {t["meta"]["model"] for t in _drawn(browser)} == {"toy-neox", "pythia-70m", "live-run"}
+    assert _notes(browser) == ["Not drawn, no entropy_mean at attention: tiny-hub seed 0."]
+    _choose(browser, "view", "per-model")
+
+
+def test_on_the_tokens_axis_steps_without_tokens_seen_are_left_out_and_named(browser, gaps):
+    root, path = gaps
+    _open(browser, path)
+    _choose(browser, "layers", "0")
+    _choose(browser, "x", "tokens")  # on the log scale, the default
+    drawn = {t["meta"]["model"]: t for t in _drawn(browser)}
+    assert set(drawn) == {"toy-neox", "pythia-70m", "live-run"}  # tiny-hub is not drawn at x = 1
+    live = expected(root, "local", "live-run", 0, "resid", "avg_cos", 0).filter(pl.col("tokens_seen").is_not_null())
+    assert drawn["live-run"]["x"] == [t + 1 for t in live["tokens_seen"]] == [1, 2049, 16385]
+    assert np.array_equal(np.array(drawn["live-run"]["y"]), live["value"].to_numpy().astype(np.float32))
+    assert _notes(browser) == [
+        "Not drawn on the tokens axis, no tokens seen recorded (x axis: step draws it): tiny-hub seed 0.",
+        "Steps without tokens seen left out of the tokens axis: live-run seed 0 (2 of 5).",
+    ]
+    _choose(browser, "xscale", "linear")
+    assert {t["meta"]["model"] for t in _drawn(browser)} == {"toy-neox", "pythia-70m", "live-run"}
+
+    _choose(browser, "x", "step")
+    drawn = {t["meta"]["model"]: t for t in _drawn(browser)}
+    assert drawn["tiny-hub"]["x"] == [0, 1, 8, 64, 512] and _notes(browser) == []
+    _choose(browser, "xscale", "log")
+
+
+def test_markup_in_names_and_folders_is_shown_as_written(browser, tmp_path):
+    root = tmp_path / "results<!--<script>"
+    write_hostile(root)
+    _open(browser, write_explore(read_sweeps([root]), root / "explore.html"))
+    options = browser.execute_script("return [...document.getElementById('metric').options].map((o) => o.value)")
+    assert HOSTILE["metric"] in options
+    _choose(browser, "metric", HOSTILE["metric"])
+    _choose(browser, "layers", "1")
+    (trace,) = _drawn(browser)
+    assert trace["meta"] == {
+        "family": HOSTILE["family"],
+        "model": HOSTILE["model"],
+        "seed": 0,
+        "site": HOSTILE["site"],
+        "metric": HOSTILE["metric"],
+        "layer": 1,
+    }
+    shown = browser.execute_script(
+        "const text = (selector) => document.querySelector('#plot ' + selector).textContent;"
+        "return [text('.ytitle'), text('.annotation')]"
+    )
+    assert shown == [f"{HOSTILE['metric']} ({HOSTILE['site']})", f"{HOSTILE['family']}/{HOSTILE['model']} seed 0"]

@@ -5,6 +5,10 @@ Views: `per model` draws the chosen metric at the chosen site over training, one
 per chosen layer (x: step or tokens seen, log or linear; on a log axis step 0 sits at 1, the axis being step + 1);
 `survey` draws it across depth (layer over the model's last layer) at each model's last step shown, a line per
 model, as Godey et al. 2024 Fig. 1-4 do. Hovering a point gives its value, step, tokens seen and checkpoint.
+A chosen model the figure leaves out is named under the controls with the reason: it has no values of the metric at
+the site, or none at the chosen layers, or (x: tokens seen) no tokens seen recorded, which step draws; a model that
+knows its tokens seen at some steps only is drawn on the tokens axis at those, and the page says how many it left.
+Names are shown as written: the data's `<`, `>` and `&` are JSON escapes (script_text), Plotly's text gets entities.
 Each drawn trace carries `meta` (model, seed, site, metric, layer) so a test can read back what is drawn.
 
 The JavaScript is plotly.js's basic bundle (scatter, bar and pie traces; the page draws scatter traces only), v4.1.1
@@ -23,6 +27,7 @@ body { font-family: system-ui, sans-serif; margin: 12px 18px; color: #222; }
 h1 { font-size: 1.25em; margin: 0 0 4px 0; }
 #summary, #definition { color: #555; font-size: 0.9em; margin: 2px 0 8px 0; }
 #controls { display: flex; flex-wrap: wrap; gap: 10px 18px; align-items: flex-start; }
+#notes { color: #8a4b00; font-size: 0.9em; margin: 6px 0 0 0; padding-left: 1.2em; }
 #controls label { display: flex; flex-direction: column; font-size: 0.85em; gap: 2px; }
 select[multiple] { min-width: 9em; }
 """
@@ -44,7 +49,27 @@ for (let i = 0; i < S.model.length; i++) {
 const bare = new Set(["toy", "local", "hub"]);
 const name = (m) => (bare.has(m.family) ? m.model : m.family + "/" + m.model);
 const seedName = (m) => m.seed === null ? "none" : String(m.seed);
+const label = (m) => name(m) + " seed " + seedName(m);
+// Plotly reads its text as HTML-like markup and decodes entities: a name is shown as written, never as markup.
+const plain = (text) => String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+const pairs = new Set(S.model.map((k, i) => k + "|" + S.site[i] + "|" + S.metric[i]));
 const $ = (id) => document.getElementById(id);
+
+// What the figure leaves out of the selection, and why: one line per reason, naming the models.
+class Notes {
+  constructor() { this.lines = new Map(); }
+  add(reason, model, detail = "") {
+    if (!this.lines.has(reason)) this.lines.set(reason, []);
+    this.lines.get(reason).push(label(model) + detail);
+  }
+  show(el) {
+    el.replaceChildren(...[...this.lines].map(([reason, names]) => {
+      const li = document.createElement("li");
+      li.textContent = reason + ": " + names.join(", ") + ".";
+      return li;
+    }));
+  }
+}
 const chosen = (id) => Array.from($(id).selectedOptions).map((o) => o.value);
 
 function fill(id, values, selected) {
@@ -96,56 +121,75 @@ function colour(t) {  // viridis, t in [0, 1]
 function perModel(metric, site) {
   const m = D.metrics.indexOf(metric), s = D.sites.indexOf(site), layers = chosen("layers").map(Number);
   const byTokens = $("x").value === "tokens", log = $("xscale").value === "log";
-  const panels = models(), traces = [], layout = { grid: { rows: Math.max(panels.length, 1), columns: 1,
-    pattern: "independent", ygap: 0.35 }, height: 120 + 260 * Math.max(panels.length, 1), annotations: [],
-    showlegend: true, hovermode: "closest", margin: { t: 30 } };
+  const notes = new Notes(), panels = [];
+  for (const model of models()) {
+    const drawn = layers.map((layer) => [layer, index.get(model.k + "|" + s + "|" + m + "|" + layer)])
+      .filter(([, i]) => i !== undefined);
+    const points = model.steps.map((_, j) => j).filter((j) => !byTokens || model.tokens[j] !== null);
+    if (!pairs.has(model.k + "|" + s + "|" + m)) notes.add("Not drawn, no " + metric + " at " + site, model);
+    else if (!drawn.length) notes.add("Not drawn, none of the chosen layers", model);
+    else if (!points.length) notes.add("Not drawn on the tokens axis, no tokens seen recorded (x axis: step draws it)",
+      model);
+    else {
+      if (points.length < model.steps.length) notes.add("Steps without tokens seen left out of the tokens axis", model,
+        " (" + (model.steps.length - points.length) + " of " + model.steps.length + ")");
+      panels.push({ model, drawn, points });
+    }
+  }
+  const traces = [], layout = { grid: { rows: Math.max(panels.length, 1), columns: 1, pattern: "independent",
+    ygap: 0.35 }, height: 120 + 260 * Math.max(panels.length, 1), annotations: [], showlegend: true,
+    hovermode: "closest", margin: { t: 30 } };
   const all = available(metric, site).layers, top = Math.max(...all, 1);
-  panels.forEach((model, p) => {
+  panels.forEach(({ model, drawn, points }, p) => {
     const ax = p === 0 ? "" : String(p + 1);
-    const xs = (byTokens ? model.tokens : model.steps).map((v) => (log ? v + 1 : v));
-    const custom = model.steps.map((st, j) => [st, model.tokens[j], model.family + "/" + model.model + "/step" + st]);
-    for (const layer of layers) {
-      const i = index.get(model.k + "|" + s + "|" + m + "|" + layer);
-      if (i === undefined) continue;
-      traces.push({ x: xs, y: values(i), customdata: custom, xaxis: "x" + ax, yaxis: "y" + ax, type: "scatter",
-        mode: "lines+markers", line: { color: colour(layer / top) }, marker: { size: 4 },
-        name: name(model) + " seed " + seedName(model) + " · layer " + layer, legendgroup: "layer " + layer,
+    const xs = points.map((j) => (byTokens ? model.tokens[j] : model.steps[j])).map((v) => (log ? v + 1 : v));
+    const custom = points.map((j) => [model.steps[j], model.tokens[j] ?? "unknown",
+      plain(model.family + "/" + model.model + "/step" + model.steps[j])]);
+    for (const [layer, i] of drawn) {
+      const ys = values(i);
+      traces.push({ x: xs, y: points.map((j) => ys[j]), customdata: custom, xaxis: "x" + ax, yaxis: "y" + ax,
+        type: "scatter", mode: "lines+markers", line: { color: colour(layer / top) }, marker: { size: 4 },
+        name: plain(label(model) + " · layer " + layer), legendgroup: "layer " + layer,
         meta: { family: model.family, model: model.model, seed: model.seed, site, metric, layer },
-        hovertemplate: "%{fullData.name}<br>" + metric + " = %{y:.6g}<br>step %{customdata[0]}, " +
+        hovertemplate: "%{fullData.name}<br>" + plain(metric) + " = %{y:.6g}<br>step %{customdata[0]}, " +
           "%{customdata[1]} tokens<br>%{customdata[2]}<extra></extra>" });
     }
     const xTitle = (byTokens ? "tokens seen" : "step") + (log ? " + 1 (log)" : "");
     layout["xaxis" + ax] = { type: log ? "log" : "linear", title: { text: xTitle } };
-    layout["yaxis" + ax] = { type: $("yscale").value, title: { text: metric + " (" + site + ")" } };
+    layout["yaxis" + ax] = { type: $("yscale").value, title: { text: plain(metric + " (" + site + ")") } };
     const shown = model.steps.length < model.all_steps ? " (" + model.steps.length + " of its " +
       model.all_steps + " steps)" : "";
-    layout.annotations.push({ text: name(model) + " seed " + seedName(model) + shown, showarrow: false,
+    layout.annotations.push({ text: plain(label(model) + shown), showarrow: false,
       xref: "x" + ax + " domain", yref: "y" + ax + " domain", x: 0, y: 1.12, xanchor: "left" });
   });
-  return { traces, layout };
+  return { traces, layout, notes };
 }
 
 function survey(metric, site) {
-  const m = D.metrics.indexOf(metric), s = D.sites.indexOf(site), traces = [];
+  const m = D.metrics.indexOf(metric), s = D.sites.indexOf(site), traces = [], notes = new Notes();
   for (const model of models()) {
     const last = model.steps.length - 1, points = [];
     for (let i = 0; i < S.model.length; i++) {
       const ours = S.model[i] === model.k && S.site[i] === s && S.metric[i] === m;
       if (ours) points.push([S.layer[i], V[offset[i] + last]]);
     }
-    if (!points.length) continue;
+    if (!points.length) {
+      notes.add("Not drawn, no " + metric + " at " + site, model);
+      continue;
+    }
     points.sort((a, b) => a[0] - b[0]);
     const deepest = Math.max(points[points.length - 1][0], 1), step = model.steps[last];
     traces.push({ x: points.map((p) => p[0] / deepest), y: points.map((p) => (Number.isNaN(p[1]) ? null : p[1])),
-      customdata: points.map((p) => [p[0], step, model.family + "/" + model.model + "/step" + step]),
-      type: "scatter", mode: "lines+markers", name: name(model) + " seed " + seedName(model) + " (step " + step + ")",
+      customdata: points.map((p) => [p[0], step, plain(model.family + "/" + model.model + "/step" + step)]),
+      type: "scatter", mode: "lines+markers", name: plain(label(model) + " (step " + step + ")"),
       meta: { family: model.family, model: model.model, seed: model.seed, site, metric, step },
-      hovertemplate: "%{fullData.name}<br>layer %{customdata[0]}: " + metric + " = %{y:.6g}<br>%{customdata[2]}" +
-        "<extra></extra>" });
+      hovertemplate: "%{fullData.name}<br>layer %{customdata[0]}: " + plain(metric) + " = %{y:.6g}<br>" +
+        "%{customdata[2]}<extra></extra>" });
   }
-  return { traces, layout: { height: 560, hovermode: "closest", margin: { t: 30 },
+  return { traces, notes, layout: { height: 560, hovermode: "closest", margin: { t: 30 },
     xaxis: { title: { text: "relative depth (layer / last layer)" } },
-    yaxis: { type: $("yscale").value, title: { text: metric + " (" + site + "), each model's last step shown" } } } };
+    yaxis: { type: $("yscale").value,
+      title: { text: plain(metric + " (" + site + "), each model's last step shown") } } } };
 }
 
 let draws = 0;
@@ -153,7 +197,8 @@ function draw() {
   const metric = $("metric").value, site = $("site").value;
   const survey_ = $("view").value === "survey";
   for (const id of ["layers", "x", "xscale"]) $(id).disabled = survey_;
-  const { traces, layout } = survey_ ? survey(metric, site) : perModel(metric, site);
+  const { traces, layout, notes } = survey_ ? survey(metric, site) : perModel(metric, site);
+  notes.show($("notes"));
   Plotly.react("plot", traces, layout, { responsive: true }).then(() => {
     draws += 1;
     document.body.dataset.draws = String(draws);
@@ -185,6 +230,13 @@ def _select(id_: str, label: str, options: tuple[str, ...] = (), multiple: bool 
     return f'<label>{html.escape(label)}<select id="{id_}"{size}>{inner}</select></label>'
 
 
+def script_text(data_json: str) -> str:
+    """`data_json` as a script element's text: its `<`, `>` and `&` (in names only: JSON has them nowhere else) as
+    JSON's escapes, so that no name (`</script>`, `<!--`, `<script>`) can end the element or change how the HTML
+    parser reads the rest of the page; JSON.parse gives the same names back."""
+    return data_json.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
 @cache
 def plotly_js() -> str:
     """plotly.js's basic bundle, as the page inlines it."""
@@ -206,14 +258,13 @@ def page(data_json: str, title: str = "anisweep explorer") -> str:
             _select("yscale", "y scale", ("linear", "log")),
         ]
     )
-    safe_json = data_json.replace("</", "<\\/")
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style>"
         f"<script>{plotly_js()}</script></head><body>"
-        f'<h1>{html.escape(title)}</h1><div id="summary"></div><div id="controls">{controls}</div>'
+        f'<h1>{html.escape(title)}</h1><div id="summary"></div><div id="controls">{controls}</div><ul id="notes"></ul>'
         '<div id="definition">What each metric and site means: glossary.md beside this page (docs/metrics.md).</div>'
         '<div id="plot"></div>'
-        f'<script type="application/json" id="anisweep-data">{safe_json}</script>'
+        f'<script type="application/json" id="anisweep-data">{script_text(data_json)}</script>'
         f"<script>{_SCRIPT}</script></body></html>\n"
     )
