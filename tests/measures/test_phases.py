@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from anisweep.measures import phases
-from anisweep.measures.phases import curve_phases, model_phases, running_median, turns
+from anisweep.measures.phases import curve_phases, measured_legs, model_phases, running_median, turns
 from anisweep.schema import defaults
 
 GRID = np.array([0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000])
@@ -72,6 +72,89 @@ def test_wiggles_below_the_tolerance_do_not_flicker():
     assert "phase" not in row and row["reason"].startswith("no phase: the curve moves less than delta")
 
 
+def test_a_wiggle_before_the_first_move_of_delta_makes_no_phase():
+    """The first leg takes the direction in which the curve first moves delta (1.61) away from its first value: the
+    rise to 31.4 (1.4) and the dip to 29.6 (0.4 below the start) are wiggles, and the curve spreads from its first
+    step."""
+    values = np.array([30.0, 30, 31.4, 31.4, 29.6, 29.6, 33, 36, 40, 44, 48, 50])
+    rows = curve_phases(GRID, values, 1, smooth=1, tolerance=0.05, min_steps=5)
+    assert named(rows) == [("entropy_seeking", 0, 1000, False)]
+    assert rows[0]["delta"] == pytest.approx(1.61)
+
+
+def test_a_curve_that_never_moves_delta_from_its_first_value_has_no_phase():
+    """Its range (2.2) is over delta (1.5), but no value is delta away from the first: every move is a wiggle."""
+    values = np.array([30.0, 31.1, 29.0, 31.1, 29.0, 31.1, 29.0, 31.1, 29.0, 31.1, 29.0, 30.0])
+    (row,) = curve_phases(GRID, values, 1, smooth=0, tolerance=0.05, min_steps=5)
+    assert "phase" not in row
+    assert row["reason"] == (
+        "no phase: the curve moves less than delta = 1.5 (phases.tolerance 0.05 of its median) away from its first"
+        " value"
+    )
+
+
+def test_no_phase_spans_no_step():
+    """Turns of the smoothed curve one step apart: each bound stays after the one before it and before the next
+    turn, and legs the measured values move across the same way are one phase."""
+    rows = curve_phases(
+        np.arange(6), np.array([9.7, 7.8, 7.1, 9.1, 9.3, 7.9]), 1, smooth=2, tolerance=0.05, min_steps=5
+    )
+    assert named(rows) == [
+        ("warmup", 0, 2, True),
+        ("entropy_seeking", 2, 4, True),
+        ("compression_seeking", 4, 5, False),
+    ]
+
+
+def moves_as_named(rows: list[dict], steps: np.ndarray, spreads: int) -> list[str]:
+    """What breaks the rule's promises: the phases tile the steps, each spans a step, their names alternate, and
+    each moves from its start value to its end value the way its name says."""
+    if "phase" not in rows[0]:
+        return []
+    broken = []
+    if (rows[0]["start_step"], rows[-1]["end_step"]) != (steps[0], steps[-1]):
+        broken.append("not from the first step to the last")
+    for before, after in zip(rows, rows[1:]):
+        if before["end_step"] != after["start_step"]:
+            broken.append(f"a gap at {before['end_step']}")
+        if (before["phase"] == "entropy_seeking") == (after["phase"] == "entropy_seeking"):
+            broken.append(f"two phases the same way at {before['end_step']}")
+    for row in rows:
+        if row["start_step"] >= row["end_step"]:
+            broken.append(f"{row['phase']} spans no step at {row['start_step']}")
+        move = spreads * (row["end_value"] - row["start_value"])
+        if (move <= 0) if row["phase"] == "entropy_seeking" else (move >= 0):
+            broken.append(f"{row['phase']} {row['start_step']}->{row['end_step']} moves against its name")
+    return broken
+
+
+def test_every_phase_spans_a_step_and_moves_as_its_name_says():
+    """Short noisy curves at every smoothing: where the measured curve contradicts the smoothed one, phases merge
+    rather than run backwards or shrink to one step."""
+    rng = np.random.default_rng(2)
+    broken = []
+    for trial in range(3000):
+        n, smooth, spreads = int(rng.integers(5, 16)), int(rng.integers(0, 4)), int(rng.choice([-1, 1]))
+        values = [30 + 10 * rng.standard_normal(n), 30 + np.cumsum(rng.standard_normal(n))][trial % 2]
+        steps = np.arange(n) * 10
+        rows = curve_phases(steps, values, spreads, smooth, tolerance=0.05, min_steps=5)
+        broken += [f"{values.round(2).tolist()} smooth {smooth}: {b}" for b in moves_as_named(rows, steps, spreads)]
+    assert not broken, broken[:5]
+
+
+def test_the_phases_are_descriptive_pure_noise_has_them_too():
+    """No noise guard: the docs and the figure say so, and a guard added to the rule would have to change both."""
+    noise = 30 + 10 * np.random.default_rng(3).standard_normal(len(GRID))
+    assert len([row for row in curve_phases(GRID, noise, 1, 1, 0.05, 5) if "phase" in row]) > 1
+
+
+def test_legs_the_measured_curve_moves_across_the_same_way_are_one_phase():
+    raw = np.array([0.0, 5, 6, 3, 3, 4])
+    assert measured_legs(raw, [0, 1, 2, 3, 4, 5]) == [(0, 2, 1), (2, 4, -1), (4, 5, 1)]  # 3 -> 3 joins the fall
+    assert measured_legs(np.array([1.0, 1, 2]), [0, 1, 2]) == [(0, 2, 1)]  # a flat first leg joins the next
+    assert measured_legs(np.array([1.0, 1, 1]), [0, 1, 2]) == []  # no move at all: no phase
+
+
 @pytest.mark.parametrize(
     ("values", "phase"),
     [(np.linspace(40, 10, 12), "warmup"), (np.linspace(10, 40, 12), "entropy_seeking")],
@@ -104,6 +187,8 @@ def test_the_zigzag_against_a_brute_force_definition():
         found, first = turns(values, 1.5)
         bounds = [0, *found, len(values) - 1]
         sign = first
+        moved = np.flatnonzero(np.abs(values - values[0]) >= 1.5)  # the first leg's direction: its first such move
+        assert first == (np.sign(values[moved[0]] - values[0]) if moved.size else 0)
         for start, turn, after in zip(bounds, bounds[1:], bounds[2:]):
             leg = values[start : turn + 1]
             assert values[turn] == (leg.max() if sign > 0 else leg.min())
@@ -180,3 +265,12 @@ def test_the_glossary_names_every_phase_and_column():
     columns = [name for term in PHASE_COLUMNS for name in term.name.split(", ")]
     assert columns == list(phases.PHASES_SCHEMA)
     assert [term.name for term in PHASES] == [phases.WARMUP, phases.ENTROPY_SEEKING, phases.COMPRESSION_SEEKING]
+
+
+def test_the_glossary_credits_rankme_cov_to_rankme():
+    """rankme_cov is RankMe (Garrido et al.) as Li et al.'s code computes it, not alpha-ReQ."""
+    from anisweep.measures.glossary import METRICS
+
+    (term,) = [term for term in METRICS if term.name == "rankme_cov"]
+    assert term.source.startswith("Garrido et al. 2023 (RankMe)") and "utils/powerlaw.py" in term.source
+    assert "alpha-ReQ" not in term.source

@@ -78,3 +78,14 @@ def test_the_figure_is_drawn_and_says_why_a_curve_has_no_phase(tmp_path):
     figure.spectral_phases(short, table, tmp_path / "short.png")
     assert (tmp_path / "short.png").stat().st_size > 0
     assert figure.phases_note(table.filter(pl.col("metric") == "rankme")).startswith("not enough steps: 3 ")
+
+
+def test_the_figure_says_the_phases_are_descriptive(tmp_path, monkeypatch):
+    """The rule tests no turn against noise (a curve of pure noise gets phases too): the figure says so."""
+    drawn = {}
+    monkeypatch.setattr(figure, "save_figure", lambda fig, path: drawn.setdefault(path.name, fig))
+    data = sweep()
+    figure.spectral_phases(data, model_phases(data), tmp_path / "spectral_phases.png")
+    title = drawn["spectral_phases.png"].get_suptitle()
+    pyplot().close(drawn["spectral_phases.png"])
+    assert "the phases are descriptive" in title and "no turn tested against noise" in title

@@ -60,6 +60,10 @@ ALPHA_REQ = (
     "Agrawal et al. 2022 (alpha-ReQ), fitted as Li et al. 2025 (arXiv 2509.23024) fit it:"
     " melodylizx/Tracing-the-representation-geometry-of-language-models@c9b6f82, utils/powerlaw.py"
 )
+RANKME_COV = (
+    "Garrido et al. 2023 (RankMe), computed as Li et al. 2025 (arXiv 2509.23024) compute it:"
+    " melodylizx/Tracing-the-representation-geometry-of-language-models@c9b6f82, utils/powerlaw.py"
+)
 PICO = "pico-lm/pico-analyze@c4a4e84, src/metrics/"
 GU = "Gu et al. 2024 (When Attention Sink Emerges): sail-sg/Attention-Sink@af49727, eval_sink_open_source.py"
 ANISWEEP = "anisweep"
@@ -489,7 +493,7 @@ METRICS: tuple[Term, ...] = (
         "rankme_cov",
         "RankMe of the centred covariance's eigenvalues instead of the singular values, as Li et al. 2025's code"
         f" (utils/powerlaw.py `rankme`) computes it, {_SAMPLE}",
-        ALPHA_REQ,
+        RANKME_COV,
         SAMPLED_SITES,
     ),
     Term(
@@ -994,30 +998,37 @@ LI = "Li et al. 2025 (Tracing the Representation Geometry of Language Models, ar
 _PHASE_RULE = (
     "Per curve (a metric, `rankme`, `rankme_cov` or `alpha_req`, at one layer and site over the analysed steps):"
     " a running median over 2 x `phases.smooth` + 1 neighbouring checkpoints (default 3; the ends kept as measured),"
-    " then a turn at each extreme from which the smoothed curve moves back by at least delta = `phases.tolerance`"
-    " (default 0.05) x the median of its absolute values, located at the measured extreme within the median's"
-    " window; each leg between turns is a phase, named by its direction: RankMe falling, alpha-ReQ rising, the"
-    " spectrum concentrates. A curve with fewer than `phases.min_steps` (default 5) analysed steps, or that never"
-    " moves by delta, has one row without a phase and its `reason`. Li et al. mark the phases by eye; the rule is"
-    " anisweep's (anisweep.measures.phases)."
+    " then a zigzag on it with delta = `phases.tolerance` (default 0.05) x the median of its absolute values: the"
+    " first leg starts at the first step and takes the direction in which the smoothed curve first moves delta away"
+    " from its first value (a smaller wiggle before that is no turn); a leg ends at a turn, its farthest point, once"
+    " the curve has moved back from it by at least delta, and every leg but the last, which runs to the last step,"
+    " moves by at least delta. A turn's step is the measured extreme within the median's window, after the bound"
+    " before it and before the next turn: every phase spans at least one step. A phase is named by the direction its"
+    " measured values move from its first step to its last (RankMe falling, alpha-ReQ rising: the spectrum"
+    " concentrates); neighbouring legs the measured values move across the same way are one phase, and a leg they do"
+    " not move across joins the phase before it (the first, the one after): no phase's start and end values move"
+    " against its name. A curve with fewer than `phases.min_steps` (default 5) analysed steps, or that never moves"
+    " delta away from its first value, has one row without a phase and its `reason`. The phases are descriptive: the"
+    " rule tests no turn against the checkpoints' noise, and a curve of pure noise gets phases too. Li et al. mark"
+    " the phases by eye; the rule is anisweep's (anisweep.measures.phases)."
 )
 #: The phases phases.parquet names (column `phase`).
 PHASES: tuple[Term, ...] = (
     Term(
         "warmup",
-        "the warm-up collapse: the first leg, where the spectrum concentrates from the first step (RankMe falls,"
+        "the warm-up collapse: the first phase, where the spectrum concentrates from the first step (RankMe falls,"
         " alpha-ReQ rises) to the first turn; a curve that spreads from its first step has none on its grid",
         LI,
     ),
     Term(
         "entropy_seeking",
-        "a leg where the spectrum spreads (RankMe rises, alpha-ReQ falls): the representation expands in every"
+        "a phase where the spectrum spreads (RankMe rises, alpha-ReQ falls): the representation expands in every"
         " direction",
         LI,
     ),
     Term(
         "compression_seeking",
-        "a leg after the first where the spectrum concentrates (RankMe falls, alpha-ReQ rises): anisotropic"
+        "a phase after the first where the spectrum concentrates (RankMe falls, alpha-ReQ rises): anisotropic"
         " consolidation along the dominant directions",
         LI,
     ),
@@ -1050,7 +1061,11 @@ PHASE_COLUMNS: tuple[Term, ...] = (
         ANISWEEP,
     ),
     Term("smooth, tolerance, min_steps", "the rule's settings (config `phases`)", ANISWEEP),
-    Term("reason", "why the curve has no phase: too few steps, or it moves less than delta; null elsewhere", ANISWEEP),
+    Term(
+        "reason",
+        "why the curve has no phase: too few steps, or it never moves delta away from its first value; null elsewhere",
+        ANISWEEP,
+    ),
 )
 
 

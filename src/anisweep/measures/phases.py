@@ -8,15 +8,23 @@ site over the analysed steps, in step order):
 
 1. Smooth: a running median over 2 * `smooth` + 1 neighbouring checkpoints (the window shrinks symmetrically at the
    ends, which stay as measured); it removes a single outlying checkpoint, which would otherwise make two turns.
-2. Turns: the smoothed curve's extremes from which it moves back by at least delta = `tolerance` x the median of
-   its absolute values (a zigzag with hysteresis): a wiggle smaller than delta is no turn, so phases do not
-   flicker. The first leg starts at the first step; until the curve has moved by delta it has no direction. Each
-   turn's step is then the measured curve's extreme among the checkpoints the median window spans around it.
-3. Names, from each leg's direction: RankMe falling (alpha-ReQ rising) is the spectrum concentrating, rising
-   (falling) spreading. The first leg, if it concentrates, is `warmup`; afterwards a spreading leg is
-   `entropy_seeking` and a concentrating one `compression_seeking` (Li et al. see the pair repeat in continued
-   pretraining). A curve that spreads from the start has no warm-up on this grid. The last leg runs to the last step
-   (`ends_at_turn` false).
+2. Legs, a zigzag with hysteresis on the smoothed curve, delta = `tolerance` x the median of its absolute values:
+   the first leg starts at the first step and takes the direction in which the curve first moves delta away from
+   its first value (a wiggle smaller than delta before that is no turn); a leg ends at a turn, its farthest point,
+   once the curve has moved back from it by at least delta, and the next leg starts there. Every leg but the last
+   moves by at least delta; the last runs to the last step (`ends_at_turn` false).
+3. Bounds: each turn's step is the measured curve's extreme among the checkpoints the median window spans around
+   it, kept after the bound before it and before the next turn, so that every phase spans at least one step.
+4. Names, from the direction the measured values move from a phase's first step to its last: RankMe falling
+   (alpha-ReQ rising) is the spectrum concentrating, rising (falling) spreading. Neighbouring legs the measured
+   values move across the same way are one phase, and a leg they do not move across at all joins the phase before
+   it (the first leg, the one after): where the measured curve contradicts the smoothed one, no phase's start and
+   end values move against its name. The first phase, if it concentrates, is `warmup`; afterwards a spreading phase
+   is `entropy_seeking` and a concentrating one `compression_seeking` (Li et al. see the pair repeat in continued
+   pretraining). A curve that spreads from the start has no warm-up on this grid.
+
+The phases are descriptive: the rule reads a curve's shape and tests no turn against the checkpoints' noise (a curve of
+pure noise gets phases too).
 
 A curve with fewer than `min_steps` finite values, or one that never moves by delta, has one row without a phase
 whose `reason` says so: never an error, and the other curves keep their rows.
@@ -77,16 +85,15 @@ def running_median(values: np.ndarray, smooth: int) -> np.ndarray:
 
 def turns(values: np.ndarray, delta: float) -> tuple[list[int], int]:
     """(the indices of the turns, the direction of the first leg: 1 rising, -1 falling, 0 none) of a curve, by the
-    zigzag rule: an extreme is a turn once the curve has moved back from it by at least `delta`."""
-    direction, low, high, extreme, found = 0, 0, 0, 0, []
+    zigzag anchored at its first value: the first leg takes the direction in which the curve first moves `delta`
+    away from its first value; an extreme is a turn once the curve has moved back from it by at least `delta`."""
+    direction, extreme, found = 0, 0, []
     first = 0
     for i, value in enumerate(values):
         if direction == 0:
-            low = i if value < values[low] else low
-            high = i if value > values[high] else high
-            if values[high] - values[low] >= delta:
-                direction = 1 if high > low else -1
-                first, extreme = direction, max(low, high)
+            if abs(value - values[0]) >= delta:
+                direction = first = 1 if value > values[0] else -1
+                extreme = i
         elif direction * (value - values[extreme]) > 0:
             extreme = i
         elif direction * (values[extreme] - value) >= delta:
@@ -95,12 +102,32 @@ def turns(values: np.ndarray, delta: float) -> tuple[list[int], int]:
     return found, first
 
 
-def refined(raw: np.ndarray, turn: int, sign: int, smooth: int) -> int:
-    """The index of the measured extreme (a maximum for `sign` 1) among the checkpoints the median window spans
-    around a turn of the smoothed curve."""
-    low, high = max(turn - smooth, 0), min(turn + smooth, len(raw) - 1)
-    window = sign * raw[low : high + 1]
-    return low + int(np.argmax(window))
+def located(raw: np.ndarray, found: list[int], first: int, smooth: int) -> list[int]:
+    """The phases' bounds: the first index, each turn of the smoothed curve at the measured extreme (a maximum where
+    the leg before it rises) within `smooth` checkpoints of it, after the bound before it and before the next turn,
+    and the last index. The bounds strictly increase."""
+    bounds, sign = [0], first
+    for turn, after in zip(found, [*found[1:], len(raw) - 1]):
+        low, high = max(turn - smooth, bounds[-1] + 1), min(turn + smooth, after - 1)
+        bounds.append(low + int(np.argmax(sign * raw[low : high + 1])))
+        sign = -sign
+    return [*bounds, len(raw) - 1]
+
+
+def measured_legs(raw: np.ndarray, bounds: list[int]) -> list[tuple[int, int, int]]:
+    """(start, end, direction: 1 rising, -1 falling) of each phase between `bounds`, by the measured values at its
+    ends: a leg the measured curve moves across the same way as the phase before it, or not at all, joins that
+    phase; a first leg it does not move across joins the next. An empty list where it moves across none."""
+    legs: list[list[int]] = []
+    for start, end in zip(bounds, bounds[1:]):
+        direction = int(np.sign(raw[end] - raw[start]))
+        if legs and direction in (0, legs[-1][2]):
+            legs[-1][1] = end
+        elif legs and legs[-1][2] == 0:
+            legs[-1][1:] = [end, direction]
+        else:
+            legs.append([start, end, direction])
+    return [(start, end, direction) for start, end, direction in legs if direction]
 
 
 def phase_name(index: int, spreading: bool) -> str:
@@ -134,30 +161,31 @@ def curve_phases(
             {
                 "delta": delta,
                 "reason": f"no phase: the curve moves less than delta = {delta:.4g} (phases.tolerance {tolerance:g}"
-                " of its median) over its steps",
+                " of its median) away from its first value",
             }
         ]
-    bounds, sign = [0], first
-    for turn in found:
-        bounds.append(min(max(refined(values, turn, sign, smooth), bounds[-1] + 1), len(steps) - 2))
-        sign = -sign
-    bounds.append(len(steps) - 1)
-    rows, sign = [], first
-    for index, (start, end) in enumerate(zip(bounds, bounds[1:])):
-        rows.append(
+    legs = measured_legs(values, located(values, found, first, smooth))
+    if not legs:
+        return [
             {
-                "phase_index": index,
-                "phase": phase_name(index, sign == spreads),
-                "start_step": int(steps[start]),
-                "end_step": int(steps[end]),
-                "start_value": float(values[start]),
-                "end_value": float(values[end]),
-                "ends_at_turn": index < len(bounds) - 2,
                 "delta": delta,
+                "reason": "no phase: the smoothed curve moves by delta, but the measured values at its turns and"
+                " last step equal the first",
             }
-        )
-        sign = -sign
-    return rows
+        ]
+    return [
+        {
+            "phase_index": index,
+            "phase": phase_name(index, direction == spreads),
+            "start_step": int(steps[start]),
+            "end_step": int(steps[end]),
+            "start_value": float(values[start]),
+            "end_value": float(values[end]),
+            "ends_at_turn": index < len(legs) - 1,
+            "delta": delta,
+        }
+        for index, (start, end, direction) in enumerate(legs)
+    ]
 
 
 def summary_curve(rows: pl.DataFrame) -> tuple[int, str] | None:

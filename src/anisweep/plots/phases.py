@@ -28,6 +28,8 @@ PANELS = {
 }
 SITE = "resid"  # a line per layer of the residual stream
 PHASE_COLOURS = {"warmup": "0.6", "entropy_seeking": "tab:blue", "compression_seeking": "tab:orange"}
+#: what the shading claims: the phases are the rule's reading of a curve's shape, not a finding tested against noise
+DESCRIPTIVE = "the phases are descriptive: a curve's shape read by a stated rule, no turn tested against noise"
 PHASE_WORDS = {
     "warmup": "warm-up collapse",
     "entropy_seeking": "entropy-seeking",
@@ -106,5 +108,7 @@ def spectral_phases(sweep: pl.DataFrame, phases: pl.DataFrame, path: Path) -> No
         for handle, text in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(text, handle)
     legend_beside(fig, axes, handles=list(handles.values()), labels=list(handles), fontsize=8)
-    fig.suptitle(f"{sweep_title(sweep)}: RankMe and alpha-ReQ per layer of the residual stream, phases shaded")
+    fig.suptitle(
+        f"{sweep_title(sweep)}: RankMe and alpha-ReQ per layer of the residual stream, phases shaded\n({DESCRIPTIVE})"
+    )
     save_figure(fig, path)
