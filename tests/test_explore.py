@@ -102,8 +102,45 @@ def test_anisweep_explore_writes_the_page_into_the_results_folder(results, capsy
     assert main(["explore", str(results)]) == 0
     assert (results / "explore.html").is_file()
     assert str(results / "explore.html") in capsys.readouterr().out
-    assert main(["explore", str(results / "nowhere")]) == 1
-    assert "neither a results folder nor a sweep.parquet file: run the sweep first" in capsys.readouterr().err
+
+
+def _truncated(path):
+    path.write_bytes(path.read_bytes()[:-100])
+    return path
+
+
+BAD_INPUT = {  # source (under a results folder's parent): what the one line says
+    "a missing folder": (
+        lambda results: results / "nowhere",
+        "neither a results folder nor a sweep.parquet file: run the sweep first",
+    ),
+    "an empty folder": (
+        lambda results: results / "toy",  # a family's folder: no {family}/{model}/sweep.parquet under it
+        "no sweep.parquet under",
+    ),
+    "a folder with a truncated sweep.parquet": (
+        lambda results: _truncated(results / "toy" / "toy-neox" / "sweep.parquet").parents[2],
+        "toy-neox/sweep.parquet is not a whole Parquet file",
+    ),
+    "a truncated sweep.parquet": (
+        lambda results: _truncated(results / "toy" / "toy-neox" / "sweep.parquet"),
+        "toy-neox/sweep.parquet is not a whole Parquet file",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUT)
+def test_bad_input_prints_its_message_alone_and_the_traceback_only_when_asked(results, capsys, case):
+    source, message = BAD_INPUT[case]
+    source = str(source(results))
+    with pytest.raises(SystemExit) as exit_:
+        main(["explore", source])
+    assert exit_.value.code == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert message in line and line.startswith(("FileNotFoundError: explore: ", "DamagedTable: "))
+    assert main(["explore", "--traceback", source]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):") and err.splitlines()[-1] == line
 
 
 def test_sweeps_without_an_analysed_row_are_an_error_that_says_so(results):

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 
 def cmd_explore(args) -> None:
-    from anisweep.explore.data import read_sweeps, write_explore
+    """Write the page; on bad input print its one-line message alone (the traceback with --traceback), exit 1."""
+    from anisweep.explore.data import INPUT_ERRORS, read_sweeps, write_explore
 
     sources = [Path(source) for source in args.sources]
     out = Path(args.out) if args.out else (sources[0] if sources[0].is_dir() else sources[0].parent) / "explore.html"
     limit = {} if args.max_values is None else {"max_values": args.max_values}
-    print(write_explore(read_sweeps(sources), out, **limit))
+    try:
+        print(write_explore(read_sweeps(sources), out, **limit))
+    except INPUT_ERRORS as error:
+        if args.traceback:
+            raise
+        from anisweep.cli import _error_line
+
+        print(_error_line(None, error), file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 def add_commands(sub) -> None:
@@ -23,5 +33,8 @@ def add_commands(sub) -> None:
         "--max-values",
         type=int,
         help="values in the page (default 2.4 million); past them each model's steps are thinned",
+    )
+    p.add_argument(
+        "--traceback", action="store_true", help="on bad input, print the traceback too, not the message alone"
     )
     p.set_defaults(run=cmd_explore)

@@ -25,6 +25,9 @@ from anisweep.measures.sweep import analysed
 KEY = ("family", "model", "seed")
 SERIES = (*KEY, "site", "metric", "layer")
 _PARAMETERS = ("head", "subspace", "fit", "rank", "stratum")
+#: What bad input raises (a missing or empty folder, a damaged sweep.parquet, sweeps without a row to draw): the
+#: command prints its message alone (anisweep.cli.explore).
+INPUT_ERRORS = (OSError, ValueError, pl.exceptions.PolarsError)
 #: Values kept (float32, 4 bytes, base64 in the page): 2.4 million are some 13 MB beside plotly.js, 1.2 MB.
 MAX_VALUES = 2_400_000
 
@@ -33,13 +36,20 @@ def read_sweeps(sources: Sequence[str | os.PathLike]) -> pl.DataFrame:
     """The sweep tables of `sources`: a results folder (every model's sweep.parquet under it, anisweep.results.scan)
     or sweep.parquet files."""
     from anisweep.results import scan
+    from anisweep.tables import scan_parquet
 
     frames = []
     for source in map(Path, sources):
+        if source.is_dir() and not any(source.glob("*/*/sweep.parquet")):
+            raise FileNotFoundError(
+                f"explore: no sweep.parquet under {str(source)!r} (each model's is "
+                f"{source}/{{family}}/{{model}}/sweep.parquet): run the sweep first, or name the folder it wrote "
+                "(results/)"
+            )
         if source.is_dir():
             frames.append(scan(source, "sweep"))
         elif source.is_file():
-            frames.append(pl.scan_parquet(source))
+            frames.append(scan_parquet(source))
         else:
             raise FileNotFoundError(
                 f"explore: {str(source)!r} is neither a results folder nor a sweep.parquet file: run the sweep first,"
