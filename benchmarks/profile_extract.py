@@ -3,11 +3,11 @@
     python benchmarks/profile_extract.py --device cuda --shape bert --batch 32 --seq-len 512 --dtype bfloat16
         [--out benchmarks/out/profile]
 
-The models and batch are bench_extract.py's (random weights, no download). Prints, and writes to --out as text:
-the median seconds of the plain forward and of extract (3 passes each, after a warm-up, synchronised), then for one
-extract pass: torch.profiler's ops by their own device time and by their own host time, the Python functions by
-cumulative time (cProfile), and on CUDA every place that makes the host wait for the device (torch's sync debug
-mode, one line per distinct call site).
+The models and batch are bench_extract's (bench_extract_parts/models.py: random weights, no download). Prints, and
+writes to --out as text: the median seconds of the plain forward and of extract (3 passes each, after a warm-up,
+synchronised), then for one extract pass: torch.profiler's ops by their own device time and by their own host time,
+the Python functions by cumulative time (cProfile), and on CUDA every place that makes the host wait for the device
+(torch's sync debug mode, one line per distinct call site).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_extract import SHAPES, make_batch, variants_for
+from bench_extract_parts.core import SHAPES
+from bench_extract_parts.models import make_batch, variants_for
 
 
 def main(argv=None) -> None:

@@ -18,9 +18,11 @@ from anisweep.tables import EXTRACT_TABLES
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_extract.py"
 spec = importlib.util.spec_from_file_location("bench_extract", SCRIPT)
 bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+spec.loader.exec_module(bench)  # puts benchmarks/ on sys.path, where its parts are
 
-PASS, FAIL, NOT_RUN = bench.PASS, bench.FAIL, bench.NOT_RUN
+from bench_extract_parts import compare, device, driver, goal, kernel_tests, models, outliers  # noqa: E402
+from bench_extract_parts import speed as speed_part  # noqa: E402
+from bench_extract_parts.core import FAIL, NOT_RUN, PASS  # noqa: E402
 
 
 def cell(shape="bert", batch=32, seq_len=512, dtype="float32", speed=0.9, memory=1.1, hf_speed=0.5):
@@ -52,9 +54,9 @@ def cell(shape="bert", batch=32, seq_len=512, dtype="float32", speed=0.9, memory
     ],
 )
 def test_speed_goal_per_cell(shape, batch, seq_len, speed, verdict):
-    checks = bench.cell_checks(cell(shape, batch, seq_len, speed=speed))
+    checks = device.cell_checks(cell(shape, batch, seq_len, speed=speed))
     assert checks["speed"] == (speed, verdict)
-    assert bench.cell_verdict(checks) == verdict
+    assert device.cell_verdict(checks) == verdict
 
 
 @pytest.mark.parametrize(
@@ -64,14 +66,14 @@ def test_speed_goal_per_cell(shape, batch, seq_len, speed, verdict):
 def test_memory_and_hf_goals(memory, hf_speed, verdict):
     """extract at 0.9x: HF keep-all at 0.95x is ahead of it. A memory not measured is NOT RUN, never a pass."""
     row = cell(speed=0.9, memory=memory, hf_speed=hf_speed)
-    assert bench.cell_verdict(bench.cell_checks(row)) == verdict
-    assert math.isclose(bench.vs_hf(row), 0.9 / hf_speed)
+    assert device.cell_verdict(device.cell_checks(row)) == verdict
+    assert math.isclose(device.vs_hf(row), 0.9 / hf_speed)
 
 
 def test_a_cell_that_failed_or_was_not_run():
     base = {"shape": "bert", "batch": 32, "seq_len": 512, "dtype": "float32"}
-    assert bench.cell_verdict(bench.cell_checks({**base, "error": "not run: time budget spent"})) == NOT_RUN
-    assert bench.cell_verdict(bench.cell_checks({**base, "error": "Traceback ...\nOutOfMemoryError: CUDA"})) == FAIL
+    assert device.cell_verdict(device.cell_checks({**base, "error": "not run: time budget spent"})) == NOT_RUN
+    assert device.cell_verdict(device.cell_checks({**base, "error": "Traceback ...\nOutOfMemoryError: CUDA"})) == FAIL
 
 
 def columns(line: str) -> int:
@@ -84,7 +86,7 @@ def test_device_table_markdown():
         cell("pythia", speed=0.79, memory=1.3),
         {"shape": "pythia-1.4b", "batch": 8, "seq_len": 512, "dtype": "bfloat16", "error": "x | y\nkilled"},
     ]
-    lines = bench.device_summary(rows)
+    lines = device.device_summary(rows)
     assert len(lines) == 2 + len(rows)
     assert {columns(line) for line in lines} == {columns(lines[0])}
     assert lines[2].endswith("| pass |")
@@ -107,67 +109,72 @@ CUDA_SKIPPED = '<skipped type="pytest.skip" message="needs a CUDA device" />'
 
 
 def kernel_res(xml: str, returncode: int = 0) -> dict:
-    return {"command": "python -m pytest -q", "returncode": returncode, **bench.junit_outcomes(xml), "seconds": 1.0}
+    return {
+        "command": "python -m pytest -q",
+        "returncode": returncode,
+        **kernel_tests.junit_outcomes(xml),
+        "seconds": 1.0,
+    }
 
 
 def test_kernel_tests_pass_only_when_every_test_ran():
     passed = kernel_res(junit(case("test_ties[dtype0]"), *CUDA_PASSED))
-    line = bench.kernel_tests_line(passed)
+    line = kernel_tests.kernel_tests_line(passed)
     assert line["verdict"] == PASS
     assert line["measured"].startswith("3 ran: 3 passed, 0 failed, 0 errors; 0 skipped")
 
     skipped = kernel_res(junit(case("test_ties[dtype0]"), case("test_compiled_kernels_on_cuda", CUDA_SKIPPED)))
-    line = bench.kernel_tests_line(skipped)
+    line = kernel_tests.kernel_tests_line(skipped)
     assert line["verdict"] == NOT_RUN
     assert line["measured"].startswith("1 ran: 1 passed, 0 failed, 0 errors; 1 skipped (NOT run)")
     assert "test_compiled_kernels_on_cuda NOT run" in line["measured"]
     assert "test_on_a_gpu_no_op_of_a_run_synchronises NOT run" in line["measured"]  # missing from the report
-    summary = "\n".join(bench.kernel_tests_summary(skipped))
+    summary = "\n".join(kernel_tests.kernel_tests_summary(skipped))
     assert (
         "skipped, NOT run: tests.extract.test_attention_triton::test_compiled_kernels_on_cuda (needs a CUDA" in summary
     )
 
     ptxas = '<skipped type="pytest.skip" message="Triton\'s ptxas for sm_90 is missing" />'
     other_skipped = kernel_res(junit(case("test_every_configuration_compiles_without_spills", ptxas), *CUDA_PASSED))
-    assert bench.kernel_tests_line(other_skipped)["verdict"] == NOT_RUN
+    assert kernel_tests.kernel_tests_line(other_skipped)["verdict"] == NOT_RUN
 
     failed = kernel_res(junit(case("test_ties[dtype0]", '<failure message="x" />'), *CUDA_PASSED), returncode=1)
-    assert bench.kernel_tests_line(failed)["verdict"] == FAIL
+    assert kernel_tests.kernel_tests_line(failed)["verdict"] == FAIL
     report = "E   ModuleNotFoundError: No module named 'conftest'"
     failed = kernel_res(junit(case("test_ties[dtype0]", f'<failure message="assert 1 == 0">{report}</failure>')))
     said = failed["failures"]["tests.extract.test_attention_triton::test_ties[dtype0]"]
     assert said == f"assert 1 == 0\n{report}"  # kept from the report, whatever the process printed
-    assert f"  {report}" in bench.kernel_tests_summary(failed)
+    assert f"  {report}" in kernel_tests.kernel_tests_summary(failed)
     assert (
-        bench.kernel_tests_line(
-            {"command": "c", "error": "killed at the time budget, after 180 s", **bench.junit_outcomes(None)}
+        kernel_tests.kernel_tests_line(
+            {"command": "c", "error": "killed at the time budget, after 180 s", **kernel_tests.junit_outcomes(None)}
         )["verdict"]
         == FAIL
     )
-    assert bench.kernel_tests_line(None)["verdict"] == NOT_RUN
+    assert kernel_tests.kernel_tests_line(None)["verdict"] == NOT_RUN
 
 
 def test_table_difference():
     ref = pl.DataFrame(
         {"layer": [0, 1, 2], "site": ["a", "b", "c"], "x": [1.0, -200.0, 1e-4], "v": [[1.0, 2.0], [3.0], []]}
     )
-    assert bench.table_difference(ref, ref) == {"max_rel": 0.0, "column": None}
+    assert compare.table_difference(ref, ref) == {"max_rel": 0.0, "column": None}
     # relative to the column's largest |ref|, 200: the 1e-3 of x = 1 is 5e-6 of it, the 2e-5 of -200 all of 2e-5
     near = ref.with_columns(pl.Series("x", [1.0 + 1e-3, -200.0 * (1 + 2e-5), 1e-4 + 5e-8]))
-    got = bench.table_difference(near, ref)
+    got = compare.table_difference(near, ref)
     assert got["column"] == "x" and math.isclose(got["max_rel"], 2e-5, rel_tol=1e-6)
     small = pl.DataFrame({"y": [1e-4, 2e-3]})  # a column's scale is at least 0.01: below it differences are absolute
-    got = bench.table_difference(small.with_columns(pl.col("y") + 1e-9), small)
+    got = compare.table_difference(small.with_columns(pl.col("y") + 1e-9), small)
     assert math.isclose(got["max_rel"], 1e-7, rel_tol=1e-6)
     lists = ref.with_columns(pl.Series("v", [[1.0, 2.0 + 2e-5], [3.0], []]))
-    assert bench.table_difference(lists, ref)["column"] == "v"
+    assert compare.table_difference(lists, ref)["column"] == "v"
     inf = float("inf")
-    assert bench.table_difference(ref.with_columns(pl.Series("v", [[1.0], [3.0], []])), ref)["max_rel"] == inf
-    assert bench.table_difference(ref.with_columns(pl.Series("site", ["a", "b", "d"])), ref)["max_rel"] == inf
-    assert bench.table_difference(ref.drop("site"), ref)["max_rel"] == inf
+    assert compare.table_difference(ref.with_columns(pl.Series("v", [[1.0], [3.0], []])), ref)["max_rel"] == inf
+    assert compare.table_difference(ref.with_columns(pl.Series("site", ["a", "b", "d"])), ref)["max_rel"] == inf
+    assert compare.table_difference(ref.drop("site"), ref)["max_rel"] == inf
     nan = pl.DataFrame({"x": [float("nan"), 1.0]})
-    assert bench.table_difference(nan, nan)["max_rel"] == 0.0
-    assert bench.table_difference(nan, pl.DataFrame({"x": [0.0, 1.0]}))["max_rel"] == inf
+    assert compare.table_difference(nan, nan)["max_rel"] == 0.0
+    assert compare.table_difference(nan, pl.DataFrame({"x": [0.0, 1.0]}))["max_rel"] == inf
 
 
 def compare_res(float32_rel=2e-6, attention="triton", fallbacks=()):
@@ -200,11 +207,11 @@ def compare_res(float32_rel=2e-6, attention="triton", fallbacks=()):
     ],
 )
 def test_comparison_verdict(res, verdict):
-    assert bench.comparison_line(res)["verdict"] == verdict
+    assert compare.comparison_line(res)["verdict"] == verdict
 
 
 def test_comparison_markdown_reports_bfloat16_unjudged():
-    lines = bench.comparison_summary(compare_res(float32_rel=3e-5))
+    lines = compare.comparison_summary(compare_res(float32_rel=3e-5))
     rows = [line for line in lines if line.startswith("| bert") or line.startswith("| pythia")]
     assert len(rows) == 4 and {columns(line) for line in rows} == {columns(lines[4])}
     assert rows[0].startswith(
@@ -226,7 +233,7 @@ def test_goal_lines():
         cell("pythia-1.4b", 8, 512, "bfloat16", speed=0.72),
         cell("pythia", 8, 2048, "bfloat16", speed=0.7, hf_speed=0.3),
     ]
-    lines = bench.goal_lines(goal_out(rows))
+    lines = goal.goal_lines(goal_out(rows))
     assert [line["verdict"] for line in lines] == [PASS] * len(lines)
     assert lines[0]["goal"] == "extract >= 0.8x the tokens/s of a plain sdpa forward"
     assert lines[0]["measured"] == "bert-base 32x512 float32 0.85x, pythia-160m 32x512 bfloat16 0.82x"
@@ -234,17 +241,17 @@ def test_goal_lines():
     assert lines[-1]["measured"] == f"{len(lines) - 1} of {len(lines) - 1} pass"
 
     rows[1] = cell("pythia", speed=0.79, dtype="bfloat16")
-    lines = bench.goal_lines(goal_out(rows, wall=601.0))
+    lines = goal.goal_lines(goal_out(rows, wall=601.0))
     verdicts = {line["goal"]: line["verdict"] for line in lines}
     assert verdicts["extract >= 0.8x the tokens/s of a plain sdpa forward"] == FAIL
     assert verdicts["extract >= 0.7x the tokens/s of a plain sdpa forward"] == PASS
     assert verdicts["one call under 10 minutes"] == FAIL
     assert verdicts["all of the above"] == FAIL
 
-    lines = bench.goal_lines(goal_out([cell(memory=None)]))
+    lines = goal.goal_lines(goal_out([cell(memory=None)]))
     assert lines[-1]["verdict"] == NOT_RUN  # a CPU run: memory not measured, nothing failed
 
-    text = bench.summary({**goal_out(rows), "goal": lines})
+    text = driver.summary({**goal_out(rows), "goal": lines})
     for heading in (
         "### The goal (cuda, budget 540 s)",
         "### The device table",
@@ -254,36 +261,45 @@ def test_goal_lines():
         assert heading in text
 
 
+@pytest.mark.parametrize("name", ["extract", "extract_cuda"])
+def test_summary_mode_writes_the_stored_markdown_of_its_json(name, capsys):
+    """`bench_extract.py summary --out X.json` prints the X.md its run wrote beside it: every part's table, the goal's
+    lines, the kernel tests and the comparison, in the format of the stored results."""
+    out = SCRIPT.parent / "out" / f"{name}.json"
+    bench.main(["summary", "--out", str(out)])
+    assert capsys.readouterr().out == out.with_suffix(".md").read_text()
+
+
 def test_cuda_without_a_gpu_stops_at_once(monkeypatch):
-    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a GPU, and torch sees none"):
-        bench.cuda_or_exit("cuda")
-    bench.cuda_or_exit("cpu")
+        driver.cuda_or_exit("cuda")
+    driver.cuda_or_exit("cpu")
 
 
 def test_comparison_and_device_cell_on_tiny_models():
     """The worker's code paths for real (CPU against CPU: equal), and a device cell's row through the verdicts."""
     args = argparse.Namespace(compare_shapes=["pythia-tiny"], device="cpu", n_sequences=4, seq_len=32, threads=1)
-    res = bench.compare(args)
+    res = compare.compare(args)
     (run32, run16) = res["shapes"][0]["runs"]
     assert run32["judged"] and not run16["judged"]
     assert set(run32["tables"]) == set(EXTRACT_TABLES)
-    assert bench.max_difference(run32) == 0.0 and bench.max_difference(run16) > 0.0
-    assert bench.comparison_line(res)["verdict"] == PASS
+    assert compare.max_difference(run32) == 0.0 and compare.max_difference(run16) > 0.0
+    assert compare.comparison_line(res)["verdict"] == PASS
 
     args = argparse.Namespace(shape="bert-tiny", batch=2, seq_len=16, dtype="float32", device="cpu", repeat=1)
-    row = bench.device_cell(args)
+    row = device.device_cell(args)
     assert row["attention"] == "torch" and row["extract"]["memory_ratio"] is None
-    assert bench.cell_checks(row)["memory"] == (None, NOT_RUN)
-    assert columns(bench.device_summary([row])[2]) == columns(bench.device_summary([row])[0])
+    assert device.cell_checks(row)["memory"] == (None, NOT_RUN)
+    assert columns(device.device_summary([row])[2]) == columns(device.device_summary([row])[0])
 
 
 @pytest.mark.slow  # builds and runs a model twice
 def test_the_outlier_statistics_are_off_only_in_their_variant():
     """The outlier statistics' cost is extract with them against without: the variant without takes none (no top
     tokens at the sampled sites, no column sums), and extract after it takes them again."""
-    runs = bench.variants_for("bert-tiny", ["plain", "extract", "extract_without_outliers"])
-    batch = bench.make_batch("bert-tiny", 2, 16)
+    runs = models.variants_for("bert-tiny", ["plain", "extract", "extract_without_outliers"])
+    batch = models.make_batch("bert-tiny", 2, 16)
     with torch.inference_mode():
         without = runs["extract_without_outliers"](batch)
         with_ = runs["extract"](batch)
@@ -315,13 +331,13 @@ def test_the_outlier_cost_pools_the_repetitions_of_every_process(monkeypatch):
             for name, s in seconds.items()
         }
 
-    monkeypatch.setattr(bench, "spawn", speed)
+    monkeypatch.setattr(speed_part, "spawn", speed)
     a = argparse.Namespace(processes=2, repeat=3, threads=2, batch=8)
-    cost = bench.outlier_cost(a, "bert", 512)
+    cost = outliers.outlier_cost(a, "bert", 512)
     assert cost["with_per_process"] == [0.8, 1.0]
     assert cost["with"] == pytest.approx(0.8)  # of 0.8, 0.8, 0.8, 1, 1, 0.5; the median of medians would be 0.9
     assert cost["without"] == pytest.approx((1 / 1.1 + 1.0) / 2)
-    row = bench.summary({"outlier_cost": [cost]}).splitlines()[-1]
+    row = driver.summary({"outlier_cost": [cost]}).splitlines()[-1]
     assert row.startswith("| bert | 8x512 | 0.800x | 0.800 / 1.000 | 0.955x |"), row
 
 
