@@ -135,7 +135,7 @@ def time_parts(folder: Path, final: Path) -> dict[str, float]:
         products = compare.CrossProducts.of(a.vectors[key], b.vectors[key])
         parts["cross_products"] += time.perf_counter() - started
         started = time.perf_counter()
-        products.eig_x, products.eig_y  # noqa: B018 - computed once, shared by SVCCA and PWCCA
+        products.principal_x, products.principal_y  # noqa: B018 - computed once, shared by SVCCA and PWCCA
         parts["eigh"] += time.perf_counter() - started
         for name, measure in measures.items():
             started = time.perf_counter()

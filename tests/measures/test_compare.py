@@ -84,6 +84,61 @@ def test_cca_of_a_linear_map_is_one_and_of_noise_is_small():
     assert svcca(x, rng.normal(size=(2000, 8)), 0.99) < 0.1
 
 
+def layer_norm_outputs(n=1500, d=16, seed=0):
+    """Two LayerNorm outputs of related inputs, computed and stored in float32 as a model's are: each lies in a
+    hyperplane, so its sample has d - 1 directions of spread and one at the rounding of its values."""
+    rng = np.random.default_rng(seed)
+    gain, bias = rng.uniform(0.5, 1.5, size=d), rng.normal(size=d)
+
+    def layer_norm(h):
+        h = h.astype(np.float32)
+        h = (h - h.mean(axis=1, keepdims=True)) / h.std(axis=1, keepdims=True)
+        return (h * gain.astype(np.float32) + bias.astype(np.float32)).astype(np.float64)
+
+    h = rng.normal(size=(n, d)) @ rng.normal(size=(d, d))
+    return layer_norm(h), layer_norm(np.tanh(h @ rng.normal(size=(d, d)) / 4) + 0.1 * rng.normal(size=(n, d)))
+
+
+def rerounded(x, seed):
+    """The same float32 values rounded again: each moved by up to half its ulp."""
+    ulp = np.spacing(np.abs(x.astype(np.float32))).astype(np.float64)
+    return x + np.random.default_rng(seed).uniform(-0.5, 0.5, size=x.shape) * ulp
+
+
+def principal_coordinates(x):
+    """x's centred coordinates on its principal directions whose singular value exceeds float32's epsilon times the
+    sample's Frobenius norm (docs/measures.md)."""
+    centred = x - x.mean(axis=0)
+    _, s, vt = np.linalg.svd(centred, full_matrices=False)
+    return centred @ vt[s > 2.0**-23 * np.linalg.norm(x)].T
+
+
+def test_cca_of_a_layernorm_output_is_stable_under_rerounding_and_the_references_on_its_principal_coordinates(
+    reference,
+):
+    cca_core, pwcca_module = reference
+    x, y = layer_norm_outputs()
+    zx, zy = principal_coordinates(x), principal_coordinates(y)
+    assert zx.shape[1] == zy.shape[1] == x.shape[1] - 1
+    expected, _, _ = pwcca_module.compute_pwcca(zx.T.copy(), zy.T.copy(), epsilon=0.0)
+    assert pwcca(x, y) == pytest.approx(expected, rel=1e-9)
+    assert svcca(x, y, 1.0) == pytest.approx(reference_svcca(cca_core, zx, zy, 1.0), rel=1e-9)
+    for measure in (pwcca, lambda a, b: svcca(a, b, 1.0)):
+        values = [measure(rerounded(x, seed), rerounded(y, seed + 10)) for seed in range(4)]
+        assert max(values) - min(values) < 1e-6
+
+
+def test_a_cca_that_float64_cannot_resolve_is_nan_with_the_reason():
+    """A principal direction above the float32 rounding of the values but 5e5 times narrower than the widest:
+    whitening it would decide PWCCA by float64 rounding. SVCCA's 99.99% of the variance leaves it out."""
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(400, 6)) * [1, 1, 1, 1, 1, 2e-6] + 5) @ np.linalg.qr(rng.normal(size=(6, 6)))[0]
+    rows = {r["metric"]: r for r in compare.builtin_rows(x, x.copy(), Settings(svcca_variance=0.9999))}
+    assert rows["cka"]["value"] == pytest.approx(1.0) and rows["svcca"]["value"] == pytest.approx(1.0)
+    assert math.isnan(rows["pwcca"]["value"])
+    assert "principal variances above rounding span a ratio of 2.8e+11" in rows["pwcca"]["reason"]
+
+
 # --------------------------------------------------------------------------- pair tables from Parquet
 
 
@@ -157,6 +212,25 @@ def test_two_samples_of_other_tokens_are_refused(tmp_path):
     c = write_checkpoint(tmp_path / "c", 3, {(0, "resid"): y[:36]})
     with pytest.raises(ComparisonError, match="40 against 36 tokens"):
         compare_pair(a, c)
+
+
+def test_a_sample_with_nan_makes_every_measure_nan_naming_the_nonfinite_values(tmp_path):
+    x0, x1 = related(n=80, d=6, seed=14)
+    broken = x1.copy()
+    broken[3, 2] = np.nan
+    a = write_checkpoint(tmp_path / "a", 1, {(0, "resid"): x0, (1, "resid"): broken})
+    b = write_checkpoint(tmp_path / "b", 2, {(0, "resid"): x0 + 1, (1, "resid"): x1})
+    table = compare_pair(a, b, Settings(cka_debiased=True))
+    bad = table.filter(layer=1)
+    assert set(bad["metric"]) == {"cka", "cka_debiased", "svcca", "pwcca"}
+    assert bad["value"].is_nan().all()
+    assert bad["reason"].str.contains(r"toy/toy-x/step1's sample holds non-finite values \(1 NaN, 0 infinite").all()
+    assert table.filter(layer=0)["value"].is_finite().all()
+    matrix = layer_matrix(a)
+    assert matrix.filter(layer=0, ref_layer=0)["value"].item() == pytest.approx(1.0)
+    with_nan = matrix.filter((pl.col("layer") == 1) | (pl.col("ref_layer") == 1))
+    assert with_nan.height == 3 and with_nan["value"].is_nan().all()
+    assert with_nan["reason"].str.contains("layer 1 resid's sample holds non-finite values").all()
 
 
 def test_layer_matrix_is_cka_of_every_pair_of_layers(tmp_path):

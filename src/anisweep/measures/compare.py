@@ -16,6 +16,11 @@ Built in (docs/measures.md, Comparative measures):
 SVCCA and PWCCA compute what google/svcca's cca_core.get_cca_similarity and pwcca.compute_pwcca compute (epsilon 0),
 from the d x d cross-products alone (one set per layer, shared with CKA, and one eigen-decomposition per side shared
 by SVCCA and PWCCA), never an n x n matrix nor, for PWCCA's weights, the reference's n x d QR.
+
+A sample of less than full rank (a LayerNorm's output lies in a hyperplane) holds principal directions whose spread
+is the rounding of the stored values, which CCA would whiten into canonical correlations of noise: a side with a
+principal direction at or below its rounding floor (`CrossProducts.floor`) enters CCA as its principal coordinates
+above it (centred), and a CCA whose correlations still exceed 1 is NaN with the reason.
 """
 
 from __future__ import annotations
@@ -85,15 +90,16 @@ class Checkpoint:
     """One checkpoint's identity and its sampled hidden states per (layer, site): the token keys and the vectors."""
 
     identity: dict
+    settings: dict = field(default_factory=dict)
     keys: dict[tuple[int, str], pl.DataFrame] = field(default_factory=dict)
     vectors: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
 
     @classmethod
     def read(cls, folder: str | Path, sites: Iterable[str]) -> Checkpoint:
         folder = Path(folder)
-        info = json.loads((folder / "extract.json").read_text())["checkpoint"]
+        info = json.loads((folder / "extract.json").read_text())
         hidden = read_parquet(folder / "hidden.parquet").filter(pl.col("site").is_in(list(sites)))
-        out = cls({key: info.get(key) for key in IDENTITY})
+        out = cls({key: info["checkpoint"].get(key) for key in IDENTITY}, info.get("settings") or {})
         for (layer, site), group in sorted(hidden.group_by("layer", "site"), key=lambda g: g[0]):
             group = group.sort("seq", "position")
             out.keys[(layer, site)] = group.select(TOKEN_KEY)
@@ -103,6 +109,11 @@ class Checkpoint:
     @property
     def name(self) -> str:
         return f"{self.identity['family']}/{self.identity['model']}/step{self.identity['step']}"
+
+    @property
+    def resolution(self) -> float:
+        """The machine epsilon of the dtype extract ran in (float32 where extract.json does not say)."""
+        return RESOLUTION.get(self.settings.get("dtype"), RESOLUTION["float32"])
 
 
 def _matrix(vectors: pl.Series) -> np.ndarray:
@@ -135,23 +146,22 @@ def check_same_sample(a: Checkpoint, b: Checkpoint) -> list[tuple[int, str]]:
 # --------------------------------------------------------------------------- CCA (google/svcca's, from covariances)
 
 
-#: np.linalg.pinv's default cutoff: singular values below it times the largest are taken as 0
-PINV_RCOND = 1e-15
+#: The machine epsilon of each dtype extract may run in (extract.dtype): the resolution of the stored samples.
+RESOLUTION = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
+#: How far above 1 a canonical correlation may lie before the CCA is taken as ill-conditioned.
+CORRELATION_SLACK = 1e-6
 
 
-def _inv_sqrt(eig: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """cca_core's positivedef_matrix_sqrt(pinv(S)) from S's eigen-decomposition: the eigenvalues pinv keeps (above
-    PINV_RCOND of the largest) inverted and square-rooted, the others 0."""
-    w, v = eig
-    keep = w > PINV_RCOND * w.max()
-    return (v[:, keep] / np.sqrt(w[keep])) @ v[:, keep].T
+class IllConditioned(ArithmeticError):
+    """A CCA that rounding decides: its row is NaN with this reason."""
 
 
 @dataclass(frozen=True)
 class CrossProducts:
     """What every built-in measure of a pair needs, computed once: n, x's column means and the centred products
-    Xc^T Xc, Xc^T Yc, Yc^T Yc (d x d; never n x n), the centred rows' squared norms (the unbiased HSIC's), and on
-    first use the eigen-decompositions of Xc^T Xc and Yc^T Yc that SVCCA and PWCCA share."""
+    Xc^T Xc, Xc^T Yc, Yc^T Yc (d x d; never n x n), the centred rows' squared norms (the unbiased HSIC's), each
+    sample's squared Frobenius norm as stored (its rounding floor's scale), and on first use each side's principal
+    directions above its floor, which SVCCA and PWCCA share."""
 
     n: int
     mean_x: np.ndarray
@@ -160,48 +170,89 @@ class CrossProducts:
     yy: np.ndarray
     row_norms_x: np.ndarray
     row_norms_y: np.ndarray
+    size_x: float
+    size_y: float
+    resolution: float = RESOLUTION["float32"]
 
     @classmethod
-    def of(cls, x: np.ndarray, y: np.ndarray) -> CrossProducts:
+    def of(cls, x: np.ndarray, y: np.ndarray, resolution: float = RESOLUTION["float32"]) -> CrossProducts:
         mean_x = x.mean(axis=0)
         xc, yc = x - mean_x, y - y.mean(axis=0)
         norms_x, norms_y = np.square(xc).sum(axis=1), np.square(yc).sum(axis=1)
-        return cls(x.shape[0], mean_x, xc.T @ xc, xc.T @ yc, yc.T @ yc, norms_x, norms_y)
+        size_x, size_y = float(np.square(x).sum()), float(np.square(y).sum())
+        return cls(x.shape[0], mean_x, xc.T @ xc, xc.T @ yc, yc.T @ yc, norms_x, norms_y, size_x, size_y, resolution)
+
+    def floor(self, size: float) -> float:
+        """The eigenvalue of Xc^T Xc at or below which a principal direction may be rounding alone: rounding each
+        stored value x_ij moves it by at most resolution / 2 |x_ij|, so the sample's singular values by at most
+        resolution / 2 ||X||_F (Weyl); the floor is twice that, squared, as an eigenvalue."""
+        return (self.resolution * np.sqrt(size)) ** 2
 
     @cached_property
-    def eig_x(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.linalg.eigh(self.xx)
+    def principal_x(self) -> tuple[np.ndarray, np.ndarray]:
+        return _principal(np.linalg.eigh(self.xx), self.floor(self.size_x))
 
     @cached_property
-    def eig_y(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.linalg.eigh(self.yy)
+    def principal_y(self) -> tuple[np.ndarray, np.ndarray]:
+        return _principal(np.linalg.eigh(self.yy), self.floor(self.size_y))
+
+
+def _principal(eig: tuple[np.ndarray, np.ndarray], floor: float) -> tuple[np.ndarray, np.ndarray]:
+    """The principal variances above `floor` and their directions, largest first."""
+    w, v = eig[0][::-1], eig[1][:, ::-1]
+    keep = w > floor
+    return w[keep], v[:, keep]
+
+
+def _whitened(products: CrossProducts, x: tuple[np.ndarray, np.ndarray], y: tuple[np.ndarray, np.ndarray]):
+    """Sxy on the two sides' principal directions (variances w, directions v), each scaled to unit variance:
+    diag(wx^-1/2) Vx^T Sxy Vy diag(wy^-1/2), whose singular values are the canonical correlations; an IllConditioned
+    where float64 cannot resolve them (a side's variances span more than CORRELATION_SLACK / eps64)."""
+    for (w, _), side in ((x, "the checkpoint"), (y, "the reference")):
+        if np.finfo(np.float64).eps * w[0] / w[-1] > CORRELATION_SLACK:
+            raise IllConditioned(
+                f"{side}'s principal variances above rounding span a ratio of {w[0] / w[-1]:.2g}: whitening resolves "
+                f"its canonical correlations no better than {np.finfo(np.float64).eps * w[0] / w[-1]:.1g}, so the "
+                "CCA is ill-conditioned"
+            )
+    return (x[1].T @ products.xy @ y[1]) / np.sqrt(x[0])[:, None] / np.sqrt(y[0])[None, :]
+
+
+def _correlations(whitened: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The canonical directions (left singular vectors, on the first side's principal directions) and correlations
+    of a whitened cross-covariance; an IllConditioned where a correlation exceeds 1 by more than rounding."""
+    u, rho, _ = np.linalg.svd(whitened)
+    if len(rho) and rho.max() > 1 + CORRELATION_SLACK:
+        raise IllConditioned(
+            f"canonical correlations up to 1 + {rho.max() - 1:.2g} exceed 1: the CCA of this sample is ill-conditioned"
+        )
+    return u, rho
 
 
 def svcca(x: np.ndarray, y: np.ndarray, variance: float = 0.99) -> float:
     """The mean canonical correlation of x and y (n x d) each reduced to its top principal directions explaining
-    `variance` of its variance (Raghu et al. 2017)."""
+    `variance` of its variance (Raghu et al. 2017), among those above its rounding floor."""
     return svcca_of(CrossProducts.of(x, y), variance)
 
 
 def svcca_of(products: CrossProducts, variance: float) -> float:
     """The reduced samples' covariances are diagonal (their principal variances), so the CCA of the reductions is
     the singular values of diag(wx^-1/2) Vx^T Sxy Vy diag(wy^-1/2)."""
-    wx, vx = _top(products.eig_x, variance)
-    wy, vy = _top(products.eig_y, variance)
-    whitened = (vx.T @ products.xy @ vy) / np.sqrt(wx)[:, None] / np.sqrt(wy)[None, :]
-    return float(np.linalg.svd(whitened, compute_uv=False).mean())
+    whitened = _whitened(products, _top(products.principal_x, variance), _top(products.principal_y, variance))
+    return float(_correlations(whitened)[1].mean())
 
 
-def _top(eig: tuple[np.ndarray, np.ndarray], variance: float) -> tuple[np.ndarray, np.ndarray]:
+def _top(principal: tuple[np.ndarray, np.ndarray], variance: float) -> tuple[np.ndarray, np.ndarray]:
     """The principal variances and directions (largest first) that first sum to `variance` of the total."""
-    w, v = eig[0][::-1], eig[1][:, ::-1]
+    w, v = principal
     k = min(int(np.searchsorted(np.cumsum(w) / w.sum(), variance - 1e-12) + 1), len(w))
     return w[:k], v[:, :k]
 
 
 def pwcca(x: np.ndarray, y: np.ndarray) -> float:
     """Projection-weighted CCA (Morcos et al. 2018) as pwcca.compute_pwcca(x.T, y.T) computes it: each canonical
-    correlation weighted by the summed |projection| of x's neurons on the canonical variates."""
+    correlation weighted by the summed |projection| of x's neurons on the canonical variates. A side of less than
+    full rank (above its rounding floor) enters as its centred principal coordinates above the floor."""
     return pwcca_of(CrossProducts.of(x, y))
 
 
@@ -210,9 +261,14 @@ def pwcca_of(products: CrossProducts) -> float:
     Sxx^-1/2 Sxy Syy^-1/2 (cca_core.compute_ccas). The reference's directions D = u^T Xc^T + m 1^T (d x n) are
     orthonormalised by QR, D^T = P R, and weighted by sum_j |(P^T X)_ij|; here R comes from the Cholesky factor of
     D D^T = u^T C u + n m m^T (C = Xc^T Xc; Xc's columns sum to 0) and P^T X = R^-T D X = R^-T (u^T C + n m m^T):
-    the same numbers up to each row's sign, which |.| drops, without the n x d product."""
-    u, rho, _ = np.linalg.svd(_inv_sqrt(products.eig_x) @ products.xy @ _inv_sqrt(products.eig_y))
-    c, m = products.xx, products.mean_x
+    the same numbers up to each row's sign, which |.| drops, without the n x d product. On x's principal coordinates
+    Z = Xc V (a side of less than full rank), C = diag(w) and m = 0."""
+    (wx, vx), (_, vy) = products.principal_x, products.principal_y
+    whitened = _whitened(products, products.principal_x, products.principal_y)
+    if len(wx) < len(products.xx):
+        (u, rho), c, m = _correlations(whitened), np.diag(wx), np.zeros(len(wx))
+    else:  # on the neurons, where the reference's SVD sets the sign of each u, which its m 1^T term keeps
+        (u, rho), c, m = _correlations(vx @ whitened @ vy.T), products.xx, products.mean_x
     drift = products.n * np.outer(m, m)
     lower = np.linalg.cholesky(u.T @ c @ u + drift)
     weights = np.abs(np.linalg.solve(lower, u.T @ c + drift)).sum(axis=1)
@@ -223,12 +279,38 @@ def pwcca_of(products: CrossProducts) -> float:
 # --------------------------------------------------------------------------- the built-in measures of one pair
 
 
-def builtin_rows(x: np.ndarray, y: np.ndarray, settings: Settings) -> list[dict]:
+def nonfinite(x: np.ndarray, name: str) -> str | None:
+    """Why a sample cannot be measured, where it holds NaN or infinite values: the counts and whose they are."""
+    bad = ~np.isfinite(x)
+    if not bad.any():
+        return None
+    nan, inf = int(np.isnan(x).sum()), int(bad.sum() - np.isnan(x).sum())
+    return (
+        f"{name}'s sample holds non-finite values ({nan} NaN, {inf} infinite of its {x.shape[0]} x {x.shape[1]}, in "
+        f"{int(bad.any(axis=1).sum())} tokens; extract.json's nonfinite_tokens counts them), so every measure of it "
+        "is NaN"
+    )
+
+
+def builtin_rows(
+    x: np.ndarray,
+    y: np.ndarray,
+    settings: Settings,
+    resolution: float = RESOLUTION["float32"],
+    names: tuple[str, str] = ("the checkpoint", "the reference"),
+) -> list[dict]:
     """The built-in measures' rows of one (layer, site) of a pair, from one set of cross-products; a value that
-    cannot be computed is NaN with its reason."""
+    cannot be computed is NaN with its reason. `resolution`: the stored samples' (RESOLUTION); `names`: the two
+    checkpoints', for the reasons."""
+    metrics = [("cka", "cka")] * ("cka" in settings.measures)
+    metrics += [("cka", "cka_debiased")] * ("cka" in settings.measures and settings.cka_debiased)
+    metrics += [(name, name) for name in ("svcca", "pwcca") if name in settings.measures]
+    broken = [reason for reason in (nonfinite(x, names[0]), nonfinite(y, names[1])) if reason]
+    if broken:
+        return [_row(measure, metric, None, "; ".join(broken)) for measure, metric in metrics]
     rows = []
     n, d = x.shape[0], max(x.shape[1], y.shape[1])
-    products = CrossProducts.of(x, y)
+    products = CrossProducts.of(x, y, resolution)
     if "cka" in settings.measures:
         rows.append(_row("cka", "cka", cka_of(products, False)))
         if settings.cka_debiased:
@@ -240,11 +322,13 @@ def builtin_rows(x: np.ndarray, y: np.ndarray, settings: Settings) -> list[dict]
             continue
         if n <= d:
             rows.append(_row(name, name, None, f"CCA needs more sampled tokens ({n}) than dimensions ({d})"))
-        elif not (np.diag(products.xx) > 0).any() or not (np.diag(products.yy) > 0).any():
-            rows.append(_row(name, name, None, "a representation without spread"))
+        elif not len(products.principal_x[0]) or not len(products.principal_y[0]):
+            rows.append(_row(name, name, None, "a representation without spread above the rounding of its values"))
         else:
             try:
                 rows.append(_row(name, name, function()))
+            except IllConditioned as error:
+                rows.append(_row(name, name, None, str(error)))
             except np.linalg.LinAlgError as error:
                 rows.append(_row(name, name, None, f"linear algebra failed: {error}"))
     return rows
@@ -279,7 +363,9 @@ def compare_pair(
     rows = []
     for layer, site in check_same_sample(a, b):
         x, y = a.vectors[(layer, site)], b.vectors[(layer, site)]
-        found = builtin_rows(x, y, settings) + [r for m in user for r in user_rows(m, x, y, a, b, layer, site)]
+        resolution = max(a.resolution, b.resolution)
+        found = builtin_rows(x, y, settings, resolution, (a.name, b.name))
+        found += [r for m in user for r in user_rows(m, x, y, a, b, layer, site)]
         rows += [{"layer": layer, "ref_layer": layer, "site": site, "n_tokens": x.shape[0], **r} for r in found]
     return pair_frame(a.identity, b.identity, rows)
 
@@ -310,17 +396,22 @@ def user_rows(measure, x, y, a: Checkpoint, b: Checkpoint, layer: int, site: str
 
 
 def layer_matrix(folder: str | Path, settings: Settings = Settings()) -> pl.DataFrame:
-    """Linear CKA of every pair of layers of one checkpoint, per site (the checkpoint against itself)."""
+    """Linear CKA of every pair of layers of one checkpoint, per site (the checkpoint against itself); a pair with a
+    layer whose sample holds non-finite values is NaN with the reason."""
     a = Checkpoint.read(folder, settings.sites)
     rows = []
     for site in sorted({s for _, s in a.vectors}):
         layers = sorted(layer for layer, s in a.vectors if s == site)
-        matrix = cka_matrix([a.vectors[(layer, site)] for layer in layers], debiased=False)
+        broken = {layer: nonfinite(a.vectors[(layer, site)], f"{a.name} layer {layer} {site}") for layer in layers}
+        finite = [layer for layer in layers if broken[layer] is None]
+        matrix = cka_matrix([a.vectors[(layer, site)] for layer in finite], debiased=False)
         n = a.vectors[(layers[0], site)].shape[0]
-        for i, li in enumerate(layers):
-            for j, lj in enumerate(layers):
+        for li in layers:
+            for lj in layers:
+                reason = "; ".join(dict.fromkeys(r for r in (broken[li], broken[lj]) if r)) or None
+                value = None if reason else matrix[finite.index(li), finite.index(lj)]
                 rows.append(
-                    {"layer": li, "ref_layer": lj, "site": site, "n_tokens": n, **_row("cka", "cka", matrix[i, j])}
+                    {"layer": li, "ref_layer": lj, "site": site, "n_tokens": n, **_row("cka", "cka", value, reason)}
                 )
     return pair_frame(a.identity, a.identity, rows)
 
