@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from anisweep.corpus_files import TEXT_SPLITS, read_text_file
+
 __all__ = [
     "builtin_text",
     "load_texts",
@@ -91,24 +93,6 @@ def builtin_text() -> list[str]:
     return list(_builtin_paragraphs())
 
 
-def _read_text_file(path: str | Path) -> str:
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise FileNotFoundError(f"corpus text file not found: {str(path)!r} (resolved to {p.resolve()})")
-    data = p.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        raise ValueError(
-            f"corpus text file {str(path)!r} is not UTF-8: byte 0x{data[error.start]:02x} at byte offset "
-            f"{error.start} (line {line}: {error.reason}); re-encode it to UTF-8 (e.g. `iconv -f latin1 -t utf-8 "
-            f"{p.name} > {p.stem}.utf8{p.suffix}`, naming its real encoding) and list the new file under corpus.paths"
-        ) from error
-    # Universal newlines, as a file read in text mode: \r\n and \r become \n.
-    return text.replace("\r\n", "\n").replace("\r", "\n")
-
-
 def load_texts(source: Mapping[str, Any]) -> list[str]:
     """Load the documents of an evaluation corpus described by ``source``.
 
@@ -131,7 +115,7 @@ def load_texts(source: Mapping[str, Any]) -> list[str]:
         mode = source.get("split", "paragraph")
         docs: list[str] = []
         for path in paths:
-            text = _read_text_file(path)
+            text = read_text_file(path)
             if mode == "paragraph":
                 docs.extend(split_paragraphs(text))
             elif mode == "line":
@@ -140,7 +124,7 @@ def load_texts(source: Mapping[str, Any]) -> list[str]:
                 if text.strip():
                     docs.append(text)
             else:
-                raise ValueError(f"corpus 'split' must be 'paragraph', 'line' or 'file', got {mode!r}")
+                raise ValueError(f"corpus 'split' must be one of {', '.join(TEXT_SPLITS)}, got {mode!r}")
         return docs
     if kind == "hf_dataset":
         try:
