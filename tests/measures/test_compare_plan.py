@@ -6,7 +6,7 @@ import pytest
 
 from anisweep.config import complete
 from anisweep.errors import ConfigError
-from anisweep.measures.compare_plan import Pair, of_model, pairs
+from anisweep.measures.compare_plan import Pair, of_model, pairs, roles
 
 STEPS = {("toy", "a"): [0, 8, 32], ("toy", "b"): [0, 8]}
 
@@ -62,3 +62,13 @@ def test_the_schema_refuses_an_unknown_reference_and_measure():
         section(against=["first"])
     with pytest.raises(ConfigError, match="compare"):
         section(measures=["rsa"])
+
+
+def test_a_pair_in_two_roles_is_listed_in_each():
+    """Against [final, previous, 0] on two steps: step 20000 against step 0 is both `previous` and `step`."""
+    found = pairs(section(against=["final", "previous", 0], layer_steps=[]), {("toy", "a"): [0, 20000]})
+    assert roles(found) == [
+        ("final", "results/toy/a/step0/compare/a.step20000.parquet"),
+        ("previous", "results/toy/a/step20000/compare/a.step0.parquet"),
+        ("step", "results/toy/a/step20000/compare/a.step0.parquet"),
+    ]

@@ -61,7 +61,7 @@ localrules:
 
 rule compare_sweep:
     input:
-        pairs=lambda wc: sorted(model_pairs(wc)),
+        pairs=lambda wc: sorted({path for _, path in model_roles(wc)}),
         code=code_inputs("measures.compare", commands="cli.measures"),
     output:
         "results/{family}/{model}/compare.parquet",
@@ -73,7 +73,7 @@ rule compare_sweep:
         on_failure=on_failure("compare_sweep"),
         cli=CLI,
         # each pair's role: changing `against` or `seeds` re-gathers the table
-        pairs=lambda wc: " ".join(f"{p.role}={shlex.quote(path)}" for path, p in sorted(model_pairs(wc).items())),
+        pairs=lambda wc: " ".join(f"{role}={shlex.quote(path)}" for role, path in model_roles(wc)),
     shell:
         "{params.cli} compare-sweep --out {output} {params.pairs} 2> {log} {params.on_failure}"
 

@@ -31,5 +31,6 @@ def compare_inputs(wildcards):
     return [f"{folder}/{name}" for folder in folders for name in ("hidden.parquet", "extract.json")]
 
 
-def model_pairs(wildcards):
-    return {p.path: p for p in compare_plan.of_model(PAIRS, wildcards.family, wildcards.model)}
+def model_roles(wildcards):
+    """(role, path) of every role the model's pairs play: a table in two roles is listed twice."""
+    return compare_plan.roles(compare_plan.of_model(PAIRS, wildcards.family, wildcards.model))

@@ -94,3 +94,9 @@ def _listed(grid: list[int]) -> str:
 def of_model(all_pairs: Iterable[Pair], family: str, model: str) -> list[Pair]:
     """The pairs whose rows land in the model's compare.parquet: those of its checkpoints."""
     return [p for p in all_pairs if p.family == family and p.model == model]
+
+
+def roles(pairs: Iterable[Pair]) -> list[tuple[str, str]]:
+    """(role, path) of every role each pair plays, sorted: one table in several roles (a step's `previous` that
+    is also the named `step`) gives its rows to compare.parquet once per role."""
+    return sorted({(p.role, p.path) for p in pairs}, key=lambda rp: (rp[1], rp[0]))
