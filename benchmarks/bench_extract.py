@@ -12,10 +12,10 @@ Models are built from config with random weights (no download), bert-base shape 
 attention, no hooks) on the same batch. This file is the command and its worker modes; each part lives in a module
 of bench_extract_parts/, which says what it measures and how:
 
-* on the CPU (default --parts ratios flat checkpoint): `ratios` (ratios.py: speed, speed.py, and memory, memory.py,
-  of every variant, models.py), `flat` (flat.py: extract's memory as n_sequences grows), `outliers` (outliers.py:
-  the outlier statistics' cost), `checkpoint` (checkpoint.py: one checkpoint at a sweep config's settings and the
-  projection of the sweep).
+* on the CPU (default --parts ratios flat outliers checkpoint): `ratios` (ratios.py: the speed, speed.py, and the
+  memory, memory.py, of every variant, models.py), `flat` (flat.py: extract's memory as n_sequences grows),
+  `outliers` (outliers.py: the outlier statistics' cost), `checkpoint` (checkpoint.py: one checkpoint at a sweep
+  config's settings and the projection of the sweep).
 * on a GPU (`--device cuda`, one call, about 6 minutes on one H200; it stops at once where torch sees no GPU), in
   this order, each part in fresh processes without TRITON_INTERPRET, so that Triton compiles its kernels:
   1. `tests` (kernel_tests.py): the kernel tests, a skipped test counted as NOT run;
