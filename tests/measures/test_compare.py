@@ -142,12 +142,18 @@ def test_a_cca_that_float64_cannot_resolve_is_nan_with_the_reason():
 # --------------------------------------------------------------------------- pair tables from Parquet
 
 
-def write_checkpoint(folder: Path, step: int, vectors: dict, model="toy-x", seed=0, token_ids=None, positions=None):
-    """A checkpoint folder with extract.json and a hidden.parquet holding `vectors` {(layer, site): n x d}, its
-    tokens at seq i // 4, position i % 4, written in a shuffled row order."""
+EXTRACT = {"n_sequences": 10, "seq_len": 4, "sample_tokens": 40, "seed": 0, "dtype": "float32"}
+
+
+def write_checkpoint(
+    folder: Path, step: int, vectors: dict, model="toy-x", seed=0, token_ids=None, positions=None, settings=None
+):
+    """A checkpoint folder with extract.json (its `settings`: EXTRACT and `settings`) and a hidden.parquet holding
+    `vectors` {(layer, site): n x d}, its tokens at seq i // 4, position i % 4, written in a shuffled row order."""
     folder.mkdir(parents=True, exist_ok=True)
     ident = {"family": "toy", "model": model, "seed": seed, "step": step, "tokens_seen": step * 10}
-    (folder / "extract.json").write_text(json.dumps({"checkpoint": ident}))
+    info = {"checkpoint": ident, "settings": {**EXTRACT, **(settings or {})}}
+    (folder / "extract.json").write_text(json.dumps(info))
     rows = []
     for (layer, site), x in vectors.items():
         n = len(x)
@@ -231,6 +237,22 @@ def test_a_sample_with_nan_makes_every_measure_nan_naming_the_nonfinite_values(t
     with_nan = matrix.filter((pl.col("layer") == 1) | (pl.col("ref_layer") == 1))
     assert with_nan.height == 3 and with_nan["value"].is_nan().all()
     assert with_nan["reason"].str.contains("layer 1 resid's sample holds non-finite values").all()
+
+
+def test_a_refusal_names_the_extract_settings_that_differ_or_else_the_text_and_tokenizer(tmp_path):
+    x, y = related(n=40, d=4, seed=8)
+    a = write_checkpoint(tmp_path / "a", 1, {(0, "resid"): x}, settings={"seq_len": 64})
+    b = write_checkpoint(
+        tmp_path / "b", 2, {(0, "resid"): y}, positions=np.arange(40) % 4 + 1, settings={"seq_len": 32}
+    )
+    with pytest.raises(
+        ComparisonError, match=r"\(seq, position\) differ\): extract.json settings differ, seq_len 64 against 32"
+    ):
+        compare_pair(a, b)
+    d = write_checkpoint(tmp_path / "d", 1, {(0, "resid"): x})
+    e = write_checkpoint(tmp_path / "e", 3, {(0, "resid"): y}, model="toy-y", token_ids=np.arange(40) + 1)
+    with pytest.raises(ComparisonError, match=r"agree, so the evaluation text or its tokens differ: .*toy-x's against"):
+        compare_pair(d, e)
 
 
 def test_layer_matrix_is_cka_of_every_pair_of_layers(tmp_path):

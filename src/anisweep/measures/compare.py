@@ -60,6 +60,8 @@ PAIR_SCHEMA = {
     "reason": pl.String,
 }
 TOKEN_KEY = ("seq", "position", "token_id")
+#: The extract settings (extract.json) that choose the sampled tokens, beside the corpus and the tokenizer.
+SAMPLE_SETTINGS = ("n_sequences", "seq_len", "sample_tokens", "seed")
 
 
 class ComparisonError(ValueError):
@@ -136,11 +138,27 @@ def check_same_sample(a: Checkpoint, b: Checkpoint) -> list[tuple[int, str]]:
             differ = "token_id" if same_positions else "(seq, position)"
             raise ComparisonError(
                 f"{a.name} and {b.name} do not hold the same sampled tokens at layer {where[0]} {where[1]} "
-                f"({ka.height} against {kb.height} tokens; their {differ} differ): comparative measures need one "
-                "evaluation sample for both (the same corpus, tokenizer and extract settings n_sequences, seq_len, "
-                "sample_tokens and seed)"
+                f"({ka.height} against {kb.height} tokens; their {differ} differ): {_why_other_tokens(a, b)}. "
+                "Comparative measures need one evaluation sample for both (the same corpus, tokenizer and extract "
+                f"settings {', '.join(SAMPLE_SETTINGS)}): extract both with one config"
             )
     return shared
+
+
+def _why_other_tokens(a: Checkpoint, b: Checkpoint) -> str:
+    """The extract settings that differ between the two checkpoints' extract.json, or, where none does, what is left:
+    the text or its tokenizer."""
+    differ = [
+        f"{key} {a.settings.get(key)} against {b.settings.get(key)}"
+        for key in SAMPLE_SETTINGS
+        if a.settings.get(key) != b.settings.get(key)
+    ]
+    if differ:
+        return f"extract.json settings differ, {'; '.join(differ)}"
+    return (
+        f"their extract.json settings {', '.join(SAMPLE_SETTINGS)} agree, so the evaluation text or its tokens differ: "
+        f"another corpus, or another tokenizer ({a.identity['model']}'s against {b.identity['model']}'s)"
+    )
 
 
 # --------------------------------------------------------------------------- CCA (google/svcca's, from covariances)
