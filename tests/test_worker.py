@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from anisweep.worker import address, client
+import anisweep as anisweep_package
+from anisweep.worker import address, client, server
 
 pytestmark = pytest.mark.slow  # the worker imports torch and transformers once per owner
 
@@ -270,3 +271,117 @@ def test_the_worker_has_malloc_keep_what_a_job_frees_for_its_next_allocation():
 
     assert page_faults("default") > 20 * 4096, "glibc's defaults give each round's blocks back to the kernel"
     assert page_faults("kept") < 2 * 4096
+
+
+def socket_of(runtime_dir: str, owner: int) -> Path:
+    (path,) = Path(runtime_dir, f"anisweep-worker-{os.getuid()}").glob(f"{owner}-*.sock")
+    return path
+
+
+def gone(pid: int) -> bool:
+    """Whether `pid` has ended (a zombie has: it waits only for its parent to read its status)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.fixture
+def own_owner():
+    """A stand-in owner for one test, whose worker the test may kill."""
+    process = subprocess.Popen(["sleep", "600"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+EDITED_MAIN = """
+
+_main_before_the_edit = main
+
+
+def main(argv=None):
+    print("edited main", flush=True)
+    return _main_before_the_edit(argv)
+"""
+
+
+def test_a_job_runs_the_code_on_disk_when_it_starts(tmp_path, runtime_dir, own_owner):
+    """A module the worker imported is edited between two jobs of one run: the second job runs the edited code,
+    as it would in a process of its own, not what the worker imported before the edit."""
+    package = tmp_path / "src" / "anisweep"
+    shutil.copytree(Path(anisweep_package.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    preloaded = [module for module in server.PRELOAD if module.startswith("anisweep.")]
+    assert preloaded.index("anisweep.cli") < len(preloaded) - 1
+    marker = tmp_path / "imported"  # made when the worker has imported its last module, anisweep.cli before it
+    with open(package.joinpath(*preloaded[-1].split(".")[1:]).with_suffix(".py"), "a") as last:
+        last.write(f"\nopen({str(marker)!r}, 'w').close()\n")
+    env = environment(runtime_dir, own_owner.pid) | {"PYTHONPATH": str(package.parent)}
+    first = anisweep("checkpoints", "--configfile", str(CONFIG), env=env)
+    assert first.returncode == 0, first.stderr
+    assert "edited main" not in first.stdout and len(workers_of(own_owner.pid)) == 1
+    wait_for(marker.exists, what="the worker's imports")
+    with open(package / "cli" / "__init__.py", "a") as module:
+        module.write(EDITED_MAIN)
+    for _ in range(2):  # the job at the edit, and one after it
+        edited = anisweep("checkpoints", "--configfile", str(CONFIG), env=env)
+        assert edited.returncode == 0, edited.stderr
+        assert edited.stdout.startswith("edited main\n") and edited.stdout.endswith(first.stdout)
+    assert len(workers_of(own_owner.pid)) == 1, "a worker with the edited code serves the run"
+
+
+def test_a_job_dies_with_its_worker(tmp_path, runtime_dir, own_owner):
+    """A worker killed while a job runs: the command fails, and neither the job nor the worker is left running (a
+    job left would go on writing its outputs under the next run)."""
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    env = environment(runtime_dir, own_owner.pid)
+    command = subprocess.Popen([sys.executable, "-m", "anisweep", "checkpoints", "--configfile", str(fifo)], env=env)
+    wait_for(lambda: workers_of(own_owner.pid) and children(workers_of(own_owner.pid)[0]), what="the job's fork")
+    (worker,) = workers_of(own_owner.pid)
+    (job,) = children(worker)
+    os.kill(worker, signal.SIGKILL)
+    assert command.wait(timeout=60) == 1
+    wait_for(lambda: gone(job), 30, "the job's end")
+    assert gone(worker)
+
+
+def test_a_silent_client_holds_up_no_other(runtime_dir, owner):
+    """A client that connects and sends nothing: the worker serves the next client's job meanwhile."""
+    env = environment(runtime_dir, owner)
+    anisweep("checkpoints", "--configfile", str(CONFIG), env=env)  # the worker is up
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
+        silent.connect(str(socket_of(runtime_dir, owner)))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(str(socket_of(runtime_dir, owner)))
+            replies = connection.makefile("rb")
+            client._send(connection, ["checkpoints", "--configfile", str(CONFIG)])
+            connection.settimeout(60)
+            assert int(replies.readline()) > 0
+            assert int(replies.readline()) == 0
+        silent.setblocking(False)
+        with pytest.raises(BlockingIOError):  # still connected, waiting for its request: the job did not wait for it
+            silent.recv(1)
+
+
+def test_a_worker_that_starts_removes_what_a_killed_one_left(runtime_dir):
+    first = subprocess.Popen(["sleep", "600"])
+    assert anisweep("checkpoints", "--configfile", str(CONFIG), env=environment(runtime_dir, first.pid)).returncode == 0
+    (worker,) = workers_of(first.pid)
+    os.kill(worker, signal.SIGKILL)
+    wait_for(lambda: gone(worker), 30, "the worker's end")
+    left = sorted(Path(runtime_dir, f"anisweep-worker-{os.getuid()}").glob(f"{first.pid}-*"))
+    assert [path.suffix for path in left] == [".lock", ".log", ".sock"]
+    assert left[1].stat().st_size == 0
+    first.kill()
+    first.wait()
+    second = subprocess.Popen(["sleep", "600"])
+    try:
+        assert (
+            anisweep("checkpoints", "--configfile", str(CONFIG), env=environment(runtime_dir, second.pid)).returncode
+            == 0
+        )
+        assert not [path for path in left if path.exists()]
+    finally:
+        second.kill()
+        second.wait()

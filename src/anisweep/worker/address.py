@@ -45,7 +45,7 @@ def offer(environ=os.environ) -> bool:
     if turned_off(environ):
         return False
     owner = owner_pid(environ)
-    if owner is None or not _alive(owner):
+    if owner is None or not alive(owner):
         environ[OWNER_VARIABLE] = str(os.getpid())
     return True
 
@@ -55,7 +55,7 @@ def turned_off(environ=os.environ) -> bool:
     return environ.get(OWNER_VARIABLE, "").strip().lower() in OFF
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Whether `pid` is a running process of this user's."""
     try:
         os.kill(pid, 0)

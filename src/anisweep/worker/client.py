@@ -19,6 +19,7 @@ import time
 from anisweep.worker import address
 
 CONNECT_SECONDS = 60  # for a worker just started to bind its socket (it imports after that, while jobs queue)
+STARTS = 3  # workers a command starts at most while it waits for one to listen
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -49,15 +50,16 @@ def run(argv: list[str]) -> int | None:
         for sig in FORWARDED:
             signal.signal(sig, lambda number, _frame: _forward(job, number))
         finished = reply.readline()  # a forwarded signal's handler runs and the read resumes (PEP 475)
-    if not finished:
-        print(f"anisweep: the worker ended while running job {job}; its status is unknown", file=sys.stderr)
+    if not finished:  # the job dies with it (anisweep.worker.server)
+        print(f"anisweep: the worker ended while running job {job}, which was killed with it", file=sys.stderr)
         return 1
     return _exit_status(int(finished))
 
 
 def _connect(path: str, owner: int) -> socket.socket | None:
-    """A connection to the worker at `path`, starting one where none listens."""
-    started = None
+    """A connection to the worker at `path`, starting one where none listens, and again where the one started
+    ended without listening (it found another holding the path, which then stopped taking jobs: its code changed)."""
+    started, starts = None, 0
     deadline = time.monotonic() + CONNECT_SECONDS
     while True:
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -66,8 +68,8 @@ def _connect(path: str, owner: int) -> socket.socket | None:
             return connection
         except (FileNotFoundError, ConnectionRefusedError):
             connection.close()
-        if started is None:
-            started = _start(path, owner)
+        if starts < STARTS and (started is None or started.poll() is not None):
+            started, starts = _start(path, owner), starts + 1
         if time.monotonic() > deadline:
             return None
         time.sleep(0.02)
