@@ -27,6 +27,7 @@ FLOORS = (
     "schema",
     "tables",
     "media",  # images and audio as the corpus: a sibling of the text corpus, which reads its files back through it
+    "corpus_files",  # the corpus's local files, read and checked (no torch: also when the config is read)
     "corpus",
     "adapters",
     "checkpoints",
