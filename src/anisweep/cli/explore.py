@@ -18,9 +18,7 @@ def cmd_explore(args) -> None:
     except INPUT_ERRORS as error:
         if args.traceback:
             raise
-        from anisweep.cli import _error_line
-
-        print(_error_line(None, error), file=sys.stderr, flush=True)
+        print(f"{type(error).__name__}: {' '.join(str(error).split())}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
 
 
