@@ -50,6 +50,7 @@ def test_disabled_compares_nothing():
         ({"against": [32]}, r"step 32 is not a step of toy/b \(its steps: 0, 8\)"),
         ({"seeds": [["a", "c"]]}, r"\['c'\] not among the models swept"),
         ({"seeds": [["a", "a"]]}, "name two models of one family"),
+        ({"layer_steps": ["first", "final", 500]}, r"compare.layer_steps: step 500 is not a step of any model swept"),
     ],
 )
 def test_pairs_that_cannot_be_made_are_config_errors(compare, message):
@@ -72,3 +73,23 @@ def test_a_pair_in_two_roles_is_listed_in_each():
         ("previous", "results/toy/a/step20000/compare/a.step0.parquet"),
         ("step", "results/toy/a/step20000/compare/a.step0.parquet"),
     ]
+
+
+def test_a_layer_step_some_model_sweeps_is_computed_where_it_is_swept():
+    found = pairs(section(against=[], layer_steps=[32]), STEPS)
+    assert [(p.model, p.step, p.role) for p in found] == [("a", 32, "layers")]
+
+
+def test_a_seed_pair_of_toys_with_other_tokenizers_stops_when_the_config_is_read():
+    config = {
+        "models": [{"family": "toy", "name": name, "steps": "all"} for name in ("a", "b")],
+        "toy": {"a": {"arch": "bert", "steps": [0, 8]}, "b": {"arch": "gpt_neox", "steps": [0, 8]}},
+        "compare": {"seeds": [["a", "b"]]},
+    }
+    message = (
+        r"compare.seeds: \[a, b\]: the two toys tokenize the text differently \(a: WordPiece, vocab_size 2048; b: by"
+    )
+    with pytest.raises(ConfigError, match=message):
+        complete(config)
+    config["toy"]["b"] = {"arch": "bert", "seed": 1, "steps": [0, 8]}
+    assert complete(config)["compare"]["seeds"] == [["a", "b"]]

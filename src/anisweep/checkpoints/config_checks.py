@@ -35,6 +35,28 @@ def check_sections(config: dict) -> None:
     _check_corpus(config)
     for name, spec in config["toy"].items():
         _check_heads(f"toy.{name}", spec["d_model"], spec["n_heads"])
+    _check_compare_seeds(config.get("compare", {}).get("seeds", []), config["toy"])
+
+
+#: A toy's tokenizer by its arch (anisweep.toy.tokenizers), trained on the builtin corpus to its vocab_size.
+TOY_TOKENIZERS = {"bert": "WordPiece", "gpt_neox": "byte-level BPE"}
+
+
+def _check_compare_seeds(seeds: list, toys: dict) -> None:
+    """A seed pair compares two models on one sample of tokens, which two tokenizers cannot share. Toys are
+    checked here (a toy's tokenizer follows its arch and vocab_size); other models' tokenizers are known only once
+    fetched, and a pair job of two samples of other tokens stops naming what differs."""
+    for a, b in seeds:
+        if a not in toys or b not in toys:
+            continue
+        tokenizers = {name: (TOY_TOKENIZERS.get(toys[name]["arch"]), toys[name]["vocab_size"]) for name in (a, b)}
+        if tokenizers[a] != tokenizers[b]:
+            named = "; ".join(f"{name}: {kind}, vocab_size {size}" for name, (kind, size) in tokenizers.items())
+            raise ConfigError(
+                f"compare.seeds: [{a}, {b}]: the two toys tokenize the text differently ({named}), so their samples "
+                "share no token and cannot be compared; pair two toys of one arch and vocab_size (e.g. one toy trained "
+                "with two seeds, toy.<name>.seed), or drop the pair"
+            )
 
 
 def _check_heads(where: str, d_model: int, n_heads: int) -> None:

@@ -39,6 +39,7 @@ def pairs(section: Mapping, steps: Mapping[tuple[str, str], Iterable[int]]) -> l
     if not section.get("enabled", True):
         return []
     steps = {key: sorted(set(value)) for key, value in steps.items()}
+    _check_layer_steps(section.get("layer_steps", ()), steps)
     found = []
     for (family, model), grid in steps.items():
         found += _within(family, model, grid, section.get("against", ()))
@@ -63,6 +64,18 @@ def _within(family: str, model: str, grid: list[int], against: Iterable) -> list
                 )
             found += [Pair(family, model, s, model, choice, "step") for s in grid if s != choice]
     return found
+
+
+def _check_layer_steps(named: Iterable, steps: Mapping[tuple[str, str], list[int]]) -> None:
+    """A step number in layer_steps that no model sweeps would compute nothing: a ConfigError naming it."""
+    swept = sorted({s for grid in steps.values() for s in grid})
+    unswept = [s for s in named if s not in ("first", "final") and s not in swept]
+    if unswept:
+        models = ", ".join(f"{family}/{model}" for family, model in steps)
+        raise ConfigError(
+            f"compare.layer_steps: step {', '.join(map(str, unswept))} is not a step of any model swept ({models}; "
+            f"their steps: {_listed(swept)}); name one of them, or `first` / `final`"
+        )
 
 
 def _layer_steps(section: Mapping, grid: list[int]) -> list[int]:
