@@ -10,7 +10,9 @@ its own process, log, exit status and isolation; it no longer pays seconds of im
 
 The worker (`anisweep.worker.server`) starts on the first command of a run, listens on a socket in a folder only
 its user can open (and checks each peer's uid), serves the one Snakemake process whose pid it was started for,
-and exits when that process has gone and its last job has finished (or after IDLE_SECONDS without a job). Where
-no run asked for one (a command by hand, a SLURM job on its node), or anything about the worker fails before
-the command starts, the command runs in its own process as before.
+and exits when that process has gone and its last job has finished (or after IDLE_SECONDS without a job). It forks
+no job once the package's files have changed since it started (anisweep.worker.freshness): that command runs in its
+own process and the next starts a new worker. A job dies with its worker. Where no run asked for one (a command by
+hand, a SLURM job on its node), or anything about the worker fails before the command starts, the command runs in
+its own process as before.
 """
