@@ -1094,16 +1094,19 @@ COMPARE_METRICS: tuple[Term, ...] = (
     Term(
         "svcca",
         f"SVCCA {_PAIR}: each side reduced to its top principal directions explaining compare.svcca_variance (0.99)"
-        " of its variance, then the mean canonical correlation of the two; NaN (with the reason) where the sample"
-        " has no more tokens than dimensions",
+        " of its variance, then the mean canonical correlation of the two; a side of less than full rank on its"
+        " principal directions above the rounding of its values (docs/measures.md); NaN (with the reason) where"
+        " the sample has no more tokens than dimensions, holds non-finite values, or its CCA is ill-conditioned",
         RAGHU,
         ("resid", "final_ln_in", "final_ln_out"),
     ),
     Term(
         "pwcca",
         f"projection-weighted CCA {_PAIR}: the canonical correlations weighted by the summed |projection| of the"
-        " checkpoint's neurons on the canonical variates, as the reference computes it (epsilon 0); NaN (with the"
-        " reason) where the sample has no more tokens than dimensions",
+        " checkpoint's neurons on the canonical variates, as the reference computes it (epsilon 0); a side of less"
+        " than full rank enters as its centred principal coordinates above the rounding of its values"
+        " (docs/measures.md); NaN (with the reason) where the sample has no more tokens than dimensions, holds"
+        " non-finite values, or its CCA is ill-conditioned",
         MORCOS,
         ("resid", "final_ln_in", "final_ln_out"),
     ),
