@@ -74,7 +74,7 @@ def main(argv=None):
         "--parts",
         nargs="+",
         choices=["ratios", "flat", "outliers", "checkpoint", "tests", "compare", "device"],
-        help="what to (re)measure, the rest of --out is kept; default ratios flat checkpoint on the "
+        help="what to (re)measure, the rest of --out is kept; default ratios flat outliers checkpoint on the "
         "CPU, tests compare device checkpoint elsewhere (run in that order)",
     )
     ap.add_argument("--device", default="cpu", help="cpu, cuda: where the device table and the checkpoint run")
