@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import struct
 from collections import defaultdict
 from pathlib import Path
 
@@ -57,18 +58,19 @@ def _mlflow(out: Path) -> Record:
 
 
 def _mlflow_uri(out: Path) -> str:
-    return f"sqlite:///{out / 'mlflow.db'}"
+    return f"sqlite:///{out / 'mlflow.db'}"  # MLflow's own store (its file store is in maintenance mode)
 
 
 def _wandb(out: Path) -> Record:
+    import wandb
     from wandb.proto import wandb_internal_pb2
-    from wandb.sdk.internal import datastore
 
-    (file,) = (out / "wandb").rglob("run-*.wandb")
-    store = datastore.DataStore()
-    store.open_for_scan(str(file))
+    run = wandb.run  # the Trainer leaves it open
+    file = Path(run.dir).parent / f"run-{run.id}.wandb"
+    wandb.finish()
+    wandb.teardown()  # the service writes the run file out as it stops; the next run starts one of its own
     record: Record = defaultdict(list)
-    while (data := store.scan_data()) is not None:
+    for data in _leveldb_log(file.read_bytes()):
         entry = wandb_internal_pb2.Record()
         entry.ParseFromString(data)
         if entry.WhichOneof("record_type") != "history":
@@ -79,6 +81,24 @@ def _wandb(out: Path) -> Record:
             if name.startswith("train/") and isinstance(value, int | float):
                 record[name.removeprefix("train/")].append((step, value))
     return dict(record)
+
+
+def _leveldb_log(data: bytes):
+    """The records of a W&B run file: a 7-byte header (":W&B", 0xBEE1, version 0), then LevelDB's log format,
+    32 KiB blocks of chunks each with a 7-byte header (crc32, length, type: 1 full, 2 first, 3 middle, 4 last)."""
+    block, header = 32768, struct.Struct("<IHB")
+    assert data[:4] == b":W&B", "not a W&B run file"
+    position, record = 7, b""
+    while position + header.size <= len(data):
+        if block - position % block < header.size:  # a block's tail too short for a header is padding
+            position += block - position % block
+            continue
+        _, length, kind = header.unpack_from(data, position)
+        chunk = data[position + header.size : position + header.size + length]
+        position += header.size + length
+        record = chunk if kind in (1, 2) else record + chunk
+        if kind in (1, 4):
+            yield record
 
 
 # logger: (the module it needs, its environment, the reader of what it wrote into the output_dir)
@@ -150,7 +170,7 @@ def test_the_trainers_own_logs_are_those_of_the_run_without_the_callback(tmp_pat
             for key, value in environment(out).items():
                 patch.setenv(key, value)
             histories[name] = _train(out, logger, callbacks)
-        records[name] = read(out)
+            records[name] = read(out)
     every_step = list(range(1, MAX_STEPS + 1))
     for name in TRAINER_LOGS:
         assert [step for step, _ in records["without"][name]] == every_step, name
@@ -171,5 +191,7 @@ class _StopAtTheSecondGeometry(TrainerCallback):
 
 
 def test_the_control_a_logger_returns_for_the_geometry_is_the_one_the_training_goes_on_with(tmp_path):
-    history = _train(tmp_path / "out", "none", [_callback(tmp_path / "results"), _StopAtTheSecondGeometry()])
+    callbacks = [_callback(tmp_path / "results"), _StopAtTheSecondGeometry()]
+    with pytest.warns(UserWarning, match=r"ended at step 3 without reaching the chosen steps \[6\]"):
+        history = _train(tmp_path / "out", "none", callbacks)
     assert [entry["step"] for entry in _trainer_logs(history)] == list(range(1, CHOSEN[1] + 1))
