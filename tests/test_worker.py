@@ -385,3 +385,17 @@ def test_a_worker_that_starts_removes_what_a_killed_one_left(runtime_dir):
     finally:
         second.kill()
         second.wait()
+
+
+def test_a_command_whose_owner_has_ended_starts_no_worker(tmp_path, monkeypatch):
+    """ANISWEEP_WORKER left naming an ended process: the command runs in its own process at once, where a worker
+    started for that owner would exit at once and the command wait for it to listen."""
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    started = []
+    monkeypatch.setattr(client, "_start", lambda path, owner: started.append(owner))
+    monkeypatch.setattr(client, "CONNECT_SECONDS", 1)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setenv(address.OWNER_VARIABLE, str(ended.pid))
+    assert client.run(["--help"]) is None
+    assert not started

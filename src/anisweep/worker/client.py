@@ -25,10 +25,10 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 
 def run(argv: list[str]) -> int | None:
     """Run `anisweep argv` in the run's worker and return its exit status (a job killed by a signal kills this
-    process with the same signal), or None where there is no worker to use: none was asked for, or it could
-    not be reached before the command started (then the caller runs the command itself)."""
+    process with the same signal), or None where there is no worker to use: none was asked for, its owner has
+    ended, or it could not be reached before the command started (then the caller runs the command itself)."""
     owner = address.owner_pid()
-    if owner is None:
+    if owner is None or not address.alive(owner):  # a worker started for an ended owner would exit at once
         return None
     try:
         path = address.socket_path(owner)
