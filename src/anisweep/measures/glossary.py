@@ -1307,7 +1307,11 @@ def _trainer_loggers() -> list[str]:
         "(`<n>` numbered as metrics.parquet's `layer`) and is the value of metrics.parquet's per-layer row (head",
         "null) of that metric, site and layer, computed from the tables the step wrote, by the measures",
         f"{measures} (no second forward pass). TensorBoard and Weights & Biases show",
-        "them under `train/`, as the loss (`train/geometry/...`); a NaN value is a gap in the curve.",
+        "them under `train/`, as the loss (`train/geometry/...`); a NaN value is a gap in the curve. They go out in",
+        "a log of their own beside the Trainer's: its loss, grad_norm and learning_rate are logged at the same steps,",
+        "with the same values, as without the callback (the loss at a step is still the mean over the steps since its",
+        "last log), and a `TrainerControl` a callback returns from `on_log` for them is the one the training goes on",
+        "with.",
         "",
         *_table(
             ("name", "sites", "definition"),
