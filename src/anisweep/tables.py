@@ -8,7 +8,7 @@ from typing import NoReturn
 
 import polars as pl
 
-from anisweep import atomic
+from anisweep import atomic, sample_storage
 
 #: The identity columns every row of a checkpoint's tables carries, first and in this order, with their types.
 IDENTITY_SCHEMA = {"family": pl.String, "model": pl.String, "seed": pl.Int64, "step": pl.Int64, "tokens_seen": pl.Int64}
@@ -298,9 +298,14 @@ def _raise_damaged(path: str | os.PathLike, error: Exception) -> NoReturn:
 
 
 def read_parquet(path: str | os.PathLike, **kwargs) -> pl.DataFrame:
-    """`pl.read_parquet(path, **kwargs)`; a damaged file is a DamagedTable naming it and what to do."""
+    """`pl.read_parquet(path, **kwargs)`, its sampled vectors as float32 lists whatever `extract.sample_precision`
+    stored them at (anisweep.sample_storage); a damaged file is a DamagedTable naming it and what to do."""
+    columns = kwargs.pop("columns", None)
     try:
-        return pl.read_parquet(path, **kwargs)
+        if columns is not None:
+            stored = sample_storage.stored_columns(pl.read_parquet_schema(path), columns)
+            return sample_storage.decode(pl.read_parquet(path, columns=stored, **kwargs)).select(columns)
+        return sample_storage.decode(pl.read_parquet(path, **kwargs))
     except pl.exceptions.ComputeError as error:
         _raise_damaged(path, error)
 

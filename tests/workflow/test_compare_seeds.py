@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from anisweep.measures.cka import linear_cka
+from anisweep.tables import read_parquet
 
 from conftest import snakemake_command
 from hubcache import build_hub_cache, save_tiny_bert
@@ -68,7 +69,7 @@ def seeds_run(tmp_path_factory):
 
 
 def sample(workdir, model: str, step: int, layer: int) -> np.ndarray:
-    hidden = pl.read_parquet(workdir / f"results/multiberts/{model}/step{step}/hidden.parquet")
+    hidden = read_parquet(workdir / f"results/multiberts/{model}/step{step}/hidden.parquet")  # as float32
     rows = hidden.filter(layer=layer, site="resid").sort("seq", "position")
     return np.stack(rows["vector"].to_list()).astype(np.float64)
 

@@ -259,8 +259,13 @@ ANISWEEP_IN_SHELL = ANISWEEP.replace("{", "{{").replace("}", "}}")
 
 # The extract settings that change extract's tables: device, attention and batch_size choose how the same
 # numbers are computed (to rounding), and max_unknown_token_share only whether a run may start, so changing them
-# reruns nothing (--forcerun extract to redo the model runs).
-EXTRACT_OUTPUT_KEYS = sorted(set(config["extract"]) - {"device", "attention", "batch_size", "max_unknown_token_share"})
+# reruns nothing (--forcerun extract to redo the model runs). sample_precision float32 is what a package without the
+# setting stored: left out of the params, so that results written before it keep theirs.
+EXTRACT_OUTPUT_KEYS = sorted(
+    set(config["extract"])
+    - {"device", "attention", "batch_size", "max_unknown_token_share"}
+    - ({"sample_precision"} if config["extract"]["sample_precision"] == "float32" else set())
+)
 
 
 def on_failure(rule):
@@ -380,8 +385,19 @@ def json_arg(value):
     return shlex.quote(json.dumps(value, sort_keys=True))
 
 
+def checkpoints_by_model(checkpoints):
+    by_model = {}
+    for c in checkpoints:
+        by_model.setdefault((c.family, c.model), []).append(c)
+    return by_model
+
+
+# Read by input functions of every checkpoint's jobs: an index, so that planning stays linear in the checkpoints.
+CHECKPOINTS_OF_MODEL = checkpoints_by_model(CHECKPOINTS.values())
+
+
 def model_checkpoints(family, model):
-    return [c for c in CHECKPOINTS.values() if c.family == family and c.model == model]
+    return list(CHECKPOINTS_OF_MODEL.get((family, model), ()))
 
 
 def per_checkpoint(name, checkpoints=None):

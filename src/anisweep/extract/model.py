@@ -41,6 +41,7 @@ class ExtractSettings:
     seed: int = _DEFAULTS["seed"]
     attention: str = _DEFAULTS["attention"]  # auto: the Triton kernel on CUDA, torch ops elsewhere
     qk_sample_tokens: int = _DEFAULTS["qk_sample_tokens"]
+    sample_precision: str = _DEFAULTS["sample_precision"]  # the sampled vectors' storage (sample_storage)
     score_bins: dict | None = _DEFAULTS["score_bins"]  # None: no score histogram (it costs a second QK^T)
     max_unknown_token_share: float = _DEFAULTS["max_unknown_token_share"]  # above it: a PreflightError
     threads: int | None = None  # resources.extract_threads

@@ -181,7 +181,7 @@ def extract_checkpoint(
     ident = {key: manifest.get(key) for key in IDENTITY}
     info = extract_info({**manifest, **weights.manifest()}, settings, target, batch, recorder, seconds)
     info |= {"initialised_tensors": list(loaded.initialised), "ignored_tensors": list(loaded.ignored)}
-    written = tables(recorder, loaded, ident)
+    written = tables(recorder, loaded, ident, precision=settings.sample_precision)
     if stream is not None:
         written |= stream.tables(ident)
     if more_tables is not None:

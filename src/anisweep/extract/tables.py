@@ -14,6 +14,7 @@ from anisweep.adapters.base import norm_parameters
 from anisweep.extract import outlier_tables
 from anisweep.extract.recorder import Recorder
 from anisweep.measures import geometry
+from anisweep.sample_storage import vector_columns
 from anisweep.tables import EXTRACT_SCHEMAS, EXTRACT_TABLES, with_identity
 
 if TYPE_CHECKING:
@@ -119,7 +120,8 @@ def hidden_stats_table(recorder: Recorder) -> pl.DataFrame:
     ).select(*EXTRACT_SCHEMAS["hidden_stats"])
 
 
-def hidden_table(recorder: Recorder) -> pl.DataFrame:
+def hidden_table(recorder: Recorder, precision: str = "float32") -> pl.DataFrame:
+    """The sampled tokens' vectors per (layer, site), stored at `precision` (anisweep.sample_storage)."""
     frames = []
     for (layer, site), vectors in sorted(recorder.samples.items()):
         sample = recorder.site_samples.get((layer, site), recorder.sample)  # a CNN stage's cells: its own draw
@@ -133,12 +135,12 @@ def hidden_table(recorder: Recorder) -> pl.DataFrame:
                     "position": sample.position.numpy().astype(np.int64),
                     "token_id": sample.token_id.numpy().astype(np.int64),
                 }
-            ).with_columns(pl.Series("vector", vectors.astype(np.float32)).cast(pl.List(pl.Float32)))
+            ).with_columns(*vector_columns("vector", vectors, precision, f"hidden.parquet layer {layer} {site}"))
         )
     return pl.concat(frames)
 
 
-def masked_resid_table(recorder: Recorder) -> pl.DataFrame:
+def masked_resid_table(recorder: Recorder, precision: str = "float32") -> pl.DataFrame:
     """The masked pass's residual states, one row per (layer, masked token); none without one."""
     masked = recorder.masked
     if masked is None:
@@ -152,7 +154,7 @@ def masked_resid_table(recorder: Recorder) -> pl.DataFrame:
                 "position": masked.position,
                 "token_id": masked.token_id,
             }
-        ).with_columns(pl.Series("vector", states.astype(np.float32)).cast(pl.List(pl.Float32)))
+        ).with_columns(*vector_columns("vector", states, precision, f"masked_resid.parquet layer {layer}"))
         for layer, states in sorted(masked.states.items())
     )
 
@@ -162,8 +164,8 @@ def _by_head(x: np.ndarray) -> np.ndarray:
     return x.transpose(1, 0, 2).reshape(-1, x.shape[2]).astype(np.float32)
 
 
-def qk_sample_table(recorder: Recorder) -> pl.DataFrame:
-    """The sampled tokens' q and k vectors, one row per (layer, rope, head, token)."""
+def qk_sample_table(recorder: Recorder, precision: str = "float32") -> pl.DataFrame:
+    """The sampled tokens' q and k vectors, one row per (layer, rope, head, token), stored at `precision`."""
     sample = recorder.qk_sample
     if sample is None:  # no attention (a CNN)
         return pl.DataFrame(schema=EXTRACT_SCHEMAS["qk_sample"])
@@ -182,8 +184,8 @@ def qk_sample_table(recorder: Recorder) -> pl.DataFrame:
                     "token_id": np.tile(sample.token_id.numpy().astype(np.int64), n_heads),
                 }
             ).with_columns(
-                pl.Series("q", _by_head(q)).cast(pl.List(pl.Float32)),
-                pl.Series("k", _by_head(k)).cast(pl.List(pl.Float32)),
+                *vector_columns("q", _by_head(q), precision, f"qk_sample.parquet layer {layer} {rope} q"),
+                *vector_columns("k", _by_head(k), precision, f"qk_sample.parquet layer {layer} {rope} k"),
             )
         )
     return pl.concat(frames)
@@ -249,18 +251,21 @@ def embeddings_table(adapter: Adapter, model: nn.Module, initialised: tuple[str,
     return pl.DataFrame(rows, schema=EXTRACT_SCHEMAS["embeddings"])  # no rows without matrices (CANINE's hashing)
 
 
-def tables(recorder: Recorder, loaded: LoadedModel, ident: dict, tokenizer=None) -> dict[str, pl.DataFrame]:
+def tables(
+    recorder: Recorder, loaded: LoadedModel, ident: dict, tokenizer=None, precision: str = "float32"
+) -> dict[str, pl.DataFrame]:
     """Every table of `tables.EXTRACT_TABLES`, in that order, with the identity columns. `tokenizer` names the
-    outlier tables' tokens; without one, the tokenizer in the model's folder does (a live model has none)."""
+    outlier tables' tokens; without one, the tokenizer in the model's folder does (a live model has none).
+    `precision`: the storage of the sampled vectors (`extract.sample_precision`, anisweep.sample_storage)."""
     build = {
         "qk": lambda: qk_table(recorder),
         "attention": lambda: attention_table(recorder),
-        "hidden": lambda: hidden_table(recorder),
-        "masked_resid": lambda: masked_resid_table(recorder),
+        "hidden": lambda: hidden_table(recorder, precision),
+        "masked_resid": lambda: masked_resid_table(recorder, precision),
         "hidden_stats": lambda: hidden_stats_table(recorder),
         "layernorm": lambda: layernorm_table(loaded.adapter, loaded.base),
         "embeddings": lambda: embeddings_table(loaded.adapter, loaded.model, loaded.initialised),
-        "qk_sample": lambda: qk_sample_table(recorder),
+        "qk_sample": lambda: qk_sample_table(recorder, precision),
         "score_hist": lambda: score_hist_table(recorder),
         "massive": lambda: outlier_tables.massive_table(recorder, kinds),
         "sinks": lambda: outlier_tables.sinks_table(recorder),

@@ -89,7 +89,7 @@ def analyse_live(
         model.set_attn_implementation(ATTENTION_NAME)
         loaded = LoadedModel(model, adapter.base_model(model), adapter, adapter.geometry(model.config))
         recorder, seconds = timed_run(loaded, batch, settings, progress=False)
-        written = tables(recorder, loaded, ident, tokenizer)
+        written = tables(recorder, loaded, ident, tokenizer, settings.sample_precision)
         model.set_attn_implementation("sdpa")
         if gradients.enabled:
             written |= pass_tables_of(

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from anisweep import sample_storage
 from anisweep.measures.grouped import vectors_by_group
 from anisweep.tables import IDENTITY, read_parquet, scan_parquet
 
@@ -124,6 +125,12 @@ def _vectors_by_head(samples: pl.DataFrame) -> dict[tuple, tuple[dict, dict]]:
     return by_head
 
 
+def _layer_sample(frame: pl.LazyFrame, layer: int) -> pl.DataFrame:
+    """One layer's sampled q and k of one checkpoint, as float32 lists whatever their storage."""
+    stored = sample_storage.stored_columns(frame.collect_schema(), ["step", "head", "rope", "q", "k"])
+    return sample_storage.decode(frame.filter(pl.col("layer") == layer).select(stored).collect())
+
+
 def qk_svd(extract_dirs: list[Path], fraction: float = DEFAULT_FRACTION, seed: int = 0) -> tuple[pl.DataFrame, dict]:
     """qk_svd.parquet's rows for every (layer, head, rope) of one model, and what the figures need: the
     directions, and a seeded share of the sampled vectors per head."""
@@ -141,9 +148,7 @@ def qk_svd(extract_dirs: list[Path], fraction: float = DEFAULT_FRACTION, seed: i
     sample_frames = [scan_parquet(d / "qk_sample.parquet") for d in dirs]  # each file's footer checked once
     rows, extras = [], {}
     for layer in sorted(means["layer"].unique().to_list()):
-        samples = pl.concat(
-            [f.filter(pl.col("layer") == layer).select("step", "head", "rope", "q", "k") for f in sample_frames]
-        ).collect()
+        samples = pl.concat([_layer_sample(f, layer) for f in sample_frames])
         layer_means = means.filter(pl.col("layer") == layer)
         for (head, rope), (q_by_step, k_by_step) in _vectors_by_head(samples).items():
             head_means = layer_means.filter((pl.col("head") == head) & (pl.col("rope") == rope))
