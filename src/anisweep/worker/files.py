@@ -38,7 +38,7 @@ def release(base: str, lock) -> None:
             os.unlink(base + ".log")
     except FileNotFoundError:
         pass
-    os.unlink(lock.name)
+    Path(lock.name).unlink(missing_ok=True)
     lock.close()
 
 
