@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import anisweep as anisweep_package
-from anisweep.worker import address, client, server
+from anisweep.worker import address, client, files, server
 
 pytestmark = pytest.mark.slow  # the worker imports torch and transformers once per owner
 
@@ -399,3 +399,16 @@ def test_a_command_whose_owner_has_ended_starts_no_worker(tmp_path, monkeypatch)
     monkeypatch.setenv(address.OWNER_VARIABLE, str(ended.pid))
     assert client.run(["--help"]) is None
     assert not started
+
+
+def test_a_lock_is_held_by_one_worker_and_released_though_its_file_was_removed(tmp_path):
+    base = str(tmp_path / "1-fingerprint")
+    lock = files.take(base)
+    assert lock is not None and files.take(base) is None, "a second worker finds the lock held"
+    Path(base + ".log").touch()
+    os.unlink(base + ".lock")  # the folder's files removed under a live worker
+    files.release(base, lock)
+    assert not list(tmp_path.iterdir())
+    again = files.take(base)
+    assert again is not None
+    files.release(base, again)
