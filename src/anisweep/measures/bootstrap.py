@@ -22,8 +22,9 @@ measure, step or group, so that intervals of different steps and layers rest on 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
@@ -32,7 +33,7 @@ DEFAULT_LEVEL = 0.95
 DEFAULT_SAMPLES = 1000
 #: at most this many drawn unit indices are held at once (B is drawn and scored in blocks of replicates)
 BLOCK_ELEMENTS = 1 << 20
-MAX_BLOCK = 64
+MAX_BLOCK = 1024
 
 Design = Literal["paired", "unpaired"]
 
@@ -82,9 +83,9 @@ class SumBuilt:
     def n_units(self) -> int:
         return self.per_unit.shape[1]
 
-    def values(self, units: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-        """(draws x seeds) values of every seed on each draw of units (draws x n_units unit indices)."""
-        return self.of_weights(unit_counts(units, self.n_units))
+    def values(self, block: Draws, wanted: np.ndarray) -> np.ndarray:
+        """(draws x seeds) values of every seed on each of the block's draws of units."""
+        return self.of_weights(block.counts)
 
     def of_weights(self, weights: np.ndarray) -> np.ndarray:
         """(draws x seeds) values of every seed with its units weighted by `weights` (draws x units)."""
@@ -116,13 +117,14 @@ class SampleBuilt:
         object.__setattr__(self, "n_units", int(n_units))
         object.__setattr__(self, "of_units", of_units)
 
-    def values(self, units: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-        """(draws x seeds) values, computed only where `wanted` (draws x seeds) is True, NaN elsewhere."""
+    def values(self, block: Draws, wanted: np.ndarray) -> np.ndarray:
+        """(draws x seeds) values on the block's draws of units, computed only where `wanted` (draws x seeds) is
+        True, NaN elsewhere."""
         out = np.full(wanted.shape, np.nan)
         for seed in range(wanted.shape[1]):
             rows = np.flatnonzero(wanted[:, seed])
             if rows.size:
-                got = np.asarray(self.of_units(seed, units[rows]), dtype=np.float64)
+                got = np.asarray(self.of_units(seed, block.units[rows]), dtype=np.float64)
                 if got.shape != rows.shape:
                     raise ValueError(f"of_units must give one value per draw: {rows.size} draws gave {got.shape}")
                 out[rows, seed] = got
@@ -159,11 +161,17 @@ def unit_counts(units: np.ndarray, n_units: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Draws:
-    """One block of replicates: `units` (b x n_units) unit indices, `base` and `other` (b x seeds) seed positions."""
+    """One block of replicates: `units` (b x n_units) unit indices, `base` and `other` (b x seeds) seed positions.
+    A block can be kept and given to `replicates` for every measure of a group, its counts computed once."""
 
     units: np.ndarray
     base: np.ndarray
     other: np.ndarray | None = None
+
+    @cached_property
+    def counts(self) -> np.ndarray:
+        """(b x n_units) float counts: how often each unit is in each draw (a multinomial weight)."""
+        return unit_counts(self.units, self.units.shape[1])
 
 
 def draws(
@@ -194,28 +202,29 @@ def draws(
             yield Draws(units, base, base if design == "paired" else rng.integers(0, n_other, size=(b, n_other)))
 
 
-def _scores(measure: Measure, units: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+def _scores(measure: Measure, block: Draws, seeds: np.ndarray) -> np.ndarray:
     wanted = np.zeros((seeds.shape[0], len(measure.seeds)), dtype=bool)
     np.put_along_axis(wanted, seeds, True, axis=1)
-    values = measure.values(units, wanted)
+    values = measure.values(block, wanted)
     return np.take_along_axis(values, seeds, axis=1).mean(axis=1)
 
 
-def replicates(base: Measure, other: Measure | None, blocks: Iterator[Draws]) -> tuple[np.ndarray, np.ndarray | None]:
+def replicates(base: Measure, other: Measure | None, blocks: Iterable[Draws]) -> tuple[np.ndarray, np.ndarray | None]:
     """Each replicate's score of `base` (and of `other`, on the same units), over all blocks."""
     got_base, got_other = [], []
     for block in blocks:
-        got_base.append(_scores(base, block.units, block.base))
+        if block.units.shape[1] != base.n_units:
+            raise ValueError(f"draws of {block.units.shape[1]} units for a measure of {base.n_units} units")
+        got_base.append(_scores(base, block, block.base))
         if other is not None:
-            got_other.append(_scores(other, block.units, block.other))
+            got_other.append(_scores(other, block, block.other))
     return np.concatenate(got_base), (np.concatenate(got_other) if other is not None else None)
 
 
 def estimate(measure: Measure) -> float:
     """Mean over seeds of each seed's full-sample value (every unit once)."""
-    every_unit = np.arange(measure.n_units)[None, :]
     all_seeds = np.arange(len(measure.seeds))[None, :]
-    return float(_scores(measure, every_unit, all_seeds)[0])
+    return float(_scores(measure, Draws(np.arange(measure.n_units)[None, :], all_seeds), all_seeds)[0])
 
 
 def percentile_interval(samples: np.ndarray, level: float = DEFAULT_LEVEL) -> tuple[float, float]:
