@@ -23,6 +23,7 @@ from anisweep.worker import address, client, files, server
 pytestmark = pytest.mark.slow  # the worker imports torch and transformers once per owner
 
 CONFIG = Path(__file__).parent / "configs" / "tiny.yaml"
+PACKAGE = Path(anisweep_package.__file__).parent
 
 
 def wait_for(condition, seconds: float = 120, what: str = "") -> None:
@@ -52,7 +53,11 @@ def children(pid: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def runtime_dir():
+    """The folder of the module's worker sockets, and a copy of the package that its commands and workers run:
+    a worker forks no job once the package's files change, so an edit to the checkout while the tests run would
+    make a test's job run in a process of its own."""
     folder = tempfile.mkdtemp(prefix="aw", dir="/tmp")  # short: a socket's path has at most 107 bytes
+    shutil.copytree(PACKAGE, Path(folder, "src", "anisweep"), ignore=shutil.ignore_patterns("__pycache__"))
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
 
@@ -69,6 +74,7 @@ def owner(runtime_dir):
 def environment(runtime_dir: str, owner: int | str | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k != address.OWNER_VARIABLE}
     env["XDG_RUNTIME_DIR"] = runtime_dir
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(runtime_dir, "src")), *filter(None, [env.get("PYTHONPATH")])])
     if owner is not None:
         env[address.OWNER_VARIABLE] = str(owner)
     return env
@@ -310,13 +316,14 @@ def test_a_job_runs_the_code_on_disk_when_it_starts(tmp_path, runtime_dir, own_o
     """A module the worker imported is edited between two jobs of one run: the second job runs the edited code,
     as it would in a process of its own, not what the worker imported before the edit."""
     package = tmp_path / "src" / "anisweep"
-    shutil.copytree(Path(anisweep_package.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
     preloaded = [module for module in server.PRELOAD if module.startswith("anisweep.")]
     assert preloaded.index("anisweep.cli") < len(preloaded) - 1
     marker = tmp_path / "imported"  # made when the worker has imported its last module, anisweep.cli before it
     with open(package.joinpath(*preloaded[-1].split(".")[1:]).with_suffix(".py"), "a") as last:
         last.write(f"\nopen({str(marker)!r}, 'w').close()\n")
-    env = environment(runtime_dir, own_owner.pid) | {"PYTHONPATH": str(package.parent)}
+    env = environment(runtime_dir, own_owner.pid)
+    env["PYTHONPATH"] = os.pathsep.join([str(package.parent), env["PYTHONPATH"]])
     first = anisweep("checkpoints", "--configfile", str(CONFIG), env=env)
     assert first.returncode == 0, first.stderr
     assert "edited main" not in first.stdout and len(workers_of(own_owner.pid)) == 1
@@ -385,6 +392,7 @@ def test_a_worker_that_starts_removes_what_a_killed_one_left(runtime_dir):
     finally:
         second.kill()
         second.wait()
+        wait_for(lambda: not workers_of(second.pid), 60, "the second worker's end")
 
 
 def test_a_command_whose_owner_has_ended_starts_no_worker(tmp_path, monkeypatch):
