@@ -216,12 +216,25 @@ def phase_rule(tmp_path: Path):
     return {}, check
 
 
+def multibootstrap_example(tmp_path: Path):
+    """docs/measures.md, the Multi-Bootstrap: the earlier step's band holds its estimate, and the 1% rise every seed
+    makes is seen by the paired test in every replicate (p at its floor, 2 / B)."""
+
+    def check(namespace):
+        band, step = namespace["band"], namespace["step"]
+        assert band.low < band.estimate < band.high and band.design == "seeds and units"
+        assert step.design == "paired" and step.low > 0 and step.p == 2 / step.samples
+
+    return {}, check
+
+
 #: (page, a string only that block holds): its setup
 PYTHON = {
     ("README.md", "from anisweep.results import"): results_folder,
     ("docs/live.md", "AnisweepCallback("): trainer_run,
     ("docs/measures.md", "figure=draw"): own_figure,
     ("docs/measures.md", "curve_phases(steps, rankme"): phase_rule,
+    ("docs/measures.md", "bootstrap.compare(earlier, later"): multibootstrap_example,
     ("docs/adapters.md", "named_modules()"): module_names,
 }
 
