@@ -307,6 +307,8 @@ def test_paired_draws_share_seeds_unpaired_draw_them_apart_and_units_depend_on_t
     assert unpaired.other.shape == (50, 4) and not np.array_equal(unpaired.base[:, :4], unpaired.other)
     np.testing.assert_array_equal(paired.units, unpaired.units)
     np.testing.assert_array_equal(paired.units, alone.units)  # every measure, step and group: the same sequences
+    (fewer,) = bs.draws(20, 2, samples=30, seed=3)
+    np.testing.assert_array_equal(fewer.units, alone.units[:30])  # whatever B
     (other_seed,) = bs.draws(20, 1, samples=50, seed=4)
     assert not np.array_equal(alone.units, other_seed.units)
 

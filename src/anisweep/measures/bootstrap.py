@@ -185,7 +185,7 @@ def draws(
 ) -> Iterator[Draws]:
     """`samples` replicates in blocks of at most BLOCK_ELEMENTS drawn units. Block i draws from the generator
     seeded [seed, i]: units first, then the base's seeds, then (unpaired) the other's, so the units a replicate
-    draws depend only on `seed`, `n_units` and its index."""
+    draws depend only on `seed`, `n_units` and its index (not on B, the seeds or the design)."""
     if samples < 1:
         raise ValueError(f"samples (B) must be at least 1, got {samples}")
     if design == "paired" and n_other not in (None, n_base):
