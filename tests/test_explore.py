@@ -7,15 +7,21 @@ from __future__ import annotations
 import base64
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
-from explore_sweeps import HOSTILE, MODELS, STEPS, expected, write_hostile, write_results
+from explore_sweeps import HOSTILE, MODELS, STEPS, expected, write_gaps, write_hostile, write_results
 
 from anisweep.cli import main
-from anisweep.explore.data import explore_data, read_sweeps, write_explore
+from anisweep.explore.data import drawn_rows, explore_data, scan_sweeps, write_explore
 from anisweep.explore.page import plotly_js
+
+#: The page data the explorer wrote when it read every sweep row into memory at once, on the sweeps of CASES.
+BEFORE = Path(__file__).with_name("explore_pages.json")
 
 
 @pytest.fixture
@@ -38,7 +44,7 @@ def _decoded(data: dict) -> dict:
 
 
 def test_every_series_is_the_sweeps_per_layer_values_at_float32(results):
-    series = _decoded(explore_data(read_sweeps([results])))
+    series = _decoded(explore_data(scan_sweeps([results])))
     wanted = {
         (f, m, s, site, metric, layer)
         for (f, m, s), n in MODELS.items()
@@ -59,7 +65,7 @@ def test_every_series_is_the_sweeps_per_layer_values_at_float32(results):
 
 
 def test_past_its_limit_each_model_keeps_evenly_spaced_steps_its_first_and_last(results):
-    sweeps = read_sweeps([results])
+    sweeps = scan_sweeps([results])
     full = explore_data(sweeps)
     small = explore_data(sweeps, max_values=len(base64.b64decode(full["values"])) // 4 // 2)
     for model in small["models"]:  # half the values: 5 (or 4) steps -> 2, the first and the last
@@ -72,7 +78,7 @@ def test_past_its_limit_each_model_keeps_evenly_spaced_steps_its_first_and_last(
 
 
 def test_the_page_is_self_contained(results, tmp_path):
-    page = write_explore(read_sweeps([results]), tmp_path / "explore.html").read_text()
+    page = write_explore(scan_sweeps([results]), tmp_path / "explore.html").read_text()
     assert plotly_js().startswith("/**\n* plotly.js (basic - minified) v")
     assert page.count(plotly_js()) == 1  # plotly.js itself, inline
     own = page.replace(plotly_js(), "")
@@ -83,7 +89,7 @@ def test_the_page_is_self_contained(results, tmp_path):
 def test_no_name_can_end_the_data_element_or_change_how_it_is_read(tmp_path):
     root = tmp_path / "results<!--<script>"
     write_hostile(root)
-    sweeps = read_sweeps([root])
+    sweeps = scan_sweeps([root])
     page = write_explore(sweeps, root / "explore.html").read_text()
     start = page.index('<script type="application/json" id="anisweep-data">') + len(
         '<script type="application/json" id="anisweep-data">'
@@ -144,6 +150,102 @@ def test_bad_input_prints_its_message_alone_and_the_traceback_only_when_asked(re
 
 
 def test_sweeps_without_an_analysed_row_are_an_error_that_says_so(results):
-    sweeps = read_sweeps([results]).with_columns(status=pl.lit("duplicate"))
+    sweeps = scan_sweeps([results]).with_columns(status=pl.lit("duplicate"))
     with pytest.raises(ValueError, match=r"no analysed per-layer row \(status ok\)"):
         explore_data(sweeps)
+
+
+def _cases(tmp: Path) -> dict:
+    """(sources, max_values) of each case of BEFORE."""
+    write_results(tmp / "results")
+    write_gaps(tmp / "gaps")
+    write_hostile(tmp / "hostile")
+    neox = tmp / "results" / "toy" / "toy-neox" / "sweep.parquet"
+    return {
+        "results": ([tmp / "results"], None),
+        "results, half the values": ([tmp / "results"], 90),
+        "gaps": ([tmp / "gaps"], None),
+        "gaps, a third of the values": ([tmp / "gaps"], 60),
+        "hostile": ([tmp / "hostile"], None),
+        "a folder and one of its files": ([tmp / "results", neox], None),
+        "a folder and one of its files, thinned": ([tmp / "results", neox], 100),
+        "two files": ([neox, tmp / "gaps" / "hub" / "tiny-hub" / "sweep.parquet"], None),
+    }
+
+
+def test_the_page_data_is_what_reading_every_row_at_once_gave(tmp_path):
+    before = json.loads(BEFORE.read_text())
+    cases = _cases(tmp_path)
+    assert set(cases) == set(before)
+    for name, (sources, limit) in cases.items():
+        data = explore_data(scan_sweeps(sources), **({} if limit is None else {"max_values": limit}))
+        assert data == before[name], name
+
+
+@pytest.mark.parametrize("limit", [None, 60])
+def test_each_read_is_one_models_drawn_rows_with_the_filter_in_the_parquet_scan(tmp_path, monkeypatch, limit):
+    """What the explorer collects, thinned or not: never a row it does not draw, never two models' rows at once."""
+    write_gaps(tmp_path)
+    for path in tmp_path.glob("*/*/sweep.parquet"):  # a column the page does not draw
+        pl.read_parquet(path).with_columns(measure=pl.lit("isotropy")).write_parquet(path)
+    sweeps = scan_sweeps([tmp_path])
+    per_model = drawn_rows(sweeps).collect().group_by("family", "model").len()["len"]
+    collect, reads = pl.LazyFrame.collect, []
+
+    def recorded(self, *args, **kwargs):
+        frame = collect(self, *args, **kwargs)
+        reads.append((self.explain(), frame.height))
+        return frame
+
+    monkeypatch.setattr(pl.LazyFrame, "collect", recorded)
+    explore_data(sweeps, **({} if limit is None else {"max_values": limit}))
+    scans = [(plan, height) for plan, height in reads if "Parquet SCAN" in plan]
+    assert len(scans) == 1 + per_model.len() * (1 if limit is None else 2)  # the models' names, then each model
+    for plan, height in scans:
+        assert 'col("head").is_null()' in plan and 'col("status") == "ok"' in plan  # pushed into the scan
+        scan = plan.split("Parquet SCAN")[1]
+        projected, columns = map(int, re.search(r"PROJECT (\d+)/(\d+) COLUMNS", scan).groups())
+        assert "SELECTION" in scan and projected < columns  # the filter and the columns it needs, in the scan
+        assert height <= per_model.max()
+
+
+@pytest.mark.slow  # 4.8 million sweep rows written and read: seconds
+def test_peak_memory_holds_one_models_drawn_rows_not_every_sweep_row(tmp_path):
+    """A fresh process's peak memory over 8 models of 600,000 rows, a sixth of them drawn (the rest a head's): read
+    at once, every row costs some 300 bytes (1.4 GB); read lazily, one model's drawn rows and the page's values."""
+    rng = np.random.default_rng(0)
+    layout = pl.DataFrame({"layer": range(20)}).join(
+        pl.DataFrame({"metric": [f"m{i}" for i in range(10)]}), how="cross"
+    )
+    layout = layout.join(pl.DataFrame({"head": [None, *range(5)]}, schema={"head": pl.Int64}), how="cross")
+    steps = pl.DataFrame({"step": range(500)})
+    for m in range(8):
+        sweep = steps.join(layout, how="cross").with_columns(
+            family=pl.lit("pythia"),
+            model=pl.lit(f"m{m}"),
+            seed=pl.lit(None, pl.Int64),
+            tokens_seen=pl.col("step") * 2,
+            site=pl.lit("resid"),
+            value=pl.Series(rng.random(steps.height * layout.height)),
+            status=pl.lit("ok"),
+        )
+        path = tmp_path / "results" / "pythia" / f"m{m}" / "sweep.parquet"
+        path.parent.mkdir(parents=True)
+        sweep.write_parquet(path)
+    assert sweep.height == 600_000 and sweep["head"].null_count() == 100_000
+
+    def peak_mb(*arguments: str) -> float:  # through a small process: a child of pytest starts with its pages
+        runner = (
+            "import os, subprocess, sys; child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL); "
+            "_, status, usage = os.wait4(child.pid, 0); print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", runner, sys.executable, *arguments], capture_output=True, text=True
+        )
+        code, peak_kb = map(int, done.stdout.split())
+        assert code == 0, done.stderr
+        return peak_kb / 1024
+
+    baseline = peak_mb("-c", "import polars, numpy, anisweep.explore.data, anisweep.cli")
+    explore = peak_mb("-m", "anisweep", "explore", str(tmp_path / "results"))
+    assert explore - baseline < 400, (explore, baseline)

@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 from explore_sweeps import HOSTILE, expected, write_gaps, write_hostile, write_results
 
-from anisweep.explore.data import read_sweeps, write_explore
+from anisweep.explore.data import scan_sweeps, write_explore
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the `test` extra) drives the browser")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -43,14 +43,14 @@ def browser():
 def page(tmp_path_factory):
     root = tmp_path_factory.mktemp("explore") / "results"
     write_results(root)
-    return root, write_explore(read_sweeps([root]), root / "explore.html")
+    return root, write_explore(scan_sweeps([root]), root / "explore.html")
 
 
 @pytest.fixture(scope="module")
 def gaps(tmp_path_factory):
     root = tmp_path_factory.mktemp("explore") / "results"
     write_gaps(root)
-    return root, write_explore(read_sweeps([root]), root / "explore.html")
+    return root, write_explore(scan_sweeps([root]), root / "explore.html")
 
 
 def _draws(driver) -> int:
@@ -189,7 +189,7 @@ def test_on_the_tokens_axis_steps_without_tokens_seen_are_left_out_and_named(bro
 def test_markup_in_names_and_folders_is_shown_as_written(browser, tmp_path):
     root = tmp_path / "results<!--<script>"
     write_hostile(root)
-    _open(browser, write_explore(read_sweeps([root]), root / "explore.html"))
+    _open(browser, write_explore(scan_sweeps([root]), root / "explore.html"))
     options = browser.execute_script("return [...document.getElementById('metric').options].map((o) => o.value)")
     assert HOSTILE["metric"] in options
     _choose(browser, "metric", HOSTILE["metric"])

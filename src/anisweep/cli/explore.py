@@ -8,13 +8,13 @@ from pathlib import Path
 
 def cmd_explore(args) -> None:
     """Write the page; on bad input print its one-line message alone (the traceback with --traceback), exit 1."""
-    from anisweep.explore.data import INPUT_ERRORS, read_sweeps, write_explore
+    from anisweep.explore.data import INPUT_ERRORS, scan_sweeps, write_explore
 
     sources = [Path(source) for source in args.sources]
     out = Path(args.out) if args.out else (sources[0] if sources[0].is_dir() else sources[0].parent) / "explore.html"
     limit = {} if args.max_values is None else {"max_values": args.max_values}
     try:
-        print(write_explore(read_sweeps(sources), out, **limit))
+        print(write_explore(scan_sweeps(sources), out, **limit))
     except INPUT_ERRORS as error:
         if args.traceback:
             raise
