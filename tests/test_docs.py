@@ -72,8 +72,8 @@ NOT_RUN = {
         "--directory /scratch/run1",
     ): "installs from PyPI; my.yaml there is the config above it, whose models "
     "download from the Hub and whose local run is /data/run",
-    ("docs/papers.md", "godey2024_survey.yaml"): "installs from PyPI and downloads seven models and WikiText-103 from the "
-    "Hub (tests/workflow/test_survey.py runs this config offline, tiny models under the same repository ids)",
+    ("docs/papers.md", "godey2024_survey.yaml"): "installs from PyPI and downloads seven models and WikiText-103 "
+    "from the Hub (tests/workflow/test_survey.py runs this config offline, tiny models under the same repository ids)",
     ("README.md", 'pip install -e ".[slurm]"'): "installs from PyPI and submits to a SLURM cluster "
     "(tests/workflow/test_slurm.py runs the profile on a one-node SLURM it starts)",
     ("docs/slurm.md", 'pip install -e ".[slurm]"'): "installs from PyPI",
@@ -133,8 +133,8 @@ def results_folder(tmp_path: Path):
 
 
 def trainer_run(tmp_path: Path):
-    """docs/live.md, Analysing a model while it trains: a tiny GPT-NeoX in training, the Trainer's arguments and data."""
-    pytest.importorskip("accelerate")  # the `live` extra, which the README's section names
+    """docs/live.md: a tiny GPT-NeoX in training, the Trainer's arguments and data."""
+    pytest.importorskip("accelerate")  # the `live` extra, which docs/live.md names
     import torch
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, TrainingArguments
 

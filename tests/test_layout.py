@@ -25,6 +25,7 @@ FLOORS = (
     "code_inputs",
     "moments",  # streamed means and variances: arithmetic, no imports
     "schema",
+    "sample_storage",  # the sampled vectors' storage precisions (float32, float16, int8): encode and decode
     "tables",
     "media",  # images and audio as the corpus: a sibling of the text corpus, which reads its files back through it
     "corpus_files",  # the corpus's local files, read and checked (no torch: also when the config is read)
