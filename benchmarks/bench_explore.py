@@ -213,6 +213,29 @@ def plotly_only(folder: Path) -> Path:
     return page
 
 
+def projected(a: dict, b: dict, all_pythia: dict) -> dict:
+    """The explorer's peak memory and CPU seconds on all of Pythia, from runs `a` and `b`: the rise of the peak from
+    a to b put down either to the sweep rows (what is scanned) or to the largest model's drawn rows (what is held),
+    the larger of the two projections kept; CPU seconds in proportion to the sweep rows."""
+    rise = (b["explore"]["peak_mb"] - a["explore"]["peak_mb"]) * 2**20
+    per_row = max(0.0, rise / (b["sweep_rows"] - a["sweep_rows"]))
+    per_drawn = max(0.0, rise / (b["largest_model_drawn"] - a["largest_model_drawn"]))
+    by_rows = b["explore"]["peak_mb"] + per_row * (all_pythia["rows"] - b["sweep_rows"]) / 2**20
+    by_drawn = (
+        b["explore"]["peak_mb"] + per_drawn * (all_pythia["largest_model_drawn"] - b["largest_model_drawn"]) / 2**20
+    )
+    out = {
+        "peak_bytes_per_sweep_row": round(per_row, 1),
+        "peak_bytes_per_largest_model_drawn_row": round(per_drawn),
+        "peak_mb": round(max(by_rows, by_drawn)),
+        "cpu_s": round(b["explore"]["cpu_s"] * all_pythia["rows"] / b["sweep_rows"]),
+    }
+    if "eager" in a and "eager" in b:  # every row held: its slope per sweep row
+        eager = (b["eager"]["peak_mb"] - a["eager"]["peak_mb"]) * 2**20 / (b["sweep_rows"] - a["sweep_rows"])
+        out |= {"eager_bytes_per_row": round(eager), "eager_gb": round(eager * all_pythia["rows"] / 1e9)}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layout", default="results/toy/toy-neox/sweep.parquet", help="a real toy-neox sweep.parquet")
@@ -258,21 +281,7 @@ def main() -> None:
             print(json.dumps(run))
             shutil.rmtree(root)
         if len(out["runs"]) >= 2:
-            a, b = out["runs"][-2:]
-            rise = b["explore"]["peak_mb"] - a["explore"]["peak_mb"]
-            bytes_per_row = max(0.0, rise * 2**20 / (b["largest_model_drawn"] - a["largest_model_drawn"]))
-            projected = (
-                b["explore"]["peak_mb"]
-                + bytes_per_row * (out["all_pythia"]["largest_model_drawn"] - b["largest_model_drawn"]) / 2**20
-            )
-            out["all_pythia"] |= {"bytes_per_largest_model_drawn_row": round(bytes_per_row)}
-            out["all_pythia"]["peak_mb"] = round(projected)
-            if "eager" in b:  # every row held: its slope per sweep row
-                per_row = (b["eager"]["peak_mb"] - a["eager"]["peak_mb"]) * 2**20 / (b["sweep_rows"] - a["sweep_rows"])
-                out["all_pythia"] |= {
-                    "eager_bytes_per_row": round(per_row),
-                    "eager_gb": round(per_row * out["all_pythia"]["rows"] / 1e9),
-                }
+            out["all_pythia"] |= projected(*out["runs"][-2:], out["all_pythia"])
         if not args.skip_browser:
             default = Path(args.results)
             small = write_explore(scan_sweeps([default]), Path(tmp) / "default.html")
