@@ -29,34 +29,42 @@ from anisweep.measures.registry import weight_measure
 def {MEASURE}(weights):
     yield {{"metric": "{MEASURE}", "value": float(weights.embedding().norm())}}
 """
-STEPS = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000]
+MODELS = ["pythia-14m", "pythia-31m", "pythia-70m", "pythia-160m", "pythia-410m"]
+STEPS = [0, 1000, 143000]
 
-# Snakemake under a count of the jobs each walk of its DAG's jobs yields (every reader of DAG.needrun_jobs: its
-# own scheduler's and the workflow's input functions and params), written as JSON when it ends.
+# Snakemake under a count of what planning reads: the jobs each walk of its DAG yields (every reader of
+# DAG.needrun_jobs: its own scheduler's and the workflow's), and the checkpoints looked at by model (each read of
+# a Checkpoint's or a comparison Pair's `family`: the workflow's scans of them). Written as JSON when it ends.
 COUNTING = """
 import atexit, json, sys
 from snakemake.cli import main
 from snakemake import dag
-walked, out = {"walks": 0, "jobs": 0}, sys.argv.pop(1)
+from anisweep.checkpoints.base import Checkpoint
+from anisweep.measures.compare_plan import Pair
+read, out = {"jobs": 0, "checkpoints": 0}, sys.argv.pop(1)
 needrun_jobs = dag.DAG.needrun_jobs
 def counted(self, exclude_finished=True):
-    walked["walks"] += 1
     for job in needrun_jobs(self, exclude_finished):
-        walked["jobs"] += 1
+        read["jobs"] += 1
         yield job
+def looked_at(self, name):
+    read["checkpoints"] += name == "family"
+    return object.__getattribute__(self, name)
 dag.DAG.needrun_jobs = counted
-atexit.register(lambda: open(out, "w").write(json.dumps(walked)))
+Checkpoint.__getattribute__ = Pair.__getattribute__ = looked_at
+atexit.register(lambda: open(out, "w").write(json.dumps(read)))
 sys.argv[0] = "snakemake"
 main()
 """
 
 
-def hub_sweep(workdir: Path, steps: list[int]) -> Path:
+def hub_sweep(workdir: Path, models: list[str], **sections) -> Path:
     config = {
-        "models": [{"family": "pythia", "name": "pythia-14m", "steps": steps}],
+        "models": [{"family": "pythia", "name": name, "steps": STEPS} for name in models],
         "corpus": {"source": "builtin"},
         "audit": {"enabled": False},
         "measures": [f"planned_measure:{MEASURE}"],
+        **sections,
     }
     (workdir / "planned_measure.py").write_text(MEASURE_MODULE)
     configfile = workdir / "config.yaml"
@@ -64,10 +72,11 @@ def hub_sweep(workdir: Path, steps: list[int]) -> Path:
     return configfile
 
 
-def counted_dry_run(workdir: Path, steps: list[int]) -> tuple[subprocess.CompletedProcess, dict]:
-    """A dry run printing its commands, and how many jobs the walks of Snakemake's DAG yielded."""
-    command = snakemake_command(workdir, "--configfile", str(hub_sweep(workdir, steps)), "-n", "--printshellcmds")
-    counts = workdir / "walked.json"
+def counted_dry_run(workdir: Path, models: list[str], **sections) -> tuple[subprocess.CompletedProcess, dict]:
+    """A dry run of the models' STEPS printing its commands, and what its planning read (COUNTING)."""
+    configfile = hub_sweep(workdir, models, **sections)
+    command = snakemake_command(workdir, "--configfile", str(configfile), "-n", "--printshellcmds")
+    counts = workdir / "read.json"
     command[1:3] = ["-c", COUNTING, str(counts)]  # `python -m snakemake` run through the count
     path = os.pathsep.join(filter(None, [str(workdir), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(workdir / "hf"), PYTHONPATH=path)
@@ -92,10 +101,9 @@ def option(args: list[str], name: str) -> list[str]:
 def test_each_fetch_shares_its_weights_with_every_job_that_waits_for_them(tmp_path):
     """The weights and logit-lens jobs and the user's weight measure of a checkpoint fetched in this run each get
     the copy fetch makes for them, and read that copy."""
-    steps = [0, 1000]
-    done, _ = counted_dry_run(tmp_path, steps)
+    done, _ = counted_dry_run(tmp_path, MODELS[:1])
     fetches = commands(done, "fetch")
-    assert len(fetches) == len(steps)
+    assert len(fetches) == len(STEPS)
     shared = set()
     for args in fetches:
         out = option(args, "--out")[0]
@@ -103,17 +111,22 @@ def test_each_fetch_shares_its_weights_with_every_job_that_waits_for_them(tmp_pa
         assert option(args, "--share-with") == expected, args
         shared |= set(expected)
     readers = commands(done, "weights") + commands(done, "logit-lens")
-    assert len(readers) == 3 * len(steps)
+    assert len(readers) == 3 * len(STEPS)
     assert {option(args, "--fetched")[0] for args in readers} == shared
 
 
-def test_planning_walks_the_jobs_a_number_of_times_linear_in_the_checkpoints(tmp_path):
-    """Writing each fetch's command once walked every job of the DAG (a sweep's planning grew as the square of its
-    checkpoints): the jobs walked per job planned stay the same from 3 checkpoints to 12."""
-    per_job = {}
-    for steps in (STEPS[:3], STEPS):
-        (tmp_path / str(len(steps))).mkdir()
-        done, walked = counted_dry_run(tmp_path / str(len(steps)), steps)
-        planned = sum(job_stats(done).values())
-        per_job[len(steps)] = walked["jobs"] / planned
-    assert per_job[12] < 1.25 * per_job[3], per_job
+def test_planning_reads_each_job_checkpoint_and_pair_a_number_of_times_linear_in_the_checkpoints(tmp_path):
+    """Writing each fetch's command walked every job of the DAG, each checkpoint's jobs looked up its model's
+    checkpoints in a scan of all of them, and each model's comparison jobs its pairs in a scan of all pairs (a
+    sweep's planning grew as the square of its checkpoints): what planning reads grows by as much from 1 model to 3
+    as from 3 to 5, with the gradient analysis on (its input functions look up the model's checkpoints for each
+    checkpoint)."""
+    read = {}
+    for n in (1, 3, 5):
+        workdir = tmp_path / str(n)
+        workdir.mkdir()
+        done, read[n] = counted_dry_run(workdir, MODELS[:n], gradients={"enabled": True, "steps": None})
+        read[n]["planned"] = sum(job_stats(done).values())
+    for what in ("planned", "jobs", "checkpoints"):
+        first, second = read[3][what] - read[1][what], read[5][what] - read[3][what]
+        assert second <= 1.05 * first, (what, read)

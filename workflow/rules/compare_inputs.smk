@@ -8,13 +8,17 @@ try:
     PAIRS = compare_plan.pairs(COMPARE, {key: [c.step for c in model_checkpoints(*key)] for key in MODELS})
 except ConfigError as error:
     raise WorkflowError(f"config: {error}") from None
+# each model's pairs (compare_plan.of_model), read by each model's jobs: an index, not a scan of every pair per model
+PAIRS_OF_MODEL = {}
+for pair in PAIRS:
+    PAIRS_OF_MODEL.setdefault((pair.family, pair.model), []).append(pair)
 # the settings that change the built-in measures' values, recorded (sorted JSON): another order reruns nothing
 COMPARE_SETTINGS = settings_of(COMPARE, ("measures", "cka_debiased", "svcca_variance", "sites"))
 
 
 def compare_outputs(family, model):
     """A model's compare.parquet and figures, where the config compares any of its checkpoints."""
-    pairs = compare_plan.of_model(PAIRS, family, model)
+    pairs = PAIRS_OF_MODEL.get((family, model), [])
     if not pairs:
         return []
     names = [*COMPARE_FIGURES, *(SEED_FIGURES if any(p.role == "seed" for p in pairs) else ())]
@@ -33,4 +37,4 @@ def compare_inputs(wildcards):
 
 def model_roles(wildcards):
     """(role, path) of every role the model's pairs play: a table in two roles is listed twice."""
-    return compare_plan.roles(compare_plan.of_model(PAIRS, wildcards.family, wildcards.model))
+    return compare_plan.roles(PAIRS_OF_MODEL.get((wildcards.family, wildcards.model), []))
