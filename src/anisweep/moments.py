@@ -14,8 +14,10 @@ from __future__ import annotations
 
 
 def safe(n):
-    """n, with 1 where it is 0: the divisor of a mean whose part may hold nothing (its sums are then 0)."""
-    return n + (n == 0)
+    """n, with 1 where it is 0: the divisor of a mean whose part may hold nothing (its sums are then 0). n is a count
+    (whole, >= 0), so that this is n at least 1: one op on a device, where n + (n == 0) takes two."""
+    clamp_min = getattr(n, "clamp_min", None)
+    return n + (n == 0) if clamp_min is None else clamp_min(1)
 
 
 def merge(n_a, mean_a, m2_a, n_b, mean_b, m2_b, outer: bool = False):
@@ -29,5 +31,7 @@ def merge(n_a, mean_a, m2_a, n_b, mean_b, m2_b, outer: bool = False):
 
 
 def merged_m2(n_a, sum_a, m2_a, n_b, sum_b, m2_b):
-    """M2 of parts a and b together, each given by its count, its sum and its M2 (the means are sum / n)."""
-    return merge(n_a, sum_a / safe(n_a), m2_a, n_b, sum_b / safe(n_b), m2_b)[2]
+    """M2 of parts a and b together, each given by its count, its sum and its M2 (the means are sum / n): merge's M2,
+    by the same ops in the same order, without the mean it does not need."""
+    delta = sum_b / safe(n_b) - sum_a / safe(n_a)
+    return m2_a + m2_b + delta * delta * (n_a * (n_b / safe(n_a + n_b)))

@@ -13,6 +13,9 @@ import torch
 from anisweep.extract.streaming import LOG2_E, ROW_FIELDS, masked_exp_, row_statistics
 
 CHUNK_ELEMENTS = 2**20
+#: on a GPU, scores a chunk holds at most (64 MB in float32): the sequences of a batch that share one mask together,
+#: so that the launches do not grow with the batch, in a bounded buffer
+DEVICE_CHUNK_ELEMENTS = 2**24
 ROW_BLOCKS, MIN_ROW_BLOCK = 8, 32
 TINY = torch.finfo(torch.float32).tiny
 
@@ -78,9 +81,12 @@ def _single_threaded(started: threading.Barrier) -> None:
 def chunks(n_seqs: int, n_heads: int, n_scores: int, device: torch.device, shared: bool):
     """(sequences, heads) slices whose n_scores each are processed together: on CPU about CHUNK_ELEMENTS
     scores, so that a chunk's scores and probabilities stay in cache and its ops are few enough that
-    their fixed costs do not add up; on a GPU, a whole sequence. A chunk spans several sequences only
-    when they share one mask (`shared`)."""
-    per_chunk = max(1, CHUNK_ELEMENTS // n_scores) if device.type == "cpu" else n_heads
+    their fixed costs do not add up; on a GPU up to DEVICE_CHUNK_ELEMENTS, at least a whole sequence. A chunk
+    spans several sequences only when they share one mask (`shared`)."""
+    if device.type == "cpu":
+        per_chunk = max(1, CHUNK_ELEMENTS // n_scores)
+    else:
+        per_chunk = max(n_heads, DEVICE_CHUNK_ELEMENTS // n_scores)
     if per_chunk < n_heads or not shared:
         step = min(per_chunk, n_heads)
         return [

@@ -49,8 +49,8 @@ class VectorStats:
         self.counts = torch.zeros(3, dtype=torch.int64, device=device)  # n, n_nonfinite, n_zero
         self.norm_sums = torch.zeros(2, **f64)  # sum ||x||, sum ||x||^2
         self.norm_m2 = torch.zeros((), **f64)  # sum (||x|| - mean ||x||)^2
-        self.norm_range = torch.full((2,), float("inf"), **f64)  # min, max ||x||: filled, not copied from the host
-        self.norm_range[1].neg_()  # `[1] = -inf` would copy a host scalar in, and the host would wait for it
+        # min ||x|| and -max ||x||, so that one minimum merges both; filled, not copied from the host (a wait on a GPU)
+        self.norm_range = torch.full((2,), float("inf"), **f64)
         self.m2 = torch.zeros(2, d, **f64)  # per dimension: M2 of x_j, of x_j / ||x||
         self.abs_max = torch.zeros(d, **f64)  # per dimension: max |x_j|
         # each mini-batch's TOP_K tokens by max_j |x_j| with its first sequence, merged once at the end (top_tokens):
@@ -64,7 +64,7 @@ class VectorStats:
     sum_norm = property(lambda self: float(self.norm_sums[0]))
     sum_norm_sq = property(lambda self: float(self.norm_sums[1]))
     norm_min = property(lambda self: float(self.norm_range[0]))
-    norm_max = property(lambda self: float(self.norm_range[1]))
+    norm_max = property(lambda self: -float(self.norm_range[1]))
     m2_x = property(lambda self: self.m2[0])
     m2_unit = property(lambda self: self.m2[1])
 
@@ -137,10 +137,11 @@ class VectorStats:
             norms, outlier_sums = _outlier_sums(x, keep)
         counts = torch.stack([keep.sum(), (valid.sum() - keep.sum()), (keep & (norms == 0)).sum()])
         kept_norms = torch.where(keep, norms.double(), 0.0)
+        norm_sums = torch.stack([kept_norms.sum(), kept_norms.dot(kept_norms)])
         part = {
             "counts": counts,
-            "norm_sums": torch.stack([kept_norms.sum(), kept_norms.dot(kept_norms)]),
-            "norm_m2": _m2(kept_norms, keep, counts[0]),
+            "norm_sums": norm_sums,
+            "norm_m2": _m2(kept_norms, keep, norm_sums[0] / safe(counts[0].double())),
             "norm_range": _norm_range(kept_norms, keep),
         }
         if outliers:
@@ -164,8 +165,7 @@ class VectorStats:
         self.sum_x += part["sum_x"]
         self.sum_unit += part["sum_unit"]
         self.norm_sums += part["norm_sums"]
-        low, high = part["norm_range"]
-        self.norm_range = torch.stack([self.norm_range[0].minimum(low), self.norm_range[1].maximum(high)])
+        torch.minimum(self.norm_range, part["norm_range"], out=self.norm_range)
         if "m2" not in part:
             return
         torch.maximum(self.abs_max, part["abs_max"], out=self.abs_max)
@@ -178,9 +178,8 @@ class VectorStats:
         return bool(self.tops)
 
 
-def _m2(values: torch.Tensor, keep: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """The sum of squared deviations of the kept `values` (0 elsewhere) from their mean, in float64."""
-    mean = values.sum() / safe(n.double())
+def _m2(values: torch.Tensor, keep: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """The sum of squared deviations of the kept `values` (0 elsewhere) from their `mean`, in float64."""
     return torch.where(keep, values - mean, 0.0).square().sum()
 
 
@@ -196,7 +195,8 @@ def _outlier_sums(x: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, di
     n = keep.sum()
     kept = keep.to(x.dtype)
     shift = ((kept @ x) / safe(n).to(x.dtype)).double()  # float32 sums: a shift, not the mean, needs no more
-    below = -shift / safe(torch.linalg.vector_norm(shift))  # minus u's shift
+    norm = torch.linalg.vector_norm(shift)
+    below = -shift / (norm + (norm == 0))  # minus u's shift
     kept = kept.double()
     chunks = _row_chunks(x)
     rows_max = chunks[0].stop - chunks[0].start if chunks else 0
@@ -263,11 +263,11 @@ def _sequences(valid: torch.Tensor) -> tuple[int, torch.Tensor]:
 
 
 def _norm_range(norms: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """[min, max] of the kept norms; [inf, -inf] when none is kept."""
-    inf = norms.new_full((1,), float("inf"))  # new_tensor would copy from the host and, on a GPU, wait
-    low = torch.cat([torch.where(keep, norms, inf), inf]).amin()
-    high = torch.cat([torch.where(keep, norms, -inf), -inf]).amax()
-    return torch.stack([low, high])
+    """[min, -max] of the kept norms (the max negated: VectorStats merges both by one minimum); [inf, inf] when none
+    is kept. Exact: a negation is."""
+    if not len(norms):  # the CPU's branch cut every token (all non-finite): no value to reduce
+        return norms.new_full((2,), float("inf"))
+    return torch.where(keep, torch.stack([norms, -norms]), float("inf")).amin(dim=-1)
 
 
 class HeadVectorStats:
