@@ -13,6 +13,10 @@ Built in (docs/measures.md, Comparative measures):
 - `pwcca`: Morcos et al. 2018: the canonical correlations weighted by how much of the representation each canonical
   direction accounts for.
 
+SVCCA and PWCCA cost d^3 per layer (eigen-decompositions and an SVD of d x d matrices), CKA n d^2 (its products):
+above `cca_max_width` dimensions (the wider side's) a layer gets CKA alone unless the config asks for more
+(docs/performance.md, The comparisons at large widths).
+
 SVCCA and PWCCA compute what google/svcca's cca_core.get_cca_similarity and pwcca.compute_pwcca compute (epsilon 0),
 from the d x d cross-products alone (one set per layer, shared with CKA, and one eigen-decomposition per side shared
 by SVCCA and PWCCA), never an n x n matrix nor, for PWCCA's weights, the reference's n x d QR.
@@ -26,6 +30,7 @@ above it (centred), and a CCA whose correlations still exceed 1 is NaN with the 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -33,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+from scipy.linalg import solve_triangular
 
 from anisweep.measures.cka import Features, cka_matrix, hsic
 from anisweep.tables import IDENTITY, read_parquet
@@ -77,14 +83,28 @@ class Settings:
     cka_debiased: bool = False
     svcca_variance: float = 0.99
     sites: tuple[str, ...] = ("resid",)
+    #: SVCCA and PWCCA only where neither side is wider (None: at every width); CKA at every width.
+    cca_max_width: int | None = 1024
 
     @classmethod
     def of(cls, section: Mapping) -> Settings:
-        known = {k: section[k] for k in ("measures", "cka_debiased", "svcca_variance", "sites") if k in section}
+        keys = ("measures", "cka_debiased", "svcca_variance", "sites", "cca_max_width")
+        known = {k: section[k] for k in keys if k in section}
         for key in ("measures", "sites"):
             if key in known:
                 known[key] = tuple(known[key])
         return cls(**known)
+
+    def cca_measures(self, width: int) -> tuple[str, ...]:
+        """The CCA measures (svcca, pwcca) asked for and computed at a layer `width` dimensions wide."""
+        if self.cca_max_width is not None and width > self.cca_max_width:
+            return ()
+        return tuple(name for name in ("svcca", "pwcca") if name in self.measures)
+
+    def left_out(self, width: int) -> tuple[str, ...]:
+        """The CCA measures asked for but not computed at `width` (wider than cca_max_width)."""
+        computed = self.cca_measures(width)
+        return tuple(name for name in ("svcca", "pwcca") if name in self.measures and name not in computed)
 
 
 @dataclass
@@ -196,7 +216,7 @@ class CrossProducts:
     def of(cls, x: np.ndarray, y: np.ndarray, resolution: float = RESOLUTION["float32"]) -> CrossProducts:
         mean_x = x.mean(axis=0)
         xc, yc = x - mean_x, y - y.mean(axis=0)
-        norms_x, norms_y = np.square(xc).sum(axis=1), np.square(yc).sum(axis=1)
+        norms_x, norms_y = np.einsum("ij,ij->i", xc, xc), np.einsum("ij,ij->i", yc, yc)  # no n x d temporary
         size_x, size_y = float(np.square(x).sum()), float(np.square(y).sum())
         return cls(x.shape[0], mean_x, xc.T @ xc, xc.T @ yc, yc.T @ yc, norms_x, norms_y, size_x, size_y, resolution)
 
@@ -240,11 +260,22 @@ def _correlations(whitened: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The canonical directions (left singular vectors, on the first side's principal directions) and correlations
     of a whitened cross-covariance; an IllConditioned where a correlation exceeds 1 by more than rounding."""
     u, rho, _ = np.linalg.svd(whitened)
+    _check_correlations(rho)
+    return u, rho
+
+
+def _canonical_correlations(whitened: np.ndarray) -> np.ndarray:
+    """The canonical correlations alone: the singular values without their vectors, a third of the SVD's work."""
+    rho = np.linalg.svd(whitened, compute_uv=False)
+    _check_correlations(rho)
+    return rho
+
+
+def _check_correlations(rho: np.ndarray) -> None:
     if len(rho) and rho.max() > 1 + CORRELATION_SLACK:
         raise IllConditioned(
             f"canonical correlations up to 1 + {rho.max() - 1:.2g} exceed 1: the CCA of this sample is ill-conditioned"
         )
-    return u, rho
 
 
 def svcca(x: np.ndarray, y: np.ndarray, variance: float = 0.99) -> float:
@@ -257,7 +288,7 @@ def svcca_of(products: CrossProducts, variance: float) -> float:
     """The reduced samples' covariances are diagonal (their principal variances), so the CCA of the reductions is
     the singular values of diag(wx^-1/2) Vx^T Sxy Vy diag(wy^-1/2)."""
     whitened = _whitened(products, _top(products.principal_x, variance), _top(products.principal_y, variance))
-    return float(_correlations(whitened)[1].mean())
+    return float(_canonical_correlations(whitened).mean())
 
 
 def _top(principal: tuple[np.ndarray, np.ndarray], variance: float) -> tuple[np.ndarray, np.ndarray]:
@@ -288,8 +319,9 @@ def pwcca_of(products: CrossProducts) -> float:
     else:  # on the neurons, where the reference's SVD sets the sign of each u, which its m 1^T term keeps
         (u, rho), c, m = _correlations(vx @ whitened @ vy.T), products.xx, products.mean_x
     drift = products.n * np.outer(m, m)
-    lower = np.linalg.cholesky(u.T @ c @ u + drift)
-    weights = np.abs(np.linalg.solve(lower, u.T @ c + drift)).sum(axis=1)
+    uc = u.T @ c
+    lower = np.linalg.cholesky(uc @ u + drift)
+    weights = np.abs(solve_triangular(lower, uc + drift, lower=True, check_finite=False)).sum(axis=1)
     weights = weights[: len(rho)] / weights.sum()
     return float(np.sum(weights * np.abs(rho)))
 
@@ -319,15 +351,16 @@ def builtin_rows(
 ) -> list[dict]:
     """The built-in measures' rows of one (layer, site) of a pair, from one set of cross-products; a value that
     cannot be computed is NaN with its reason. `resolution`: the stored samples' (RESOLUTION); `names`: the two
-    checkpoints', for the reasons."""
+    checkpoints', for the reasons. SVCCA and PWCCA only up to settings.cca_max_width."""
+    n, d = x.shape[0], max(x.shape[1], y.shape[1])
+    cca_measures = settings.cca_measures(d)
     metrics = [("cka", "cka")] * ("cka" in settings.measures)
     metrics += [("cka", "cka_debiased")] * ("cka" in settings.measures and settings.cka_debiased)
-    metrics += [(name, name) for name in ("svcca", "pwcca") if name in settings.measures]
+    metrics += [(name, name) for name in cca_measures]
     broken = [reason for reason in (nonfinite(x, names[0]), nonfinite(y, names[1])) if reason]
     if broken:
         return [_row(measure, metric, None, "; ".join(broken)) for measure, metric in metrics]
     rows = []
-    n, d = x.shape[0], max(x.shape[1], y.shape[1])
     products = CrossProducts.of(x, y, resolution)
     if "cka" in settings.measures:
         rows.append(_row("cka", "cka", cka_of(products, False)))
@@ -336,7 +369,7 @@ def builtin_rows(
             rows.append(_row("cka", "cka_debiased", value, None if value is not None else "fewer than 4 tokens"))
     cca = {"svcca": lambda: svcca_of(products, settings.svcca_variance), "pwcca": lambda: pwcca_of(products)}
     for name, function in cca.items():
-        if name not in settings.measures:
+        if name not in cca_measures:
             continue
         if n <= d:
             rows.append(_row(name, name, None, f"CCA needs more sampled tokens ({n}) than dimensions ({d})"))
@@ -378,13 +411,22 @@ def compare_pair(
     """Every comparative measure of the checkpoint in `folder` against the one in `ref_folder`, per shared
     (layer, site); `user`: the user's comparative measures (anisweep.measures.registry.Measure)."""
     a, b = Checkpoint.read(folder, settings.sites), Checkpoint.read(ref_folder, settings.sites)
-    rows = []
+    rows, left_out = [], {}
     for layer, site in check_same_sample(a, b):
         x, y = a.vectors[(layer, site)], b.vectors[(layer, site)]
+        width = max(x.shape[1], y.shape[1])
+        left_out.update(dict.fromkeys(settings.left_out(width), width))
         resolution = max(a.resolution, b.resolution)
         found = builtin_rows(x, y, settings, resolution, (a.name, b.name))
         found += [r for m in user for r in user_rows(m, x, y, a, b, layer, site)]
         rows += [{"layer": layer, "ref_layer": layer, "site": site, "n_tokens": x.shape[0], **r} for r in found]
+    if left_out:
+        print(
+            f"{a.name} against {b.name}: {' and '.join(left_out)} not computed at width {max(left_out.values())}, "
+            f"above compare.cca_max_width {settings.cca_max_width} (their cost grows with the width cubed; "
+            "docs/performance.md): raise it, or set it to null, to compute them",
+            file=sys.stderr,
+        )
     return pair_frame(a.identity, b.identity, rows)
 
 
