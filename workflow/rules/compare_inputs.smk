@@ -13,7 +13,7 @@ PAIRS_OF_MODEL = {}
 for pair in PAIRS:
     PAIRS_OF_MODEL.setdefault((pair.family, pair.model), []).append(pair)
 # the settings that change the built-in measures' values, recorded (sorted JSON): another order reruns nothing
-COMPARE_SETTINGS = settings_of(COMPARE, ("measures", "cka_debiased", "svcca_variance", "sites"))
+COMPARE_SETTINGS = settings_of(COMPARE, ("measures", "cka_debiased", "svcca_variance", "sites", "cca_max_width"))
 
 
 def compare_outputs(family, model):
