@@ -317,3 +317,39 @@ def test_the_docs_comparative_measure_loads_by_its_entry_and_runs(tmp_path, monk
     expected = np.mean(np.sum(x32 * y32, axis=1) / (np.linalg.norm(x32, axis=1) * np.linalg.norm(y32, axis=1)))
     assert row.select("measure", "metric").rows() == [("mean_cosine", "mean_cosine")]
     assert row["value"].item() == pytest.approx(expected)
+
+
+def test_layers_wider_than_cca_max_width_get_cka_alone_and_the_log_says_so(tmp_path, capsys):
+    narrow, wide = related(n=80, d=6, seed=9), related(n=80, d=12, seed=10)
+    a = write_checkpoint(tmp_path / "a", 1, {(0, "resid"): narrow[0], (1, "resid"): wide[0]})
+    b = write_checkpoint(tmp_path / "b", 2, {(0, "resid"): narrow[1], (1, "resid"): wide[1]})
+    table = compare_pair(a, b, Settings(cca_max_width=8))
+    assert sorted(table.filter(layer=0)["metric"]) == ["cka", "pwcca", "svcca"]
+    assert table.filter(layer=1)["metric"].to_list() == ["cka"]
+    assert "svcca and pwcca not computed at width 12, above compare.cca_max_width 8" in capsys.readouterr().err
+    every = compare_pair(a, b, Settings(cca_max_width=None))
+    assert sorted(every.filter(layer=1)["metric"]) == ["cka", "pwcca", "svcca"]
+    assert every.filter(layer=0).equals(table.filter(layer=0))
+
+
+def test_by_default_a_pythia_1b_wide_layer_gets_cka_alone_and_a_pythia_410m_wide_one_every_measure():
+    assert Settings().cca_measures(2048) == () and Settings().cca_measures(1024) == ("svcca", "pwcca")
+    rng = np.random.default_rng(11)
+    for width, expected in ((1025, ["cka"]), (64, ["cka", "svcca", "pwcca"])):  # the default sweep's toys: 64
+        x = rng.normal(size=(width + 40, width))
+        rows = compare.builtin_rows(x, x + rng.normal(size=x.shape), Settings())
+        assert [r["metric"] for r in rows] == expected
+        assert all(np.isfinite(r["value"]) for r in rows)
+
+
+def test_svcca_asks_for_the_singular_values_alone(monkeypatch):
+    calls = []
+    svd = np.linalg.svd
+
+    def recorded(a, *args, **kwargs):
+        calls.append(kwargs.get("compute_uv", True))
+        return svd(a, *args, **kwargs)
+
+    monkeypatch.setattr(np.linalg, "svd", recorded)
+    svcca(*related(seed=12))
+    assert calls == [False]
