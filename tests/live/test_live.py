@@ -52,7 +52,9 @@ def test_live_analysis_equals_the_saved_checkpoint_and_leaves_training_alone(tmp
     torch.manual_seed(0)
     model = GPTNeoXForCausalLM(_config(len(tokenizer)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    settings = ExtractSettings(n_sequences=4, seq_len=16, batch_size=2, sample_tokens=64, device="cpu", sample_precision="float32")
+    settings = ExtractSettings(
+        n_sequences=4, seq_len=16, batch_size=2, sample_tokens=64, device="cpu", sample_precision="float32"
+    )
     grads = GradientSettings(enabled=True, rank=4, n_random=5, sample_tokens=64)
     callback = AnisweepCallback([2], texts, tokenizer, "run", tmp_path / "results", settings, grads)
     ids = callback.batch["input_ids"]

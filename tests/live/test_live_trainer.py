@@ -30,7 +30,9 @@ pytest.importorskip("accelerate")  # the Trainer needs it (the `test` extra)
 
 MAX_STEPS, CHOSEN, SAVED = 4, [0, 2, 3, 9], 2  # step 9: never reached
 WRITTEN = [0, 2, 3]
-SETTINGS = ExtractSettings(n_sequences=4, seq_len=16, batch_size=2, sample_tokens=64, device="cpu", sample_precision="float32")
+SETTINGS = ExtractSettings(
+    n_sequences=4, seq_len=16, batch_size=2, sample_tokens=64, device="cpu", sample_precision="float32"
+)
 GRADIENTS = GradientSettings(enabled=True, rank=4, n_random=5, sample_tokens=64, max_iter=30)
 
 
