@@ -196,6 +196,36 @@ def test_results_of_an_older_table_format_rerun_every_model_job(run, tmp_path):
     }
 
 
+def test_results_from_before_sample_precision_keep_theirs_at_float32_and_rerun_every_model_job_at_int8(run, tmp_path):
+    """docs/reruns.md: over a results folder of a package without extract.sample_precision (its float32 vectors;
+    stood in for by taking the setting out of the params Snakemake recorded), `sample_precision: float32` reruns
+    nothing and the default (int8) every checkpoint's model job, then what reads it."""
+    workdir = copy_run(run, tmp_path)
+    recorded = 0
+    for record in (workdir / ".snakemake" / "metadata").rglob("*"):
+        if not record.is_file():
+            continue
+        try:
+            meta = json.loads(record.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        params = meta.get("params") or []
+        kept = [str(p).replace('"sample_precision": "int8", ', "") for p in params]
+        if kept != params:
+            record.write_text(json.dumps(meta | {"params": kept}))
+            recorded += 1
+    assert recorded >= len(STEPS)
+    kept_float32 = write_config(tmp_path / "float32.yaml", [neox()])
+    config = yaml.safe_load(kept_float32.read_text())
+    config["extract"]["sample_precision"] = "float32"
+    kept_float32.write_text(yaml.safe_dump(config))
+    assert planned(workdir, kept_float32) == {}
+    plan = planned(workdir, run["config"])
+    assert {rule: plan.get(rule, 0) for rule in ("fetch", "extract", "metrics")} == dict.fromkeys(
+        ("fetch", "extract", "metrics"), len(STEPS)
+    )
+
+
 def test_a_models_group_redraws_the_survey_figures_alone(run):
     """`group` labels a model for the survey figures' panels: it changes no table."""
     root, workdir = run["root"], run["workdir"]
@@ -458,6 +488,7 @@ def _set(section: str, **values):
         (_set("gradients", layers=[0, 1]), {"fetch": 2, "extract": 2, "gradients": 2}),
         (_set("gradients", embedding_tokens=30), {"fetch": 2, "extract": 2}),
         (_set("extract", seq_len=24), {"fetch": 3, "extract": 3, "gradients": 2}),
+        (_set("extract", sample_precision="float16"), {"fetch": 3, "extract": 3}),
         (lambda c: c.update(corpus={"source": "text", "paths": [str(ROOT / "README.md")]}), CORPUS_CHANGED),
         # an image or audio corpus's keys, which a text corpus does not read (docs/modalities.md)
         (_set("corpus", modality="text", max_items=9, seed=5, resample=True, max_seconds=1.0), {}),
@@ -484,6 +515,7 @@ def _set(section: str, **values):
         "gradient-layers",
         "embedding-tokens",
         "extract-seq-len",
+        "sample-precision",
         "corpus-texts",
         "media-keys-of-a-text-corpus",
         "toy-training",
