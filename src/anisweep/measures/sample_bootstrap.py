@@ -1,0 +1,414 @@
+"""The Multi-Bootstrap (anisweep.measures.bootstrap) of the measures of the sampled vectors, from hidden.parquet
+alone: a model's example-level intervals, a group of seeds' intervals over seeds and sequences, and the paired tests
+of each step against the previous and the final step (docs/measures.md, Uncertainty over seeds and sequences).
+
+The units are the evaluation sequences (extract.json's `n_sequences`): a replicate draws that many with replacement
+and keeps every sampled token of each drawn sequence, as often as it is drawn. A measure of the sampled vectors is a
+function of their spectrum, so each sequence's Gram matrix, sum and count of its sampled (finite) vectors give any
+replicate's spectrum from its counts, without the vectors. The estimate is the value metrics.parquet holds (the same
+functions, on the same vectors); the replicates use the same formulas on the replicate's moments, equal to them up to
+rounding (tests/measures/test_sample_bootstrap.py).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from anisweep.measures import bootstrap, geometry, metrics, spectral
+from anisweep.measures.grouped import vectors_by_group
+from anisweep.tables import read_parquet
+
+#: the measures this module resamples, each a metric of metrics.parquet, and those the config asks for by default
+MEASURES = ("isoscore", "top_eig_share", "rankme")
+DEFAULT_MEASURES = ("isoscore", "rankme")
+#: at most this many float64s of per-sequence Gram matrices are held per site (256 MiB): past it, each replicate's
+#: Gram matrix is summed from the weighted vectors instead (slower, no more memory than the vectors)
+MAX_UNIT_GRAM_ELEMENTS = 1 << 25
+#: replicates' d x d matrices held at once
+CHUNK_ELEMENTS = 1 << 22
+
+SCHEMA = {
+    "group": pl.String,
+    "models": pl.List(pl.String),
+    "family": pl.String,
+    "model": pl.String,
+    "seed": pl.Int64,
+    "step": pl.Int64,
+    "tokens_seen": pl.Int64,
+    "layer": pl.Int64,
+    "site": pl.String,
+    "metric": pl.String,
+    "against": pl.String,
+    "ref_step": pl.Int64,
+    "estimate": pl.Float64,
+    "low": pl.Float64,
+    "high": pl.Float64,
+    "p": pl.Float64,
+    "level": pl.Float64,
+    "n_seeds": pl.Int64,
+    "n_units": pl.Int64,
+    "samples": pl.Int64,
+    "undefined": pl.Int64,
+    "design": pl.String,
+}
+
+
+class BootstrapInputError(ValueError):
+    """The checkpoints of a model or group cannot be resampled together."""
+
+
+# --------------------------------------------------------------------------------------- one site's moments
+
+
+@dataclass(frozen=True)
+class Moments:
+    """A batch of replicates' second moments of one site's sampled vectors: gram (b, d, d) = sum x x^T, total (b, d)
+    = sum x, count (b,) = the number of vectors, each vector as often as its sequence is drawn."""
+
+    gram: np.ndarray
+    total: np.ndarray
+    count: np.ndarray
+
+    @property
+    def scatter(self) -> np.ndarray:
+        """sum (x - mean)(x - mean)^T; zero where no vector is drawn."""
+        n = np.maximum(self.count, 1.0)[:, None, None]
+        return self.gram - self.total[:, :, None] * self.total[:, None, :] / n
+
+    @property
+    def spread(self) -> np.ndarray:
+        """geometry.relative_spread: the scatter's trace over the Gram matrix's (NaN where the latter is 0)."""
+        whole = np.trace(self.gram, axis1=1, axis2=2)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(whole > 0, np.trace(self.scatter, axis1=1, axis2=2) / whole, np.nan)
+
+
+def _covariance_eigenvalues(m: Moments) -> np.ndarray:
+    """(b, d) eigenvalues of the covariance (ddof 1), descending, clipped at 0, as geometry.cov_eigvals."""
+    n = np.maximum(m.count - 1.0, 1.0)[:, None, None]
+    return np.clip(np.linalg.eigvalsh(m.scatter / n)[:, ::-1], 0.0, None)
+
+
+def _has_spread(m: Moments) -> np.ndarray:
+    """Where sample_rows computes its spectral measures: at least 2 vectors with spread (metrics.sample_rows)."""
+    spread = m.spread
+    return (m.count >= 2) & (np.nan_to_num(spread, nan=-1.0) >= geometry.SPREAD_TOLERANCE)
+
+
+def isoscore(m: Moments) -> np.ndarray:
+    """geometry.isoscore from the covariance's eigenvalues; NaN where metrics.sample_rows gives NaN."""
+    d = m.gram.shape[1]
+    out = np.full(len(m.count), np.nan)
+    ok = _has_spread(m) & (m.count >= d) & (d >= 2)
+    if ok.any():
+        lam = _covariance_eigenvalues(Moments(m.gram[ok], m.total[ok], m.count[ok]))
+        norm = np.linalg.norm(lam, axis=1)
+        sd = np.sqrt(d)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            delta = np.linalg.norm(sd * lam / norm[:, None] - 1.0, axis=1) / np.sqrt(2.0 * (d - sd))
+            k = (d - delta**2 * (d - sd)) ** 2 / d**2
+            out[ok] = np.where(norm > 0, (d * k - 1.0) / (d - 1.0), np.nan)
+    return out
+
+
+def top_eig_share(m: Moments) -> np.ndarray:
+    """geometry.top_eig_share from the covariance's eigenvalues; NaN where metrics.sample_rows gives NaN."""
+    out = np.full(len(m.count), np.nan)
+    ok = _has_spread(m)
+    if ok.any():
+        lam = _covariance_eigenvalues(Moments(m.gram[ok], m.total[ok], m.count[ok]))
+        trace = lam.sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[ok] = np.where(trace > 0, lam[:, 0] / trace, np.nan)
+    return out
+
+
+def rankme(m: Moments) -> np.ndarray:
+    """spectral.rankme of the uncentred singular values (the square roots of the Gram matrix's eigenvalues, the
+    min(n, d) largest, as the SVD of n vectors gives them)."""
+    d = m.gram.shape[1]
+    singular = np.sqrt(np.clip(np.linalg.eigvalsh(m.gram)[:, ::-1], 0.0, None))
+    return np.array(
+        [spectral.rankme(s[: int(min(n, d))]) if n >= 1 else np.nan for s, n in zip(singular, m.count)],
+        dtype=np.float64,
+    )
+
+
+OF_MOMENTS: dict[str, Callable[[Moments], np.ndarray]] = {
+    "isoscore": isoscore,
+    "top_eig_share": top_eig_share,
+    "rankme": rankme,
+}
+
+
+@dataclass(frozen=True)
+class SiteSample:
+    """One checkpoint's sampled vectors at one (layer, site): the finite vectors (table order) and each one's
+    sequence (its unit), summed per sequence where that fits MAX_UNIT_GRAM_ELEMENTS."""
+
+    x: np.ndarray
+    unit: np.ndarray
+    n_units: int
+
+    def moments(self, counts: np.ndarray) -> Moments:
+        """The replicates' moments for (b, n_units) counts of each sequence."""
+        weights = counts[:, self.unit]  # (b, rows)
+        count = weights.sum(axis=1)
+        total = weights @ self.x
+        grams = self._unit_grams
+        if grams is not None:
+            gram = np.tensordot(counts, grams, axes=([1], [0]))
+        else:
+            gram = np.stack([(self.x * w[:, None]).T @ self.x for w in weights])
+        return Moments(gram, total, count)
+
+    @property
+    def _unit_grams(self) -> np.ndarray | None:
+        d = self.x.shape[1]
+        if self.n_units * d * d > MAX_UNIT_GRAM_ELEMENTS:
+            return None
+        cached = self.__dict__.get("_grams")
+        if cached is None:
+            cached = np.zeros((self.n_units, d, d))
+            for u in np.unique(self.unit):
+                xu = self.x[self.unit == u]
+                cached[u] = xu.T @ xu
+            object.__setattr__(self, "_grams", cached)
+        return cached
+
+    def values(self, measure: Callable[[Moments], np.ndarray], units: np.ndarray) -> np.ndarray:
+        """The measure on each row of `units` (draws x n_units sequence indices), in chunks of CHUNK_ELEMENTS."""
+        d = self.x.shape[1]
+        chunk = max(1, CHUNK_ELEMENTS // max(1, d * d))
+        out = [
+            measure(self.moments(bootstrap.unit_counts(units[start : start + chunk], self.n_units)))
+            for start in range(0, len(units), chunk)
+        ]
+        return np.concatenate(out) if out else np.zeros(0)
+
+
+# --------------------------------------------------------------------------------------- a checkpoint
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What the bootstrap reads of one checkpoint's folder: its identity, its sequences, each (layer, site)'s
+    sample, the sampled tokens' (seq, position, token_id) that name the evaluation sample, and metrics' values."""
+
+    family: str
+    model: str
+    seed: int | None
+    step: int
+    tokens_seen: int | None
+    n_units: int
+    sites: dict[tuple[int, str], SiteSample]
+    tokens: dict[tuple[int, str], np.ndarray]
+    exact: dict[tuple[str, int, str], float]
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}/{self.model}"
+
+
+def read_checkpoint(folder: str | Path, measures: Sequence[str]) -> Checkpoint:
+    """A checkpoint's hidden.parquet and extract.json; `exact`: metrics.sample_rows' and metrics.spectral_rows' values
+    of `measures`, computed as metrics computes them."""
+    folder = Path(folder)
+    info = json.loads((folder / "extract.json").read_text())
+    n_units = int(info["settings"]["n_sequences"])
+    hidden = read_parquet(folder / "hidden.parquet")
+    if hidden.is_empty():
+        raise BootstrapInputError(f"{folder / 'hidden.parquet'}: no sampled tokens; nothing to resample")
+    if int(hidden["seq"].max()) >= n_units or int(hidden["seq"].min()) < 0:
+        raise BootstrapInputError(
+            f"{folder / 'hidden.parquet'}: sequence indices outside 0..{n_units - 1} of extract.json's "
+            "n_sequences; the two files are of different runs: rerun its extract"
+        )
+    sites, tokens = {}, {}
+    for (layer, site), group in _groups(hidden):
+        x = group["x"]
+        finite = np.isfinite(x).all(axis=1)
+        sites[(layer, site)] = SiteSample(x[finite], group["seq"][finite], n_units)
+        tokens[(layer, site)] = group["tokens"]
+    exact = _exact_values(hidden, measures)
+    first = hidden.row(0, named=True)
+    return Checkpoint(
+        first["family"], first["model"], first["seed"], first["step"], first["tokens_seen"], n_units, sites, tokens,
+        exact,
+    )  # fmt: skip
+
+
+def _groups(hidden: pl.DataFrame) -> list[tuple[tuple[int, str], dict[str, np.ndarray]]]:
+    """Each (layer, site)'s vectors (float64, table order, as metrics.sample_rows reads them), sequences and
+    (seq, position, token_id) rows."""
+    grouped = vectors_by_group(hidden, ("layer", "site"), ("vector",))
+    keys = hidden.select("layer", "site").with_row_index("row").group_by("layer", "site").agg(pl.col("row"))
+    rows = {(layer, site): np.sort(np.asarray(r, dtype=np.int64)) for layer, site, r in keys.iter_rows()}
+    seq = hidden["seq"].to_numpy()
+    tokens = hidden.select("seq", "position", "token_id").to_numpy()
+    return [(key, {"x": group["vector"], "seq": seq[rows[key]], "tokens": tokens[rows[key]]}) for key, group in grouped]
+
+
+def _exact_values(hidden: pl.DataFrame, measures: Sequence[str]) -> dict[tuple[str, int, str], float]:
+    rows = []
+    with warnings.catch_warnings():  # metrics' own job warns of a site without spread; here its value is NaN alone
+        warnings.simplefilter("ignore")
+        if {"isoscore", "top_eig_share"} & set(measures):
+            rows += metrics.sample_rows(hidden)
+        if "rankme" in measures:
+            rows += metrics.spectral_rows(hidden)
+    return {(r["metric"], r["layer"], r["site"]): float(r["value"]) for r in rows if r["metric"] in measures}
+
+
+# --------------------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class Settings:
+    level: float = bootstrap.DEFAULT_LEVEL
+    samples: int = bootstrap.DEFAULT_SAMPLES
+    seed: int = 0
+    measures: tuple[str, ...] = DEFAULT_MEASURES
+
+    def __post_init__(self):
+        unknown = sorted(set(self.measures) - set(MEASURES))
+        if unknown:
+            raise BootstrapInputError(f"measures {unknown}: not resampled here; choose among {list(MEASURES)}")
+        if not 0 < self.level < 1:
+            raise BootstrapInputError(f"level {self.level}: a confidence level lies strictly between 0 and 1 (0.95)")
+        if self.samples < 1:
+            raise BootstrapInputError(f"samples {self.samples}: B must be at least 1")
+
+
+def _check_same_sample(reference: Checkpoint, other: Checkpoint) -> None:
+    """Resampled together, two checkpoints must have sampled the same tokens of the same sequences."""
+    problem = None
+    if other.n_units != reference.n_units:
+        problem = f"{reference.n_units} against {other.n_units} evaluation sequences"
+    elif set(other.tokens) != set(reference.tokens):
+        problem = f"sites {sorted(reference.tokens)} against {sorted(other.tokens)}"
+    else:
+        differing = [k for k, t in reference.tokens.items() if not np.array_equal(t, other.tokens[k])]
+        if differing:
+            problem = f"other sampled tokens (seq, position, token_id) at layer {differing[0][0]}, {differing[0][1]}"
+    if problem:
+        raise BootstrapInputError(
+            f"{reference.name} step {reference.step} and {other.name} step {other.step} were not measured on one "
+            f"evaluation sample ({problem}): resampling pairs their sequences, so a group needs models of one "
+            "tokenizer measured with the same extract settings; leave the other model out of the group"
+        )
+
+
+def _interval_row(estimate: float, scores: np.ndarray, level: float) -> dict:
+    undefined = int(np.isnan(scores).sum())
+    low, high = (np.nan, np.nan) if undefined else bootstrap.percentile_interval(scores, level)
+    return {"estimate": estimate, "low": low, "high": high, "p": None, "undefined": undefined}
+
+
+def _test_row(estimate: float, deltas: np.ndarray, level: float) -> dict:
+    row = _interval_row(estimate, deltas, level)
+    row["p"] = np.nan if row["undefined"] else bootstrap.two_sided_p(deltas)
+    return row
+
+
+def step_tests(steps: Sequence[int]) -> list[tuple[int, int, str]]:
+    """(step, ref_step, against): each step against the one before it and against the final step."""
+    ordered = sorted(set(steps))
+    tests = [(b, a, "previous") for a, b in zip(ordered, ordered[1:])]
+    return tests + [(s, ordered[-1], "final") for s in ordered[:-1]]
+
+
+def bootstrap_table(
+    seeds: Sequence[Sequence[str | Path]], settings: Settings = Settings(), group: str | None = None
+) -> pl.DataFrame:
+    """The intervals and step tests of one model (`seeds` one list of its checkpoint folders) or of a group (one list
+    per seed, each seed's folders of the same steps). Reads one step's checkpoints at a time; keeps each measure's
+    replicate scores (B floats per measure, layer, site and step) for the tests."""
+    if not seeds or not all(seeds):
+        raise BootstrapInputError("no checkpoints to resample: give each seed's checkpoint folders")
+    if len({len(folders) for folders in seeds}) != 1:
+        raise BootstrapInputError(f"each seed needs the same steps: {[len(f) for f in seeds]} checkpoints per seed")
+    blocks, reference, labels = None, None, None
+    estimates, scores, identity = {}, {}, {}
+    for step_folders in zip(*seeds):
+        checkpoints = [read_checkpoint(folder, settings.measures) for folder in step_folders]
+        reference = reference or checkpoints[0]
+        labels = labels or [c.name for c in checkpoints]
+        if [c.name for c in checkpoints] != labels:
+            raise BootstrapInputError(f"each step's checkpoints must be the seeds in one order: {labels}")
+        if len({c.step for c in checkpoints}) != 1:
+            raise BootstrapInputError(f"one step's checkpoints are of steps {sorted({c.step for c in checkpoints})}")
+        for c in checkpoints:
+            _check_same_sample(reference, c)
+        step = checkpoints[0].step
+        if step in identity:
+            raise BootstrapInputError(f"step {step} is given twice")
+        identity[step] = checkpoints[0]
+        if blocks is None:
+            blocks = list(
+                bootstrap.draws(reference.n_units, len(checkpoints), samples=settings.samples, seed=settings.seed)
+            )
+        for layer, site in sorted(reference.sites):
+            for metric in settings.measures:
+                measure = bootstrap.SampleBuilt(
+                    labels,
+                    reference.n_units,
+                    lambda s, units, key=(layer, site), fn=OF_MOMENTS[metric], cs=checkpoints: (
+                        cs[s].sites[key].values(fn, units)
+                    ),
+                )
+                got, _ = bootstrap.replicates(measure, None, blocks)
+                key = (metric, layer, site)
+                scores[(*key, step)] = got
+                estimates[(*key, step)] = float(np.mean([c.exact.get(key, np.nan) for c in checkpoints]))
+    return _rows(estimates, scores, identity, labels, reference.n_units, settings, group)
+
+
+def _rows(estimates, scores, identity, labels, n_units, settings, group) -> pl.DataFrame:
+    n_seeds = len(labels)
+    alone = n_seeds == 1 and group is None
+    first = identity[min(identity)]
+    common = {
+        "group": group,
+        "models": labels,
+        "family": first.family if len({name.split("/")[0] for name in labels}) == 1 else None,
+        "model": first.model if alone else None,
+        "seed": first.seed if alone else None,
+        "level": settings.level,
+        "n_seeds": n_seeds,
+        "n_units": n_units,
+        "samples": settings.samples,
+    }
+    steps = sorted(identity)
+    rows = []
+    for metric, layer, site, step in sorted(estimates, key=lambda k: (k[1], k[2], k[0], k[3])):
+        key = (metric, layer, site)
+        where = {"layer": layer, "site": site, "metric": metric}
+        rows.append(
+            common
+            | where
+            | {"step": step, "tokens_seen": identity[step].tokens_seen, "against": None, "ref_step": None}
+            | {"design": "seeds and units" if n_seeds > 1 else "units"}
+            | _interval_row(estimates[(*key, step)], scores[(*key, step)], settings.level)
+        )
+        if step != steps[-1]:
+            continue
+        for test_step, ref_step, against in step_tests(steps):
+            difference = estimates[(*key, test_step)] - estimates[(*key, ref_step)]
+            deltas = scores[(*key, test_step)] - scores[(*key, ref_step)]
+            rows.append(
+                common
+                | where
+                | {"step": test_step, "tokens_seen": identity[test_step].tokens_seen}
+                | {"against": against, "ref_step": ref_step, "design": "paired"}
+                | _test_row(difference, deltas, settings.level)
+            )
+    table = pl.DataFrame(rows, schema=SCHEMA)
+    return table.sort("layer", "site", "metric", "against", "step", nulls_last=False)
