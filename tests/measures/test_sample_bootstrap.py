@@ -1,0 +1,170 @@
+"""anisweep.measures.sample_bootstrap: the Multi-Bootstrap of the sampled vectors' measures from hidden.parquet,
+on synthetic checkpoint folders: estimates equal to metrics' values, replicates equal to the measures of the
+resampled vectors, the intervals and step tests, groups of seeds and the refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from anisweep.measures import bootstrap, geometry, metrics, spectra, spectral
+from anisweep.measures import sample_bootstrap as sb
+from anisweep.tables import read_parquet
+
+N_SEQUENCES = 12
+D = 6
+SITES = ((0, "resid"), (1, "resid"))
+
+
+def tokens(n_sequences: int = N_SEQUENCES, seed: int = 0) -> list[tuple[int, int, int]]:
+    """The sampled (seq, position, token_id), sorted: a few positions of every sequence but the last."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for seq in range(n_sequences - 1):  # the last sequence has no sampled token: a unit drawn with nothing in it
+        for position in sorted(rng.choice(32, size=int(rng.integers(3, 8)), replace=False)):
+            rows.append((seq, int(position), int(rng.integers(0, 100))))
+    return rows
+
+
+def write_checkpoint(
+    folder: Path, model: str, step: int, scale: float = 1.0, seed: int = 0, sample: list | None = None
+) -> Path:
+    """A checkpoint folder with hidden.parquet (anisotropic Gaussian vectors, each dimension scaled by
+    `scale` ** i) and the extract.json fields the bootstrap reads."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sample = sample or tokens()
+    rng = np.random.default_rng([seed, step])
+    rows = []
+    for layer, site in SITES:
+        x = rng.normal(size=(len(sample), D)) * scale ** np.arange(D) + 0.3
+        for (seq, position, token_id), vector in zip(sample, x):
+            rows.append(
+                {"family": "toy", "model": model, "seed": seed, "step": step, "tokens_seen": step * 10}
+                | {"layer": layer, "site": site, "seq": seq, "position": position, "token_id": token_id}
+                | {"vector": vector.astype(np.float32).tolist()}
+            )
+    pl.DataFrame(rows).with_columns(pl.col("vector").cast(pl.List(pl.Float32))).write_parquet(folder / "hidden.parquet")
+    (folder / "extract.json").write_text(json.dumps({"settings": {"n_sequences": N_SEQUENCES}}))
+    return folder
+
+
+@pytest.fixture
+def model(tmp_path) -> list[Path]:
+    return [write_checkpoint(tmp_path / f"step{s}", "toy-a", s, scale) for s, scale in ((0, 1.0), (8, 1.2), (32, 2.0))]
+
+
+SETTINGS = sb.Settings(samples=300, measures=sb.MEASURES)
+
+
+def test_the_estimates_are_metrics_values_exactly(model):
+    table = sb.bootstrap_table([model], SETTINGS)
+    for folder in model:
+        hidden = read_parquet(folder / "hidden.parquet")
+        step = hidden["step"][0]
+        expected = {
+            (r["metric"], r["layer"], r["site"]): r["value"]
+            for r in metrics.sample_rows(hidden) + metrics.spectral_rows(hidden)
+            if r["metric"] in sb.MEASURES
+        }
+        got = table.filter(pl.col("against").is_null() & (pl.col("step") == step))
+        assert got.height == len(expected) == len(SITES) * len(sb.MEASURES)
+        for r in got.iter_rows(named=True):
+            assert r["estimate"] == expected[(r["metric"], r["layer"], r["site"])]
+
+
+@pytest.mark.parametrize("metric", sb.MEASURES)
+@pytest.mark.parametrize("unit_grams", [True, False], ids=["unit-grams", "weighted-rows"])
+def test_a_replicate_is_the_measure_of_the_drawn_sequences_vectors(model, metric, unit_grams, monkeypatch):
+    """Every sampled vector of a drawn sequence, as often as it is drawn: the value equals the metric computed from
+    those vectors themselves (the full sample, and random draws), up to rounding; with the per-sequence Gram
+    matrices and without them (a site too large to hold them)."""
+    if not unit_grams:
+        monkeypatch.setattr(sb, "MAX_UNIT_GRAM_ELEMENTS", 0)
+    checkpoint = sb.read_checkpoint(model[1], sb.MEASURES)
+    site = checkpoint.sites[(1, "resid")]
+    direct = {
+        "isoscore": geometry.isoscore,
+        "top_eig_share": geometry.top_eig_share,
+        "rankme": lambda x: spectral.rankme(spectra.spectrum(x)[0]),
+    }[metric]
+    rng = np.random.default_rng(1)
+    draws = np.concatenate([np.arange(N_SEQUENCES)[None], rng.integers(0, N_SEQUENCES, size=(5, N_SEQUENCES))])
+    got = site.values(sb.OF_MOMENTS[metric], draws)
+    for value, units in zip(got, draws):
+        x = site.x[bootstrap.rows_of_units(site.unit, units)]
+        assert value == pytest.approx(direct(x), rel=1e-10, abs=1e-12)
+    assert got[0] == pytest.approx(checkpoint.exact[(metric, 1, "resid")], rel=1e-12)
+
+
+def test_a_model_alone_gets_example_level_intervals_and_step_tests(model):
+    table = sb.bootstrap_table([model], SETTINGS)
+    intervals = table.filter(pl.col("against").is_null())
+    assert set(intervals["design"]) == {"units"} and set(intervals["n_seeds"]) == {1}
+    assert set(intervals["n_units"]) == {N_SEQUENCES} and set(intervals["samples"]) == {300}
+    assert intervals["p"].null_count() == intervals.height
+    assert (intervals["low"] <= intervals["high"]).all()
+    tests = table.filter(pl.col("against").is_not_null())
+    pairs = sorted(set(zip(tests["step"], tests["ref_step"], tests["against"])))
+    assert pairs == [(0, 32, "final"), (8, 0, "previous"), (8, 32, "final"), (32, 8, "previous")]
+    assert set(tests["design"]) == {"paired"}
+    assert tests["p"].is_between(0, 1).all()
+    # the difference is the step's estimate minus the reference step's
+    value = {(r["metric"], r["layer"], r["step"]): r["estimate"] for r in intervals.iter_rows(named=True)}
+    for r in tests.iter_rows(named=True):
+        assert (
+            r["estimate"]
+            == value[(r["metric"], r["layer"], r["step"])] - value[(r["metric"], r["layer"], r["ref_step"])]
+        )
+    # step 32's strongly anisotropic cloud (scale 2 per dimension) against step 0's isotropic one: a clear change
+    change = tests.filter((pl.col("metric") == "isoscore") & (pl.col("step") == 0) & (pl.col("against") == "final"))
+    assert (change["p"] <= 2 / 300).all() and (change["low"] > 0).all()  # step 0 is the more isotropic
+
+
+def test_the_same_vectors_at_two_steps_differ_by_nothing(tmp_path):
+    folders = [write_checkpoint(tmp_path / f"step{s}", "toy-a", s) for s in (0, 4)]
+    (folders[1] / "hidden.parquet").write_bytes((folders[0] / "hidden.parquet").read_bytes())
+    hidden = read_parquet(folders[1] / "hidden.parquet").with_columns(step=pl.lit(4, pl.Int64))
+    hidden.write_parquet(folders[1] / "hidden.parquet")
+    tests = sb.bootstrap_table([folders], SETTINGS).filter(pl.col("against") == "previous")
+    assert (tests["estimate"] == 0).all() and (tests["low"] == 0).all() and (tests["high"] == 0).all()
+    assert (tests["p"] == 1).all()
+
+
+def test_a_group_resamples_its_seeds_and_shares_the_sequences(tmp_path):
+    seeds = [
+        [write_checkpoint(tmp_path / m / f"step{s}", m, s, 1.0 + 0.1 * s, seed=i) for s in (0, 8)]
+        for i, m in enumerate(["seed_0", "seed_1", "seed_2"])
+    ]
+    table = sb.bootstrap_table(seeds, SETTINGS, group="recipe")
+    intervals = table.filter(pl.col("against").is_null())
+    assert set(intervals["design"]) == {"seeds and units"} and set(intervals["n_seeds"]) == {3}
+    assert set(table["group"]) == {"recipe"} and table["model"].null_count() == table.height
+    assert table["models"][0].to_list() == ["toy/seed_0", "toy/seed_1", "toy/seed_2"]
+    alone = [sb.bootstrap_table([folders], SETTINGS).filter(pl.col("against").is_null()) for folders in seeds]
+    for r in intervals.iter_rows(named=True):
+        per_seed = [
+            t.filter((pl.col(k) == r[k]) for k in ("metric", "layer", "site", "step"))["estimate"][0] for t in alone
+        ]
+        assert r["estimate"] == pytest.approx(np.mean(per_seed), rel=1e-15)
+    # the seeds' spread widens the interval beyond one seed's example-level one, on the same draws of sequences
+    one = alone[0].filter(pl.col("metric") == "isoscore")
+    three = intervals.filter(pl.col("metric") == "isoscore")
+    assert (three["high"] - three["low"]).sum() > 0 and (one["high"] - one["low"]).sum() > 0
+
+
+def test_a_group_of_models_measured_on_other_samples_is_refused(tmp_path):
+    a = [write_checkpoint(tmp_path / "a" / "step0", "toy-a", 0)]
+    b = [write_checkpoint(tmp_path / "b" / "step0", "toy-b", 0, sample=tokens(seed=5))]
+    with pytest.raises(sb.BootstrapInputError, match="toy/toy-a step 0 and toy/toy-b step 0 were not measured on one"):
+        sb.bootstrap_table([a, b], SETTINGS, group="mixed")
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(sb.BootstrapInputError, match=r"measures \['avg_cos'\]: not resampled here"):
+        sb.Settings(measures=("isoscore", "avg_cos"))
+    with pytest.raises(sb.BootstrapInputError, match="level 95"):
+        sb.Settings(level=95)
