@@ -26,17 +26,20 @@ def pythia_tiny():
     return counter.measure("pythia-tiny", 2, 16)
 
 
+@pytest.mark.slow  # the toy's count on meta: ~17 s, shared by the tests below
 @pytest.mark.parametrize("path", ["torch", "triton"])
 def test_extract_dispatches_at_most_its_bound_of_a_plain_forwards_ops(pythia_tiny, path):
     assert pythia_tiny[path]["ratio"] <= BOUNDS[("pythia-tiny", path)], pythia_tiny[path]["by_function"]
 
 
+@pytest.mark.slow
 def test_the_torch_paths_count_does_not_grow_with_the_batch_on_a_device(pythia_tiny):
     """On a GPU (and meta) the sequences that share one mask take their attention in one chunk, not one each."""
     twice = counter.measure("pythia-tiny", 4, 16, paths=["torch"])
     assert twice["torch"]["total"] == pythia_tiny["torch"]["total"]
 
 
+@pytest.mark.slow
 def test_every_op_is_attributed_to_a_site_a_layer_and_a_function(pythia_tiny):
     counts = pythia_tiny["triton"]
     for breakdown in ("by_site", "by_layer", "by_function", "by_op"):
