@@ -27,6 +27,7 @@ include: "workflow/rules/tangent.smk"
 include: "workflow/rules/measures.smk"
 include: "workflow/rules/compare_inputs.smk"
 include: "workflow/rules/compare.smk"
+include: "workflow/rules/bootstrap.smk"
 include: "workflow/rules/weights_inputs.smk"
 include: "workflow/rules/weights.smk"
 include: "workflow/rules/mechanism.smk"
@@ -55,3 +56,4 @@ rule all:
     default_target: True
     input:
         all_outputs(),
+        bootstrap_outputs(),

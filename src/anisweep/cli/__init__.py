@@ -12,12 +12,24 @@ import json
 import sys
 from pathlib import Path
 
-from anisweep.cli import checkpoints, explore, extract, live, measures, mechanism, plots, tangent, toy, weights
+from anisweep.cli import (
+    bootstrap,
+    checkpoints,
+    explore,
+    extract,
+    live,
+    measures,
+    mechanism,
+    plots,
+    tangent,
+    toy,
+    weights,
+)
 from anisweep.errors import DISK_FULL
 
 # Each stage's commands (cli/<stage>.py), in the flow's order; they import what they run only when they run, so
 # that `anisweep --help` and parsing a command import no torch.
-STAGES = (toy, live, checkpoints, extract, measures, weights, tangent, mechanism, plots, explore)
+STAGES = (toy, live, checkpoints, extract, measures, bootstrap, weights, tangent, mechanism, plots, explore)
 
 
 @functools.cache  # built once per process: the warm worker builds it before it forks its jobs
