@@ -177,6 +177,57 @@ def test_table_difference():
     assert compare.table_difference(nan, pl.DataFrame({"x": [0.0, 1.0]}))["max_rel"] == inf
 
 
+def sink_keys(*ranked):
+    """A sink_keys table of one layer and head: (seq, position, received) listed in this order."""
+    return pl.DataFrame(
+        [
+            {
+                "layer": 0,
+                "head": 0,
+                "rank": r,
+                "seq": s,
+                "position": p,
+                "token_id": p,
+                "token": f"t{s}.{p}",
+                "kind": "text",
+            }
+            | {"received": v, "share": v / 4}
+            for r, (s, p, v) in enumerate(ranked)
+        ]
+    )
+
+
+def test_ranked_tables_compared_item_by_item():
+    """Top-k tables are compared item by item, not row by row: a near tie that swaps two ranks, or that swaps the k-th
+    item for one of equal value, is the values' difference, not inf; an item listed by one run only differs by its
+    value above the other's smallest."""
+    ref = sink_keys((0, 0, 40.0), (1, 0, 30.0), (0, 5, 10.0))
+    swapped = sink_keys((1, 0, 30.2), (0, 0, 30.1), (0, 5, 10.0))
+    got = compare.any_table_difference("sink_keys", swapped, ref)
+    assert got["column"] == "received" and math.isclose(got["max_rel"], 9.9 / 40, rel_tol=1e-9)
+    assert got["shared"] == 1.0
+    assert compare.table_difference(swapped, ref)["max_rel"] == float("inf")  # row by row: the token differs
+
+    replaced = sink_keys((0, 0, 40.0), (1, 0, 30.0), (1, 7, 10.2))  # (0, 5) left the list for a key of about its value
+    got = compare.any_table_difference("sink_keys", replaced, ref)
+    assert math.isclose(got["max_rel"], 0.2 / 40, rel_tol=1e-9) and math.isclose(got["shared"], 2 / 3)
+
+    far = sink_keys((0, 0, 40.0), (1, 0, 30.0), (1, 7, 25.0))  # listed by one run at 15 above the other's smallest
+    assert math.isclose(compare.any_table_difference("sink_keys", far, ref)["max_rel"], 15 / 40, rel_tol=1e-9)
+    assert compare.any_table_difference("sink_keys", ref, ref) == {"max_rel": 0.0, "column": None, "shared": 1.0}
+    assert compare.any_table_difference("sink_keys", ref.head(2), ref)["max_rel"] == float("inf")
+    other_head = ref.with_columns(pl.lit(1, dtype=pl.Int64).alias("head"))
+    assert compare.any_table_difference("sink_keys", other_head, ref)["column"] == "(groups)"
+
+    massive = pl.DataFrame(
+        {"layer": [0, 0], "site": ["h", "h"], "rank": [0, 1], "seq": [0, 1], "position": [3, 4]}
+        | {"token_id": [3, 4], "token": ["a", "b"], "kind": ["text"] * 2, "dim": [7, 9], "value": [50.0, 20.0]}
+    )
+    other_dim = massive.with_columns(pl.Series("dim", [7, 8]))  # the same token's largest component in another dim
+    got = compare.any_table_difference("massive", other_dim, massive)
+    assert got == {"max_rel": 0.0, "column": None, "shared": 0.5}
+
+
 def compare_res(float32_rel=2e-6, attention="triton", fallbacks=()):
     def run(dtype, rel):
         tables = {name: {"max_rel": rel, "column": "c"} for name in ("qk", "attention", "hidden")}

@@ -3,7 +3,8 @@
 One random-weight checkpoint of each --compare-shapes shape (bert-base and pythia-160m), saved, extracted over a
 padded batch of 8 x 512 (every table, the score histogram included) on the CPU in float32, then on the device in
 float32 (attention auto: the Triton kernel) and in bfloat16; every table against the CPU's: the largest |device -
-cpu| over each numeric column, relative to that column's largest |cpu| (at least 0.01), other columns equal. float32
+cpu| over each numeric column, relative to that column's largest |cpu| (at least 0.01), other columns equal; the top-k
+tables (massive, sink_keys) item by item, so that two near-tied ranks swapped are their values' difference. float32
 passes at 1e-5 (COMPARE_RTOL) through the kernel with no fallback; bfloat16 is reported, not judged. Beside it, the
 same measure of HF's own eager float32 hidden states, device against CPU: the rounding that any float32 forward on
 another device brings (on an H200, 1.7e-6 for bert-base and 2.3e-6 for pythia-160m). Values are not judged one by
@@ -93,7 +94,7 @@ def compare(args) -> dict:
             runs = []
             for dtype in ("float32", "bfloat16"):
                 tables, info = extract_tables_on(tmp, batch, args.device, dtype, args.threads)
-                differences = {name: table_difference(tables[name], reference[name]) for name in reference}
+                differences = {name: any_table_difference(name, tables[name], reference[name]) for name in reference}
                 runs.append({**info, "judged": dtype == "float32", "tables": differences})
         hf = hf_hidden_difference(model, batch, args.device)
         shapes.append({"shape": shape, "reference": ref_info, "runs": runs, "hf_hidden": hf})
@@ -164,6 +165,68 @@ def table_difference(got, ref) -> dict:
     return {"max_rel": worst, "column": where}
 
 
+#: The tables that list the top tokens or keys of a group by a value, largest first: the group's columns, the columns
+#: that name a listed item, the value it is ranked by, and the other numbers compared item by item.
+RANKED = {
+    "massive": (("layer", "site"), ("seq", "position"), "value", ()),
+    "sink_keys": (("layer", "head"), ("seq", "position"), "received", ("share",)),
+}
+
+
+def any_table_difference(name: str, got, ref) -> dict:
+    """ranked_difference for the RANKED tables, table_difference for the others."""
+    if name in RANKED:
+        return ranked_difference(got, ref, *RANKED[name])
+    return table_difference(got, ref)
+
+
+def ranked_difference(got, ref, group: tuple, item: tuple, ranked_by: str, numbers: tuple) -> dict:
+    """Two top-k lists per group compared item by item, not row by row: a near tie that swaps two ranks, or an item at
+    the k-th place that the other list replaces with one of equal value, is no difference. Over the items both lists
+    name, the largest column_difference of `ranked_by` and `numbers` (each relative to its column's largest |ref|);
+    an item only one list names differs by at least its value minus the other list's smallest (the value it would
+    need to be listed there), which counts the same way. `shared` is the share of the listed items that both lists
+    name with the same other columns (dim, token): reported, not judged. Groups, or list lengths, that differ are
+    infinitely far."""
+    import numpy as np
+
+    if got.columns != ref.columns:
+        return {"max_rel": float("inf"), "column": "(columns)", "shared": 0.0}
+    scale = {c: max(float(ref[c].abs().max() or 0.0), REL_FLOOR) for c in (ranked_by, *numbers)}
+    got_groups, ref_groups = (dict(t.group_by(list(group), maintain_order=True).__iter__()) for t in (got, ref))
+    if got_groups.keys() != ref_groups.keys():
+        return {"max_rel": float("inf"), "column": "(groups)", "shared": 0.0}
+    worst, where, shared, listed = 0.0, None, 0, 0
+    for key, ref_rows in ref_groups.items():
+        got_rows = got_groups[key]
+        if got_rows.height != ref_rows.height:
+            return {"max_rel": float("inf"), "column": "(list lengths)", "shared": 0.0}
+        mine, theirs = (
+            {tuple(row[c] for c in item): row for row in rows.iter_rows(named=True)} for rows in (got_rows, ref_rows)
+        )
+        differences = []
+        for ident in mine.keys() & theirs.keys():
+            a, b = mine[ident], theirs[ident]
+            differences += [(_gap(a[c], b[c]) / scale[c], c) for c in (ranked_by, *numbers)]
+            shared += all(a[c] == b[c] for c in a if c not in ("rank", ranked_by, *numbers))
+        for own, other in ((mine, theirs), (theirs, mine)):
+            floor = min(float(row[ranked_by]) for row in other.values())
+            for ident in own.keys() - other.keys():
+                differences.append((max(0.0, float(own[ident][ranked_by]) - floor) / scale[ranked_by], ranked_by))
+        listed += ref_rows.height
+        for rel, column in differences:
+            rel = float(np.nan_to_num(rel, nan=np.inf))
+            if rel > worst:
+                worst, where = rel, column
+    return {"max_rel": worst, "column": where, "shared": shared / listed if listed else 1.0}
+
+
+def _gap(a, b) -> float:
+    if a is None or b is None:
+        return 0.0 if a is None and b is None else float("inf")
+    return 0.0 if a == b else abs(float(a) - float(b))
+
+
 def max_difference(run: dict) -> float:
     return max((t["max_rel"] for t in run["tables"].values()), default=0.0)
 
@@ -217,6 +280,22 @@ def comparison_line(res: dict | None) -> dict:
     return {"goal": goal, "measured": measured or "no table", "verdict": combine(verdicts)}
 
 
+def ranked_text(res: dict) -> str:
+    tables = [t for s in res["shapes"] for run in s["runs"] for t in run["tables"].values()]
+    if not any("shared" in t for t in tables):
+        return ""
+    return (
+        f" The top-k tables ({', '.join(RANKED)}) item by item: a value's difference where both runs list an item, "
+        "where one does, its value above the other's smallest; in brackets the share of the items both list."
+    )
+
+
+def difference_text(table: dict) -> str:
+    """A table's cell: its largest difference, and for a RANKED table the share of the top items both runs list."""
+    text = f"{table['max_rel']:.1e}"
+    return text + (f" ({table['shared']:.0%} shared)" if "shared" in table else "")
+
+
 def rtol_text(rtol: float) -> str:
     return f"{rtol:.0e}".replace("e-0", "e-")
 
@@ -235,8 +314,8 @@ def comparison_summary(res: dict) -> list[str]:
         "",
         "Largest |device - cpu| of each table against the CPU's float32 tables, relative to its column's largest "
         f"|cpu| (at least {res['rel_floor']}); {res['n_sequences']} x {res['seq_len']} tokens, padded; float32 judged "
-        f"at {rtol_text(res['rtol'])}, bfloat16 reported. HF's own eager float32 hidden states, {res['device']} "
-        "against the CPU, by the same measure: "
+        f"at {rtol_text(res['rtol'])}, bfloat16 reported.{ranked_text(res)} HF's own eager float32 hidden states, "
+        f"{res['device']} against the CPU, by the same measure: "
         + ", ".join(f"{shape_name(s['shape'])} {s['hf_hidden']:.1e}" for s in res["shapes"] if "hf_hidden" in s)
         + ".",
         "",
@@ -246,7 +325,7 @@ def comparison_summary(res: dict) -> list[str]:
     for shape in res["shapes"]:
         for run in shape["runs"]:
             verdict, why = compare_run_verdict(run, res["rtol"])
-            values = " | ".join(f"{run['tables'][name]['max_rel']:.1e}" for name in names)
+            values = " | ".join(difference_text(run["tables"][name]) for name in names)
             lines.append(
                 f"| {shape_name(shape['shape'])} | {run['device']} {run['dtype']} | {run['attention']} | "
                 f"{values} | {verdict + (f' ({cell_text(why, 400)})' if why else '')} |"
