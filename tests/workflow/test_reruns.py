@@ -219,7 +219,7 @@ def test_results_from_before_sample_precision_keep_theirs_at_float32_and_rerun_e
     config = yaml.safe_load(kept_float32.read_text())
     config["extract"]["sample_precision"] = "float32"
     kept_float32.write_text(yaml.safe_dump(config))
-    assert planned(workdir, kept_float32) == {}
+    assert not {"fetch", "extract", "metrics"} & set(planned(workdir, kept_float32))
     plan = planned(workdir, run["config"])
     assert {rule: plan.get(rule, 0) for rule in ("fetch", "extract", "metrics")} == dict.fromkeys(
         ("fetch", "extract", "metrics"), len(STEPS)
@@ -290,15 +290,24 @@ COMPARE_TABLES = {"compare_sweep": 1, "plot_compare": 1}
 @pytest.mark.parametrize(
     ("compare", "expected"),
     [
-        ({"against": ["previous", "final"], "layer_steps": ["final", "first"], "svcca_variance": 0.99}, {}),
+        (
+            {
+                "against": ["previous", "final"],
+                "layer_steps": ["final", "first"],
+                "svcca_variance": 0.99,
+                "cca_max_width": 1024,
+            },
+            {},
+        ),
         ({"cka_debiased": True}, {"compare_pair": 4, **COMPARE_TABLES}),
+        ({"cca_max_width": None}, {"compare_pair": 4, **COMPARE_TABLES}),
         ({"sites": ["resid", "final_ln_out"]}, {"compare_pair": 4, "compare_layers": 2, **COMPARE_TABLES}),
         ({"against": ["final"]}, COMPARE_TABLES),
         # step 0 against 8 is new; step 32 against 8 is the table its `previous` pair already wrote
         ({"against": [8]}, {"compare_pair": 1, **COMPARE_TABLES}),
         ({"layer_steps": [8]}, {"compare_layers": 1, **COMPARE_TABLES}),
     ],
-    ids=["order-and-defaults", "cka-debiased", "sites", "final-only", "named-step", "layer-steps"],
+    ids=["order-and-defaults", "cka-debiased", "cca-max-width", "sites", "final-only", "named-step", "layer-steps"],
 )
 def test_compare_config_changes_rerun_what_docs_reruns_says(compared, compare, expected):
     """docs/reruns.md, the `compare:` rows: only comparison jobs, never a model run or a checkpoint's metrics."""
