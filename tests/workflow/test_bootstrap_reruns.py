@@ -1,0 +1,129 @@
+"""The bootstrap jobs' reruns (docs/reruns.md, the `bootstrap:` rows): a model's intervals read its checkpoints'
+hidden.parquet alone, so a new step reruns its model's job and a group's, the bootstrap settings only these jobs,
+never a model run; and the config errors of a group, before any job."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+import anisweep
+
+from conftest import job_stats, snakemake_command
+from warm_snakemake import dry_run
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text())
+PACKAGE = Path(anisweep.__file__).parent
+TARGET = "results/toy/toy-neox/bootstrap.parquet"
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_worker")]
+
+
+def write_config(path: Path, steps=(0, 8, 32), bootstrap: dict | None = None, seeds: bool = False) -> Path:
+    neox = TINY["toy"]["toy-neox"]
+    config = {**TINY, "toy": {"toy-neox": {**neox, "steps": [0, 4, 8, 32]}}}
+    config["models"] = [{"family": "toy", "name": "toy-neox", "steps": list(steps)}]
+    if seeds:
+        config["toy"]["toy-neox-s1"] = {**neox, "seed": 1, "steps": [0, 8, 32]}
+        config["models"].append({"family": "toy", "name": "toy-neox-s1", "steps": [0, 8, 32]})
+    config["gradients"] = {"enabled": False}
+    config["bootstrap"] = {"samples": 50, **(bootstrap or {})}
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def command(workdir: Path, configfile: Path, *args: str) -> list[str]:
+    return snakemake_command(workdir, "--configfile", str(configfile), "--cores", "2", *args)
+
+
+def planned(workdir: Path, configfile: Path, *args: str, target: str = TARGET) -> dict[str, int]:
+    done = dry_run(command(workdir, configfile, "-n", target, *args), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return job_stats(done)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("bootstrap-reruns")
+    workdir = root / "work"
+    workdir.mkdir()
+    configfile = write_config(root / "sweep.yaml")
+    done = subprocess.run(command(workdir, configfile, TARGET), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-5000:]
+    return {"root": root, "workdir": workdir, "config": configfile}
+
+
+def test_the_model_job_writes_its_intervals_and_is_then_up_to_date(run):
+    table = pl.read_parquet(run["workdir"] / TARGET)
+    assert set(table["step"]) == {0, 8, 32} and set(table["metric"]) == {"isoscore", "rankme"}
+    assert set(table["samples"]) == {50} and set(table["design"]) == {"units", "paired"}
+    assert planned(run["workdir"], run["config"]) == {}
+
+
+@pytest.mark.parametrize(
+    ("bootstrap", "expected"),
+    [
+        ({"measures": ["rankme", "isoscore"], "level": 0.95, "seed": 0, "enabled": True}, {}),
+        ({"samples": 60}, {"bootstrap_model": 1}),
+        ({"level": 0.9}, {"bootstrap_model": 1}),
+        ({"seed": 1}, {"bootstrap_model": 1}),
+        ({"measures": ["isoscore", "top_eig_share", "rankme"]}, {"bootstrap_model": 1}),
+    ],
+    ids=["order-and-defaults", "samples", "level", "seed", "measures"],
+)
+def test_bootstrap_settings_rerun_its_jobs_alone(run, bootstrap, expected):
+    config = write_config(run["root"] / "settings.yaml", bootstrap=bootstrap)
+    assert planned(run["workdir"], config) == expected
+
+
+def test_a_new_step_reruns_its_model_job_and_no_other_checkpoint(run):
+    config = write_config(run["root"] / "steps.yaml", steps=(0, 4, 8, 32))
+    assert planned(run["workdir"], config) == {"fetch": 1, "extract": 1, "bootstrap_model": 1}
+
+
+def test_a_group_is_a_job_of_its_own(run):
+    """A group of toy-neox and another seed: the new model's runs and the group's job; toy-neox's own job stands."""
+    config = write_config(
+        run["root"] / "group.yaml", bootstrap={"groups": {"neox": ["toy-neox", "toy-neox-s1"]}}, seeds=True
+    )
+    plan = planned(run["workdir"], config, target="results/bootstrap/neox.parquet")
+    assert plan.get("bootstrap_group") == 1 and "bootstrap_model" not in plan
+    assert plan.get("extract") == 3  # toy-neox-s1's steps; toy-neox's stand
+    assert planned(run["workdir"], config) == {}
+
+
+@pytest.mark.parametrize(
+    ("groups", "message"),
+    [
+        ({"g": ["toy-neox", "toy-gpt"]}, r"bootstrap.groups.g: \['toy-gpt'\] is not one model this config sweeps"),
+        ({"g": ["toy-neox", "toy/toy-neox"]}, "bootstrap.groups.g: a model is named twice"),
+    ],
+)
+def test_a_group_that_cannot_be_resampled_is_a_config_error(run, groups, message):
+    config = write_config(run["root"] / "bad.yaml", bootstrap={"groups": groups}, seeds=True)
+    done = dry_run(command(run["workdir"], config, "-n"), timeout=300)
+    assert done.returncode != 0
+    assert re.search(message, done.stdout + done.stderr), (done.stdout + done.stderr)[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("module", "expected"),
+    [("measures/sample_bootstrap.py", {"bootstrap_model": 1}), ("plots/sweep.py", {})],
+)
+def test_editing_the_code_reruns_what_it_runs(run, module, expected):
+    source = PACKAGE / module
+    stat, touched = source.stat(), time.time_ns()
+    try:
+        os.utime(source, ns=(stat.st_atime_ns, touched))
+        assert planned(run["workdir"], run["config"], "--max-checksum-file-size", "0") == expected
+    finally:
+        if source.stat().st_mtime_ns == touched:
+            os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
