@@ -1096,7 +1096,8 @@ COMPARE_METRICS: tuple[Term, ...] = (
         f"SVCCA {_PAIR}: each side reduced to its top principal directions explaining compare.svcca_variance (0.99)"
         " of its variance, then the mean canonical correlation of the two; a side of less than full rank on its"
         " principal directions above the rounding of its values (docs/measures.md); NaN (with the reason) where"
-        " the sample has no more tokens than dimensions, holds non-finite values, or its CCA is ill-conditioned",
+        " the sample has no more tokens than dimensions, holds non-finite values, or its CCA is ill-conditioned; no"
+        " row at a layer wider than compare.cca_max_width (1,024 by default: CKA alone there)",
         RAGHU,
         ("resid", "final_ln_in", "final_ln_out"),
     ),
@@ -1106,7 +1107,8 @@ COMPARE_METRICS: tuple[Term, ...] = (
         " checkpoint's neurons on the canonical variates, as the reference computes it (epsilon 0); a side of less"
         " than full rank enters as its centred principal coordinates above the rounding of its values"
         " (docs/measures.md); NaN (with the reason) where the sample has no more tokens than dimensions, holds"
-        " non-finite values, or its CCA is ill-conditioned",
+        " non-finite values, or its CCA is ill-conditioned; no row at a layer wider than compare.cca_max_width"
+        " (1,024 by default: CKA alone there)",
         MORCOS,
         ("resid", "final_ln_in", "final_ln_out"),
     ),
