@@ -4,10 +4,11 @@
 - `float32`: list<float32>, as computed.
 - `float16`: list<float16>: each component rounded to 11 significant bits (relative error <= 2^-11); a component
   beyond float16's range (65504) is an error at write time, naming the site.
-- `int8` (the default): per vector, its OUTLIERS components of largest magnitude kept exactly (`{c}_outlier_dim`,
+- `int8` (the default): per vector, its `outliers(d)` components of largest magnitude kept exactly (`{c}_outlier_dim`,
   `{c}_outlier_value`: massive activations and rogue dimensions lose nothing), the others as round(x / s) in int8
-  (`{c}`, list<int8>) with one float32 scale s = max |x_j| / 127 over them (`{c}_scale`): each such component within
-  s / 2 of its value. A vector with a non-finite component reads back as all NaN (the measures drop such rows).
+  (`{c}`, binary: one signed byte per component, since Parquet stores a list<int8> as 32-bit integers) with one
+  float32 scale s = max |x_j| / 127 over them (`{c}_scale`): each such component within s / 2 of its value. A vector
+  with a non-finite component reads back as all NaN (the measures drop such rows).
 
 `decode` turns a table of any of the three into the float32 lists of the output contract; anisweep.tables.read_parquet
 applies it, so every reader gets float32 vectors from files of any storage, older float32 ones included.
@@ -22,8 +23,15 @@ import polars as pl
 import pyarrow as pa
 
 PRECISIONS = ("float32", "float16", "int8")
-#: the components per vector kept exactly in `int8` storage
+#: the most components per vector kept exactly in `int8` storage (`outliers`)
 OUTLIERS = 4
+
+
+def outliers(d: int) -> int:
+    """The components kept exactly of a vector of d: one per 64 components, at least one, at most OUTLIERS."""
+    return min(OUTLIERS, max(1, d // 64), d)
+
+
 #: the columns of sampled vectors in extract's tables
 VECTOR_COLUMNS = ("vector", "q", "k")
 _AUXILIARY = ("_scale", "_outlier_dim", "_outlier_value")
@@ -52,7 +60,7 @@ def vector_columns(name: str, x: np.ndarray, precision: str, where: str = "") ->
 
 def _int8_columns(name: str, x: np.ndarray) -> list[pl.Series]:
     n, d = x.shape
-    k = min(OUTLIERS, d)
+    k = outliers(d)
     finite = np.isfinite(x).all(axis=1)
     safe = np.where(finite[:, None], x, np.float32(0))
     dims = np.sort(np.argpartition(-np.abs(safe), k - 1, axis=1)[:, :k], axis=1) if k else np.zeros((n, 0), np.int64)
@@ -66,11 +74,31 @@ def _int8_columns(name: str, x: np.ndarray) -> list[pl.Series]:
     codes = np.clip(np.rint(codes), -127, 127).astype(np.int8)
     scale[~finite] = np.nan
     return [
-        pl.Series(name, codes).cast(pl.List(pl.Int8)),
+        _binary(name, codes),
         pl.Series(f"{name}_scale", scale, dtype=pl.Float32),
         pl.Series(f"{name}_outlier_dim", dims.astype(np.int32)).cast(pl.List(pl.Int32)),
         pl.Series(f"{name}_outlier_value", values.astype(np.float32)).cast(pl.List(pl.Float32)),
     ]
+
+
+def _binary(name: str, codes: np.ndarray) -> pl.Series:
+    """One binary value per row of the int8 array `codes`: its bytes."""
+    n, d = codes.shape
+    offsets = np.arange(0, (n + 1) * d, d, dtype=np.int64)
+    array = pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(codes).tobytes())]
+    )
+    return pl.Series(name, pl.from_arrow(array))
+
+
+def _unbinary(column: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(the concatenated int8 codes, the bytes per row) of a binary column written by `_binary`."""
+    array = column.rechunk().to_arrow()
+    array = (array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array).cast(pa.large_binary())
+    _, offsets, data = array.buffers()
+    offsets = np.frombuffer(offsets, np.int64)[array.offset : array.offset + len(array) + 1]
+    codes = np.frombuffer(data, np.int8)[offsets[0] : offsets[-1]] if len(array) else np.zeros(0, np.int8)
+    return codes, np.diff(offsets)
 
 
 def precision_of(df: pl.DataFrame | pl.Schema, column: str) -> str:
@@ -109,7 +137,7 @@ def _flat(column: pl.Series) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _int8_decoded(df: pl.DataFrame, column: str) -> pl.Series:
-    codes, lengths = _flat(df[column])
+    codes, lengths = _unbinary(df[column])
     values = codes.astype(np.float32) * np.repeat(df[f"{column}_scale"].to_numpy().astype(np.float32), lengths)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     dims, n_outliers = _flat(df[f"{column}_outlier_dim"])
