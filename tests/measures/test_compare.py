@@ -17,6 +17,7 @@ import pytest
 from anisweep.measures import compare
 from anisweep.measures.compare import ComparisonError, Settings, compare_pair, layer_matrix, pwcca, svcca
 from anisweep.measures.registry import MeasureError, comparative_measure, measure_of
+from anisweep.sample_storage import decode, vector_columns
 
 REFERENCE = Path(__file__).parent / "svcca_reference"
 
@@ -146,32 +147,33 @@ EXTRACT = {"n_sequences": 10, "seq_len": 4, "sample_tokens": 40, "seed": 0, "dty
 
 
 def write_checkpoint(
-    folder: Path, step: int, vectors: dict, model="toy-x", seed=0, token_ids=None, positions=None, settings=None
+    folder: Path,
+    step: int,
+    vectors: dict,
+    model="toy-x",
+    seed=0,
+    token_ids=None,
+    positions=None,
+    settings=None,
+    precision="float32",
 ):
     """A checkpoint folder with extract.json (its `settings`: EXTRACT and `settings`) and a hidden.parquet holding
-    `vectors` {(layer, site): n x d}, its tokens at seq i // 4, position i % 4, written in a shuffled row order."""
+    `vectors` {(layer, site): n x d} stored at `precision` (extract.sample_precision), its tokens at seq i // 4,
+    position i % 4, written in a shuffled row order."""
     folder.mkdir(parents=True, exist_ok=True)
     ident = {"family": "toy", "model": model, "seed": seed, "step": step, "tokens_seen": step * 10}
     info = {"checkpoint": ident, "settings": {**EXTRACT, **(settings or {})}}
     (folder / "extract.json").write_text(json.dumps(info))
-    rows = []
+    frames = []
     for (layer, site), x in vectors.items():
         n = len(x)
         ids = np.arange(n) if token_ids is None else token_ids
         pos = np.arange(n) % 4 if positions is None else positions
-        for i in range(n):
-            rows.append(
-                {
-                    **ident,
-                    "layer": layer,
-                    "site": site,
-                    "seq": i // 4,
-                    "position": int(pos[i]),
-                    "token_id": int(ids[i]),
-                    "vector": x[i].astype(np.float32).tolist(),
-                }
-            )
-    frame = pl.DataFrame(rows).with_columns(pl.col("vector").cast(pl.List(pl.Float32)))
+        keys = {"layer": layer, "site": site, "seq": np.arange(n) // 4, "position": pos, "token_id": ids}
+        keys = pl.DataFrame({**{k: [v] * n for k, v in ident.items()}, **keys})
+        keys = keys.with_columns(pl.col("seq", "position", "token_id").cast(pl.Int64))
+        frames.append(keys.hstack(vector_columns("vector", x, precision)))
+    frame = pl.concat(frames)
     frame.sample(fraction=1.0, shuffle=True, seed=step).write_parquet(folder / "hidden.parquet")
     return folder
 
@@ -197,6 +199,51 @@ def test_pair_table_aligns_tokens_and_equals_independent_computations(tmp_path):
     assert row["value"].item() == pytest.approx(gram_cka(x32, y32), rel=1e-9)
     assert table.filter(layer=1, metric="pwcca")["value"].item() == pytest.approx(pwcca(x32, y32), rel=1e-9)
     assert row["n_tokens"].item() == 80
+
+
+@pytest.mark.parametrize("precision", ["int8", "float16"])
+def test_cca_of_a_stored_layernorm_output_drops_its_rounding_direction_as_float32_storage_does(tmp_path, precision):
+    """int8 and float16 storage round far coarser than float32: the rounding floor follows the storage, so the
+    direction that is rounding noise is dropped and PWCCA stays within 1e-3 of float32 storage's (off by 0.02
+    with float32's floor)."""
+    x, y = layer_norm_outputs()
+    folders = {}
+    for stored in ("float32", precision):
+        settings = {"sample_precision": stored}
+        folders[stored] = [
+            write_checkpoint(tmp_path / stored / name, step, {(0, "resid"): v}, settings=settings, precision=stored)
+            for name, step, v in (("a", 1, x), ("b", 2, y))
+        ]
+    values = {stored: compare_pair(a, b).filter(metric="pwcca")["value"].item() for stored, (a, b) in folders.items()}
+    assert values[precision] == pytest.approx(values["float32"], abs=1e-3)
+    a, b = (compare.Checkpoint.read(folder, ["resid"]) for folder in folders[precision])
+    key = (0, "resid")
+    products = compare.CrossProducts.of(a.vectors[key], b.vectors[key], a.rounding[key], b.rounding[key])
+    assert len(products.principal_x[0]) == len(products.principal_y[0]) == x.shape[1] - 1
+
+
+def test_the_rounding_bound_holds_for_each_storage():
+    """rounding_bound against the rounding each storage actually makes of float32 values."""
+    x, _ = layer_norm_outputs(n=400, d=16, seed=3)
+    x = x * np.geomspace(1e-6, 1e3, 16)  # float16 subnormals, and int8 vectors with one dominant component
+    for precision in ("float32", "float16", "int8"):
+        columns = vector_columns("vector", x, precision)
+        frame = pl.DataFrame(columns)
+        scales = frame["vector_scale"].to_numpy().astype(np.float64) if precision == "int8" else None
+        stored = np.array(decode(frame)["vector"].to_list(), dtype=np.float64)
+        error = np.linalg.norm(stored - x)
+        bound = compare.rounding_bound(stored, "float32", precision, scales)
+        assert error <= bound, precision
+    with pytest.raises(ValueError, match="vector_scale"):
+        compare.rounding_bound(x, "float32", "int8")
+
+
+def test_float32_samples_give_the_float64_values():
+    """CCA of float32 arrays computes in float64: in float32, Xc^T Xc's rounding sits above the floor."""
+    x, y = layer_norm_outputs(n=1500, d=32, seed=21)
+    x32, y32 = x.astype(np.float32), y.astype(np.float32)
+    assert pwcca(x32, y32) == pytest.approx(pwcca(x, y), rel=1e-12)
+    assert svcca(x32, y32, 1.0) == pytest.approx(svcca(x, y, 1.0), rel=1e-12)
 
 
 def test_too_few_tokens_for_cca_is_a_reason_not_a_failure(tmp_path):

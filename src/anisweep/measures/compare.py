@@ -23,8 +23,9 @@ by SVCCA and PWCCA), never an n x n matrix nor, for PWCCA's weights, the referen
 
 A sample of less than full rank (a LayerNorm's output lies in a hyperplane) holds principal directions whose spread
 is the rounding of the stored values, which CCA would whiten into canonical correlations of noise: a side with a
-principal direction at or below its rounding floor (`CrossProducts.floor`) enters CCA as its principal coordinates
-above it (centred), and a CCA whose correlations still exceed 1 is NaN with the reason.
+principal direction at or below its rounding floor (`CrossProducts.floor`, from `rounding_bound`: extract's dtype and
+extract.sample_precision's storage) enters CCA as its principal coordinates above it (centred), and a CCA whose
+correlations still exceed 1 is NaN with the reason.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import polars as pl
 from scipy.linalg import solve_triangular
 
 from anisweep.measures.cka import Features, cka_matrix, hsic
+from anisweep.sample_storage import OUTLIERS, precision_of
 from anisweep.tables import IDENTITY, read_parquet
 
 #: The built-in comparative measures, in the order their rows are written.
@@ -109,33 +111,37 @@ class Settings:
 
 @dataclass
 class Checkpoint:
-    """One checkpoint's identity and its sampled hidden states per (layer, site): the token keys and the vectors."""
+    """One checkpoint's identity and its sampled hidden states per (layer, site): the token keys, the vectors and a
+    bound on the Frobenius norm of their rounding (`rounding_bound`)."""
 
     identity: dict
     settings: dict = field(default_factory=dict)
     keys: dict[tuple[int, str], pl.DataFrame] = field(default_factory=dict)
     vectors: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
+    rounding: dict[tuple[int, str], float] = field(default_factory=dict)
 
     @classmethod
     def read(cls, folder: str | Path, sites: Iterable[str]) -> Checkpoint:
         folder = Path(folder)
         info = json.loads((folder / "extract.json").read_text())
-        hidden = read_parquet(folder / "hidden.parquet").filter(pl.col("site").is_in(list(sites)))
+        path = folder / "hidden.parquet"
+        hidden = read_parquet(path)
+        storage = precision_of(pl.read_parquet_schema(path), "vector")
+        if storage == "int8":  # decoding drops the per-vector scales, which bound the quantisation
+            hidden = hidden.with_columns(read_parquet(path, columns=["vector_scale"])["vector_scale"])
+        hidden = hidden.filter(pl.col("site").is_in(list(sites)))
         out = cls({key: info["checkpoint"].get(key) for key in IDENTITY}, info.get("settings") or {})
         for (layer, site), group in sorted(hidden.group_by("layer", "site"), key=lambda g: g[0]):
             group = group.sort("seq", "position")
             out.keys[(layer, site)] = group.select(TOKEN_KEY)
-            out.vectors[(layer, site)] = _matrix(group["vector"])
+            x = out.vectors[(layer, site)] = _matrix(group["vector"])
+            scales = group["vector_scale"].to_numpy().astype(np.float64) if storage == "int8" else None
+            out.rounding[(layer, site)] = rounding_bound(x, out.settings.get("dtype"), storage, scales)
         return out
 
     @property
     def name(self) -> str:
         return f"{self.identity['family']}/{self.identity['model']}/step{self.identity['step']}"
-
-    @property
-    def resolution(self) -> float:
-        """The machine epsilon of the dtype extract ran in (float32 where extract.json does not say)."""
-        return RESOLUTION.get(self.settings.get("dtype"), RESOLUTION["float32"])
 
 
 def _matrix(vectors: pl.Series) -> np.ndarray:
@@ -188,6 +194,31 @@ def _why_other_tokens(a: Checkpoint, b: Checkpoint) -> str:
 RESOLUTION = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
 #: How far above 1 a canonical correlation may lie before the CCA is taken as ill-conditioned.
 CORRELATION_SLACK = 1e-6
+#: The gap between float16's subnormals: below its normal range float16 storage rounds a value by up to half of it,
+#: more than 2^-11 of the value.
+FLOAT16_SUBNORMAL = 2.0**-24
+
+
+def rounding_bound(
+    x: np.ndarray, dtype: str | None = None, storage: str = "float32", scales: np.ndarray | None = None
+) -> float:
+    """A bound on ||E||_F, E the rounding in the sample x (n x d) as read back: extract's `dtype` (RESOLUTION; float32
+    where None) rounds each value by at most resolution / 2 of it; storing it as float16 (extract.sample_precision)
+    rounds it again by 2^-11 of it (half a subnormal gap below float16's normal range); int8 storage moves each of a
+    vector's d - OUTLIERS quantised components by at most half that vector's stored scale s_i (`scales`), so by
+    sqrt(sum_i (d - OUTLIERS) s_i^2 / 4) in all."""
+    size = np.sqrt(np.square(x).sum())
+    bound = RESOLUTION.get(dtype, RESOLUTION["float32"]) / 2 * size
+    if storage == "float16" and dtype != "float16":
+        bound += RESOLUTION["float16"] / 2 * size + FLOAT16_SUBNORMAL / 2 * np.sqrt(x.size)
+    elif storage == "int8":
+        if scales is None:
+            raise ValueError("int8 storage's rounding needs each vector's stored scale (hidden.parquet's vector_scale)")
+        quantised = x.shape[1] - min(OUTLIERS, x.shape[1])
+        bound += np.sqrt(quantised * np.nansum(np.square(scales)) / 4)
+    elif storage not in ("float32", "float16"):
+        raise ValueError(f"sample storage {storage!r} is not one of float32, float16, int8")
+    return float(bound)
 
 
 class IllConditioned(ArithmeticError):
@@ -197,9 +228,9 @@ class IllConditioned(ArithmeticError):
 @dataclass(frozen=True)
 class CrossProducts:
     """What every built-in measure of a pair needs, computed once: n, x's column means and the centred products
-    Xc^T Xc, Xc^T Yc, Yc^T Yc (d x d; never n x n), the centred rows' squared norms (the unbiased HSIC's), each
-    sample's squared Frobenius norm as stored (its rounding floor's scale), and on first use each side's principal
-    directions above its floor, which SVCCA and PWCCA share."""
+    Xc^T Xc, Xc^T Yc, Yc^T Yc (d x d; never n x n), the centred rows' squared norms (the unbiased HSIC's), a bound on
+    each sample's rounding (`rounding_bound`: its floor's scale), and on first use each side's principal directions
+    above its floor, which SVCCA and PWCCA share. Always float64, whatever the samples' dtype."""
 
     n: int
     mean_x: np.ndarray
@@ -208,31 +239,36 @@ class CrossProducts:
     yy: np.ndarray
     row_norms_x: np.ndarray
     row_norms_y: np.ndarray
-    size_x: float
-    size_y: float
-    resolution: float = RESOLUTION["float32"]
+    rounding_x: float
+    rounding_y: float
 
     @classmethod
-    def of(cls, x: np.ndarray, y: np.ndarray, resolution: float = RESOLUTION["float32"]) -> CrossProducts:
+    def of(
+        cls, x: np.ndarray, y: np.ndarray, rounding_x: float | None = None, rounding_y: float | None = None
+    ) -> CrossProducts:
+        """`rounding_x`, `rounding_y`: the samples' rounding bounds; None: float32 rounding of the values given."""
+        x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
         mean_x = x.mean(axis=0)
         xc, yc = x - mean_x, y - y.mean(axis=0)
         norms_x, norms_y = np.einsum("ij,ij->i", xc, xc), np.einsum("ij,ij->i", yc, yc)  # no n x d temporary
-        size_x, size_y = float(np.square(x).sum()), float(np.square(y).sum())
-        return cls(x.shape[0], mean_x, xc.T @ xc, xc.T @ yc, yc.T @ yc, norms_x, norms_y, size_x, size_y, resolution)
+        rounding_x = rounding_bound(x) if rounding_x is None else rounding_x
+        rounding_y = rounding_bound(y) if rounding_y is None else rounding_y
+        return cls(x.shape[0], mean_x, xc.T @ xc, xc.T @ yc, yc.T @ yc, norms_x, norms_y, rounding_x, rounding_y)
 
-    def floor(self, size: float) -> float:
-        """The eigenvalue of Xc^T Xc at or below which a principal direction may be rounding alone: rounding each
-        stored value x_ij moves it by at most resolution / 2 |x_ij|, so the sample's singular values by at most
-        resolution / 2 ||X||_F (Weyl); the floor is twice that, squared, as an eigenvalue."""
-        return (self.resolution * np.sqrt(size)) ** 2
+    @staticmethod
+    def floor(rounding: float) -> float:
+        """The eigenvalue of Xc^T Xc at or below which a principal direction may be rounding alone: a rounding E of
+        the sample moves its singular values by at most ||E||_2 <= ||E||_F <= `rounding` (Weyl); the floor is twice
+        that, squared, as an eigenvalue."""
+        return (2 * rounding) ** 2
 
     @cached_property
     def principal_x(self) -> tuple[np.ndarray, np.ndarray]:
-        return _principal(np.linalg.eigh(self.xx), self.floor(self.size_x))
+        return _principal(np.linalg.eigh(self.xx), self.floor(self.rounding_x))
 
     @cached_property
     def principal_y(self) -> tuple[np.ndarray, np.ndarray]:
-        return _principal(np.linalg.eigh(self.yy), self.floor(self.size_y))
+        return _principal(np.linalg.eigh(self.yy), self.floor(self.rounding_y))
 
 
 def _principal(eig: tuple[np.ndarray, np.ndarray], floor: float) -> tuple[np.ndarray, np.ndarray]:
@@ -346,12 +382,13 @@ def builtin_rows(
     x: np.ndarray,
     y: np.ndarray,
     settings: Settings,
-    resolution: float = RESOLUTION["float32"],
+    rounding: tuple[float | None, float | None] = (None, None),
     names: tuple[str, str] = ("the checkpoint", "the reference"),
 ) -> list[dict]:
     """The built-in measures' rows of one (layer, site) of a pair, from one set of cross-products; a value that
-    cannot be computed is NaN with its reason. `resolution`: the stored samples' (RESOLUTION); `names`: the two
-    checkpoints', for the reasons. SVCCA and PWCCA only up to settings.cca_max_width."""
+    cannot be computed is NaN with its reason. `rounding`: bounds on the two samples' rounding (`rounding_bound`;
+    None: float32's of the values); `names`: the two checkpoints', for the reasons. SVCCA and PWCCA only up to
+    settings.cca_max_width."""
     n, d = x.shape[0], max(x.shape[1], y.shape[1])
     cca_measures = settings.cca_measures(d)
     metrics = [("cka", "cka")] * ("cka" in settings.measures)
@@ -361,7 +398,7 @@ def builtin_rows(
     if broken:
         return [_row(measure, metric, None, "; ".join(broken)) for measure, metric in metrics]
     rows = []
-    products = CrossProducts.of(x, y, resolution)
+    products = CrossProducts.of(x, y, *rounding)
     if "cka" in settings.measures:
         rows.append(_row("cka", "cka", cka_of(products, False)))
         if settings.cka_debiased:
@@ -416,8 +453,8 @@ def compare_pair(
         x, y = a.vectors[(layer, site)], b.vectors[(layer, site)]
         width = max(x.shape[1], y.shape[1])
         left_out.update(dict.fromkeys(settings.left_out(width), width))
-        resolution = max(a.resolution, b.resolution)
-        found = builtin_rows(x, y, settings, resolution, (a.name, b.name))
+        rounding = (a.rounding[(layer, site)], b.rounding[(layer, site)])
+        found = builtin_rows(x, y, settings, rounding, (a.name, b.name))
         found += [r for m in user for r in user_rows(m, x, y, a, b, layer, site)]
         rows += [{"layer": layer, "ref_layer": layer, "site": site, "n_tokens": x.shape[0], **r} for r in found]
     if left_out:
