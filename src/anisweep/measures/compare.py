@@ -42,7 +42,7 @@ import polars as pl
 from scipy.linalg import solve_triangular
 
 from anisweep.measures.cka import Features, cka_matrix, hsic
-from anisweep.sample_storage import OUTLIERS, precision_of
+from anisweep.sample_storage import outliers, precision_of
 from anisweep.tables import IDENTITY, read_parquet
 
 #: The built-in comparative measures, in the order their rows are written.
@@ -205,8 +205,9 @@ def rounding_bound(
     """A bound on ||E||_F, E the rounding in the sample x (n x d) as read back: extract's `dtype` (RESOLUTION; float32
     where None) rounds each value by at most resolution / 2 of it; storing it as float16 (extract.sample_precision)
     rounds it again by 2^-11 of it (half a subnormal gap below float16's normal range); int8 storage moves each of a
-    vector's d - OUTLIERS quantised components by at most half that vector's stored scale s_i (`scales`), so by
-    sqrt(sum_i (d - OUTLIERS) s_i^2 / 4) in all."""
+    vector's d - k quantised components (k = sample_storage.outliers(d) kept exactly; files written when k was 4 have
+    fewer, so the bound holds for them too) by at most half that vector's stored scale s_i (`scales`), so by
+    sqrt(sum_i (d - k) s_i^2 / 4) in all."""
     size = np.sqrt(np.square(x).sum())
     bound = RESOLUTION.get(dtype, RESOLUTION["float32"]) / 2 * size
     if storage == "float16" and dtype != "float16":
@@ -214,7 +215,7 @@ def rounding_bound(
     elif storage == "int8":
         if scales is None:
             raise ValueError("int8 storage's rounding needs each vector's stored scale (hidden.parquet's vector_scale)")
-        quantised = x.shape[1] - min(OUTLIERS, x.shape[1])
+        quantised = x.shape[1] - outliers(x.shape[1])
         bound += np.sqrt(quantised * np.nansum(np.square(scales)) / 4)
     elif storage not in ("float32", "float16"):
         raise ValueError(f"sample storage {storage!r} is not one of float32, float16, int8")
