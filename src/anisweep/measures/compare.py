@@ -19,7 +19,9 @@ above `cca_max_width` dimensions (the wider side's) a layer gets CKA alone unles
 
 SVCCA and PWCCA compute what google/svcca's cca_core.get_cca_similarity and pwcca.compute_pwcca compute (epsilon 0),
 from the d x d cross-products alone (one set per layer, shared with CKA, and one eigen-decomposition per side shared
-by SVCCA and PWCCA), never an n x n matrix nor, for PWCCA's weights, the reference's n x d QR.
+by SVCCA and PWCCA), never an n x n matrix nor, for PWCCA's weights, the reference's n x d QR. On principal
+coordinates (a side of less than full rank, below) PWCCA equals the reference's only where the checkpoint keeps no
+more of them than the reference: with more, the reference's pwcca.py raises IndexError.
 
 A sample of less than full rank (a LayerNorm's output lies in a hyperplane) holds principal directions whose spread
 is the rounding of the stored values, which CCA would whiten into canonical correlations of noise: a side with a
