@@ -88,8 +88,8 @@ def test_vectors_of_several_widths_in_one_table_read_back(tmp_path):
     assert np.abs(np.array(back[5:], np.float32) - wide).max() <= np.abs(wide).max() / 254 * (1 + 1e-5)
 
 
-def test_the_default_is_int8_and_reaches_extract():
-    assert defaults("extract")["sample_precision"] == "int8" == ExtractSettings().sample_precision
+def test_the_default_is_float32_the_output_contracts_type_and_reaches_extract():
+    assert defaults("extract")["sample_precision"] == "float32" == ExtractSettings().sample_precision
 
 
 @pytest.mark.parametrize("arch", ["neox", "bert"])
