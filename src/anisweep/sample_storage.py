@@ -1,10 +1,10 @@
 """How extract stores the sampled vectors (hidden.parquet's and masked_resid.parquet's `vector`, qk_sample.parquet's
 `q` and `k`), `extract.sample_precision`, and reading them back as float32 whatever the storage.
 
-- `float32`: list<float32>, as computed.
+- `float32` (the default, the output contract's type): list<float32>, as computed.
 - `float16`: list<float16>: each component rounded to 11 significant bits (relative error <= 2^-11); a component
   beyond float16's range (65504) is an error at write time, naming the site.
-- `int8` (the default): per vector, its `outliers(d)` components of largest magnitude kept exactly (`{c}_outlier_dim`,
+- `int8`: per vector, its `outliers(d)` components of largest magnitude kept exactly (`{c}_outlier_dim`,
   `{c}_outlier_value`: massive activations and rogue dimensions lose nothing), the others as round(x / s) in int8
   (`{c}`, binary: one signed byte per component, since Parquet stores a list<int8> as 32-bit integers) with one
   float32 scale s = max |x_j| / 127 over them (`{c}_scale`): each such component within s / 2 of its value. A vector
