@@ -35,7 +35,7 @@ def write_config(path: Path, steps=(0, 8, 32), bootstrap: dict | None = None, se
         config["toy"]["toy-neox-s1"] = {**neox, "seed": 1, "steps": [0, 8, 32]}
         config["models"].append({"family": "toy", "name": "toy-neox-s1", "steps": [0, 8, 32]})
     config["gradients"] = {"enabled": False}
-    config["bootstrap"] = {"samples": 50, **(bootstrap or {})}
+    config["bootstrap"] = {"enabled": True, "samples": 50, **(bootstrap or {})}
     path.write_text(yaml.safe_dump(config))
     return path
 

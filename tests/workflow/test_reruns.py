@@ -144,7 +144,6 @@ def test_one_checkpoint_alone_then_the_sweep_tables(run):
     per_model |= {"plot_logit_lens": 1}  # the circuit figures read weights.parquet, which no model run changes
     per_model |= {"compare_pair": 3, "compare_sweep": 1, "plot_compare": 1}  # the pairs step 8 is in: 8-32, 8-0, 32-8
     per_model |= {"phases": 1, "plot_phases": 1}  # the phases read the sweep
-    per_model |= {"bootstrap_model": 1}  # the intervals read every step's hidden.parquet
     across_models = {"plot_survey": 1, "explore": 1}
     assert at_once == {"fetch": 1, "extract": 1, "logit_lens": 1, "metrics": 1, **per_model, **across_models}
 
