@@ -40,6 +40,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
+from anisweep.checkpoints.hub import Pythia  # noqa: E402
 from anisweep.measures import compare  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out" / "compare.json"
@@ -47,15 +48,10 @@ WIDTHS_OUT = OUT.with_name("compare_widths.json")
 #: Pythia's sizes: residual layers compared (the embedding output and every block) and d_model, from each model's
 #: config.json on the Hub; extract's CPU-seconds per checkpoint (docs/hub.md: measured at 160m, scaled by
 #: non-embedding parameters for the others).
+EXTRACT_SECONDS = {"70m": 12, "160m": 54, "410m": 191, "1b": 508, "1.4b": 762, "2.8b": 1589, "6.9b": 4066, "12b": 7147}
 PYTHIA = {
-    "pythia-70m": (7, 512, 12),
-    "pythia-160m": (13, 768, 54),
-    "pythia-410m": (25, 1024, 191),
-    "pythia-1b": (17, 2048, 508),
-    "pythia-1.4b": (25, 2048, 762),
-    "pythia-2.8b": (33, 2560, 1589),
-    "pythia-6.9b": (33, 4096, 4066),
-    "pythia-12b": (37, 5120, 7147),
+    f"pythia-{size}": (Pythia.shapes[size].n_layers + 1, Pythia.shapes[size].d_model, seconds)
+    for size, seconds in EXTRACT_SECONDS.items()
 }
 
 

@@ -34,19 +34,15 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from anisweep.checkpoints.hub import Pythia
 from anisweep.explore.data import MAX_VALUES, drawn_rows, scan_sweeps, write_explore
 from anisweep.explore.page import plotly_js
 
-#: blocks, heads, d_head of each Pythia size (the model cards' configs).
+#: blocks, heads, d_head of each Pythia size from 70m (the catalogue's shapes, from each size's config.json).
 PYTHIA = {
-    "70m": (6, 8, 64),
-    "160m": (12, 12, 64),
-    "410m": (24, 16, 64),
-    "1b": (16, 8, 256),
-    "1.4b": (24, 16, 128),
-    "2.8b": (32, 32, 80),
-    "6.9b": (32, 32, 128),
-    "12b": (36, 40, 128),
+    size: (shape.n_layers, shape.n_heads, shape.d_model // shape.n_heads)
+    for size, shape in Pythia.shapes.items()
+    if size in Pythia.deduped_sizes
 }
 PUBLISHED_STEPS = 154
 _GROUP = ("site", "measure", "metric", "subspace", "fit", "stratum")

@@ -289,7 +289,17 @@ def isoscore(x, chunk_rows: int | None = None) -> float:
         )
     if d < 2 or not has_spread(x, chunk_rows):
         return float("nan")
-    lam = cov_eigvals(x, chunk_rows)
+    return float(isoscore_of_variances(cov_eigvals(x, chunk_rows)))
+
+
+def isoscore_of_variances(lam: np.ndarray) -> np.ndarray | float:
+    """IsoScore from the principal variances `lam` (isoscore's formula): a float for (d,), an array for (..., d),
+    one score per row; NaN where they are all 0."""
+    lam = np.asarray(lam, dtype=np.float64)
+    if lam.ndim > 1:
+        rows = lam.reshape(-1, lam.shape[-1])
+        return np.array([isoscore_of_variances(row) for row in rows]).reshape(lam.shape[:-1])
+    d = lam.shape[0]
     norm = np.linalg.norm(lam)
     if not norm > 0:
         return float("nan")

@@ -12,18 +12,26 @@ import polars as pl
 from anisweep.tables import vectors
 
 
-def vectors_by_group(
-    df: pl.DataFrame, keys: Sequence[str], columns: Sequence[str]
-) -> list[tuple[tuple, dict[str, np.ndarray]]]:
-    """[(key, {column: the group's vectors as one float64 array (rows, width)})] for each distinct value of `keys`,
-    in sorted order of the key, each group's rows in the table's order."""
+def group_rows(df: pl.DataFrame, keys: Sequence[str]) -> list[tuple[tuple, np.ndarray]]:
+    """[(key, the group's row indices in the table's order)] for each distinct value of `keys`, in sorted order."""
     groups = df.select(keys).with_row_index("row").group_by(keys).agg(pl.col("row"))
     groups = sorted(groups.iter_rows(), key=lambda group: group[:-1])
-    rows = [np.sort(np.asarray(group[-1], dtype=np.int64)) for group in groups]
-    split = {column: _split(df[column], rows) for column in columns}
+    return [(group[:-1], np.sort(np.asarray(group[-1], dtype=np.int64))) for group in groups]
+
+
+def vectors_by_group(
+    df: pl.DataFrame,
+    keys: Sequence[str],
+    columns: Sequence[str],
+    groups: list[tuple[tuple, np.ndarray]] | None = None,
+) -> list[tuple[tuple, dict[str, np.ndarray]]]:
+    """[(key, {column: the group's vectors as one float64 array (rows, width)})] for each distinct value of `keys`,
+    in sorted order of the key, each group's rows in the table's order (`groups`: group_rows of the same keys, where
+    the caller has them)."""
+    groups = group_rows(df, keys) if groups is None else groups
+    split = {column: _split(df[column], [rows for _, rows in groups]) for column in columns}
     return [
-        (group[:-1], {column: split[column][i].astype(np.float64) for column in columns})
-        for i, group in enumerate(groups)
+        (key, {column: split[column][i].astype(np.float64) for column in columns}) for i, (key, _) in enumerate(groups)
     ]
 
 

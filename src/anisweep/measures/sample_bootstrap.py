@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 
 from anisweep.measures import bootstrap, geometry, metrics, spectral
-from anisweep.measures.grouped import vectors_by_group
+from anisweep.measures.grouped import group_rows, vectors_by_group
 from anisweep.tables import read_parquet
 
 #: the measures this module resamples, each a metric of metrics.parquet, and those the config asks for by default
@@ -108,13 +108,7 @@ def isoscore(m: Moments) -> np.ndarray:
     out = np.full(len(m.count), np.nan)
     ok = _has_spread(m) & (m.count >= d) & (d >= 2)
     if ok.any():
-        lam = _covariance_eigenvalues(Moments(m.gram[ok], m.total[ok], m.count[ok]))
-        norm = np.linalg.norm(lam, axis=1)
-        sd = np.sqrt(d)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            delta = np.linalg.norm(sd * lam / norm[:, None] - 1.0, axis=1) / np.sqrt(2.0 * (d - sd))
-            k = (d - delta**2 * (d - sd)) ** 2 / d**2
-            out[ok] = np.where(norm > 0, (d * k - 1.0) / (d - 1.0), np.nan)
+        out[ok] = geometry.isoscore_of_variances(_covariance_eigenvalues(Moments(m.gram[ok], m.total[ok], m.count[ok])))
     return out
 
 
@@ -248,12 +242,14 @@ def read_checkpoint(folder: str | Path, measures: Sequence[str]) -> Checkpoint:
 def _groups(hidden: pl.DataFrame) -> list[tuple[tuple[int, str], dict[str, np.ndarray]]]:
     """Each (layer, site)'s vectors (float64, table order, as metrics.sample_rows reads them), sequences and
     (seq, position, token_id) rows."""
-    grouped = vectors_by_group(hidden, ("layer", "site"), ("vector",))
-    keys = hidden.select("layer", "site").with_row_index("row").group_by("layer", "site").agg(pl.col("row"))
-    rows = {(layer, site): np.sort(np.asarray(r, dtype=np.int64)) for layer, site, r in keys.iter_rows()}
+    groups = group_rows(hidden, ("layer", "site"))
+    grouped = vectors_by_group(hidden, ("layer", "site"), ("vector",), groups)
     seq = hidden["seq"].to_numpy()
     tokens = hidden.select("seq", "position", "token_id").to_numpy()
-    return [(key, {"x": group["vector"], "seq": seq[rows[key]], "tokens": tokens[rows[key]]}) for key, group in grouped]
+    return [
+        (key, {"x": group["vector"], "seq": seq[rows], "tokens": tokens[rows]})
+        for (key, group), (_, rows) in zip(grouped, groups)
+    ]
 
 
 def _exact_values(hidden: pl.DataFrame, measures: Sequence[str]) -> dict[tuple[str, int, str], float]:
