@@ -149,14 +149,27 @@ EXTRACT_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
         "received": pl.Float64,
         "share": pl.Float64,
     },
+    # the sums of each resampling unit (anisweep.extract.streaming.Units; anisweep.measures.sum_bootstrap): per
+    # table (hidden_stats, attention, qk), layer, site, head (null where per layer) and statistic, `values` holds
+    # n_units x width floats, unit by unit; they sum to the table's own statistics
+    "units": {
+        "table": pl.String,
+        "layer": pl.Int64,
+        "site": pl.String,
+        "head": pl.Int64,
+        "stat": pl.String,
+        "width": pl.Int64,
+        "values": pl.List(pl.Float64),
+    },
 }
 EXTRACT_TABLES = tuple(EXTRACT_SCHEMAS)
 #: What extract's tables hold, raised whenever the package's extract writes columns (or rows of a quantity) that the
 #: analyses read and an older one did not write: the extract rule takes it as a param, so that over a results folder
 #: written before, every checkpoint's model job runs again (docs/reruns.md) rather than its metrics failing on the
 #: missing columns. 2: hidden_stats' M2 columns and gradient_sums' `grad_m2` (streamed variances without
-#: cancellation). 3: sinks' `first_importance` (each sequence's first-key importance, for Sink_1^epsilon).
-EXTRACT_FORMAT = 3
+#: cancellation). 3: sinks' `first_importance` (each sequence's first-key importance, for Sink_1^epsilon). 4: `units`,
+#: the resampling units' sums (the Multi-Bootstrap of the measures built of sums).
+EXTRACT_FORMAT = 4
 
 #: The tables of the untrained-block experiment (anisweep.mechanism.untrained), `results/untrained/{name}.parquet`,
 #: with their columns and types (no identity columns: an init, seed and bias norm say where a row comes from).

@@ -44,6 +44,7 @@ class ExtractSettings:
     sample_precision: str = _DEFAULTS["sample_precision"]  # the sampled vectors' storage (sample_storage)
     score_bins: dict | None = _DEFAULTS["score_bins"]  # None: no score histogram (it costs a second QK^T)
     max_unknown_token_share: float = _DEFAULTS["max_unknown_token_share"]  # above it: a PreflightError
+    units: int = _DEFAULTS["units"]  # at most this many resampling units keep their sums (streaming.Units)
     threads: int | None = None  # resources.extract_threads
 
     def torch_device(self) -> torch.device:

@@ -25,6 +25,7 @@ from anisweep.extract.streaming import (
     AttentionStats,
     HeadVectorStats,
     SinkStats,
+    Units,
     VectorStats,
     VisibleKeys,
     to_device,
@@ -147,19 +148,20 @@ class Recorder:
     #: other_token_ids: Whisper's decoder tokens): the draw of such a site names its tokens by them (_grid)
     grid_token_ids: dict[int, torch.Tensor] = field(default_factory=dict)
     masked: MaskedStates | None = None  # an MLM's masked pass (anisweep.extract.masked), after the forward
+    units: Units | None = None  # the resampling units whose sums the accumulators keep (streaming.Units)
     valid: torch.Tensor = field(init=False)
     scratch: Scratch = field(init=False, default_factory=Scratch)
 
     def __post_init__(self):
-        g, dev = self.geometry, self.device
+        g, dev, units = self.geometry, self.device, self.units
         sites = [(layer, rope) for layer in range(g.n_layers) for rope in g.ropes]
         if g.layer_heads:  # a hierarchical model: heads and their width per layer (no grouped-query attention)
-            self.q = {(i, r): HeadVectorStats(g.heads(i), g.head_width(i), dev) for i, r in sites}
-            self.k = {(i, r): HeadVectorStats(g.heads(i), g.head_width(i), dev) for i, r in sites}
+            self.q = {(i, r): HeadVectorStats(g.heads(i), g.head_width(i), dev, units) for i, r in sites}
+            self.k = {(i, r): HeadVectorStats(g.heads(i), g.head_width(i), dev, units) for i, r in sites}
         else:
-            self.q = {site: HeadVectorStats(g.n_heads, g.d_head, dev) for site in sites}
-            self.k = {site: HeadVectorStats(g.kv_heads, g.d_head, dev) for site in sites}  # per key head (GQA)
-        self.attention = {layer: AttentionStats(g.heads(layer), dev) for layer in range(g.n_layers)}
+            self.q = {site: HeadVectorStats(g.n_heads, g.d_head, dev, units) for site in sites}
+            self.k = {site: HeadVectorStats(g.kv_heads, g.d_head, dev, units) for site in sites}  # per key head (GQA)
+        self.attention = {layer: AttentionStats(g.heads(layer), dev, units) for layer in range(g.n_layers)}
         self.sinks = {layer: SinkStats(g.heads(layer), dev) for layer in range(g.n_layers)}  # self-attention's only
         # cross-attention (T5's decoder): its own accumulators and tables, never mixed with self-attention's
         self.cross_q = {layer: HeadVectorStats(g.n_heads, g.d_head, dev) for layer in g.cross_layers}
@@ -360,7 +362,7 @@ class Recorder:
         batch writes into them, and nothing that outlives a pass is allocated amid the model's temporaries.
         `width`: the site's vector size where it is not d_model (ALBERT's embedding size)."""
         key = (layer, site)
-        self.vectors[key] = VectorStats(width or self.geometry.d_model, self.device)
+        self.vectors[key] = VectorStats(width or self.geometry.d_model, self.device, self.units)
         if self.stream is not None:
             self.stream.expect(layer, site, width)
         width = width or self.geometry.d_model
@@ -423,7 +425,7 @@ class Recorder:
         for ref, part in self._recent:
             if ref() is x and (not outliers or "m2" in part):
                 return part
-        part = VectorStats.partial(x, valid, outliers=outliers)
+        part = VectorStats.partial(x, valid, outliers=outliers, per_sequence=self.units is not None)
         self._recent = [(weakref.ref(x), part)] + self._recent[:3]
         return part
 

@@ -29,7 +29,7 @@ from anisweep.extract.qk_sample import QKSample
 from anisweep.extract.recorder import Hooks, Recorder, Sample, attention_kernel, recording
 from anisweep.extract.score_hist import ScoreHistogram
 from anisweep.extract.stream_measures import StreamMeasures
-from anisweep.extract.streaming import to_device
+from anisweep.extract.streaming import Units, to_device
 from anisweep.extract.tables import tables
 from anisweep.measures.registry import Measure
 from anisweep.tables import IDENTITY, write_atomic
@@ -82,6 +82,7 @@ def run(
         qk_sample=qk_sample,
         score_hist=score_hist,
         stream=stream,
+        units=Units.of(covered.shape[0], settings.units),
     )
     recorder.n_positions = int(covered.sum())
     recorder.token_ids = covered_ids  # the outlier tables name their tokens by it (extract.outlier_tables)

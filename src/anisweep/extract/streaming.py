@@ -16,6 +16,39 @@ import torch
 
 from anisweep.moments import merge, merged_m2, safe
 
+
+@dataclass(frozen=True)
+class Units:
+    """The resampling units of the evaluation batch (anisweep.measures.bootstrap): its sequences in consecutive groups
+    of `size`, so that there are at most `extract.units` of them (every sequence its own unit where they are no more).
+    The accumulators below keep, beside their sums over every token, each sequence's scalar sums and each unit's
+    vector sums (d floats per unit and site: a unit of several sequences bounds what a large evaluation batch keeps),
+    from which a measure built of sums is recomputed exactly for any reweighting of the units."""
+
+    n_sequences: int
+    size: int
+
+    @classmethod
+    def of(cls, n_sequences: int, max_units: int) -> Units | None:
+        """None where `max_units` is 0 (no per-unit sums)."""
+        if max_units <= 0 or n_sequences <= 0:
+            return None
+        return cls(n_sequences, -(-n_sequences // max_units))
+
+    @property
+    def n_units(self) -> int:
+        return -(-self.n_sequences // self.size)
+
+    def of_sequences(self, first_seq: int, n_seqs: int, device) -> torch.Tensor:
+        """The unit of each of the sequences first_seq .. first_seq + n_seqs - 1."""
+        return torch.div(torch.arange(first_seq, first_seq + n_seqs, device=device), self.size, rounding_mode="floor")
+
+
+def _membership(seq: torch.Tensor, n_seqs: int, dtype: torch.dtype) -> torch.Tensor:
+    """(n_seqs, rows): 1 where the row belongs to the sequence, else 0."""
+    return (seq[None, :] == torch.arange(n_seqs, device=seq.device)[:, None]).to(dtype)
+
+
 #: How many of a site's largest activations (tokens by their largest |component|) VectorStats keeps, and how many
 #: keys by the attention they receive SinkStats keeps per head: the tables' `rank` 0 .. TOP_K - 1.
 TOP_K = 8
@@ -42,8 +75,16 @@ class VectorStats:
     when the tables are built (`n`, `sum_norm`, ...).
     """
 
-    def __init__(self, d: int, device: torch.device | str = "cpu"):
+    #: each sequence's scalar sums (seq_scalars' columns) and each unit's vector sums (unit_sums' rows)
+    SEQ_SCALARS = ("n", "n_zero", "sum_norm", "m2_norm")
+    UNIT_VECTORS = ("sum_x", "sum_unit")
+
+    def __init__(self, d: int, device: torch.device | str = "cpu", units: Units | None = None):
         f64 = {"dtype": torch.float64, "device": device}
+        self.units = units
+        if units is not None:
+            self.seq_scalars = torch.zeros(units.n_sequences, len(self.SEQ_SCALARS), **f64)
+            self.unit_sums = torch.zeros(units.n_units, len(self.UNIT_VECTORS), d, **f64)
         self.sum_x = torch.zeros(d, **f64)
         self.sum_unit = torch.zeros(d, **f64)
         self.counts = torch.zeros(3, dtype=torch.int64, device=device)  # n, n_nonfinite, n_zero
@@ -105,10 +146,19 @@ class VectorStats:
         }
 
     @staticmethod
-    def partial(x: torch.Tensor, valid: torch.Tensor, wait_free: bool | None = None, outliers: bool = False) -> dict:
+    def partial(
+        x: torch.Tensor,
+        valid: torch.Tensor,
+        wait_free: bool | None = None,
+        outliers: bool = False,
+        per_sequence: bool = False,
+    ) -> dict:
         """x: (..., d); valid: bool of x.shape[:-1]. The sums over the valid tokens of x, taken in float32
         within one mini-batch and in float64 across mini-batches (enough for avg_cos over 10^6 tokens to ~1e-10);
-        with `outliers`, in float64 within the mini-batch too, with the per-dimension M2s (_outlier_sums).
+        with `outliers`, in float64 within the mini-batch too, with the per-dimension M2s (_outlier_sums). With
+        `per_sequence`, also each sequence's (`per_seq`: its SEQ_SCALARS and UNIT_VECTORS), of which the sums over
+        every token are then the sums: each sequence's vector sums are taken over its rows by one product with a
+        (sequences x rows) membership, whose cost is the sequences' count times the single sum's.
 
         `wait_free` (the default on a GPU) masks instead of branching on the data, so the host never waits for
         the device; on a CPU, where reading a value back costs nothing, the branches skip work (a float64 norm
@@ -133,8 +183,12 @@ class VectorStats:
                 rows = keep.nonzero().flatten()
                 x, norms = x[keep], norms[keep]
                 keep = keep[keep]
+        member = None  # (sequences, rows) where per_sequence
+        if per_sequence:
+            seq = torch.arange(len(x), device=x.device) if rows is None else rows
+            member = _membership(torch.div(seq, width, rounding_mode="floor"), n_seqs, torch.float64)
         if outliers:  # with each norm to float64 rounding, which the unit vectors' M2 needs
-            norms, outlier_sums = _outlier_sums(x, keep)
+            norms, outlier_sums = _outlier_sums(x, keep, member)
         counts = torch.stack([keep.sum(), (valid.sum() - keep.sum()), (keep & (norms == 0)).sum()])
         kept_norms = torch.where(keep, norms.double(), 0.0)
         norm_sums = torch.stack([kept_norms.sum(), kept_norms.dot(kept_norms)])
@@ -143,13 +197,24 @@ class VectorStats:
             "norm_sums": norm_sums,
             "norm_m2": _m2(kept_norms, keep, norm_sums[0] / safe(counts[0].double())),
             "norm_range": _norm_range(kept_norms, keep),
+            "n_seqs": n_seqs,
         }
+        if member is not None:
+            part["per_seq"] = {"scalars": _sequence_norm_sums(member, keep, norms, kept_norms)}
         if outliers:
             token_max = outlier_sums.pop("token_max")
+            if member is not None:
+                part["per_seq"]["sums"] = outlier_sums.pop("per_seq")
             return part | outlier_sums | _largest(x, keep, token_max, rows, width, first, n_seqs)
         inverse = torch.where(keep, 1.0 / norms.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
         weights = torch.stack([keep.float(), inverse.float()])
-        sum_x, sum_unit = (weights @ x).double()  # one pass over x for both sums
+        if member is None:
+            sum_x, sum_unit = (weights @ x).double()  # one pass over x for both sums
+            return part | {"sum_x": sum_x, "sum_unit": sum_unit}
+        # (sequences, 2, d): float32 within a sequence, float64 across
+        sums = ((member.float()[:, None, :] * weights[None]) @ x).double()
+        part["per_seq"]["sums"] = sums
+        sum_x, sum_unit = sums.sum(dim=0)
         return part | {"sum_x": sum_x, "sum_unit": sum_unit}
 
     def add(self, part: dict) -> None:
@@ -161,6 +226,9 @@ class VectorStats:
             sums_a = torch.stack([self.sum_x, self.sum_unit])
             sums_b = torch.stack([part["sum_x"], part["sum_unit"]])
             self.m2 = merged_m2(n_a, sums_a, self.m2, n_b, sums_b, part["m2"])
+        if self.units is not None:
+            self._add_per_sequence(part)
+        self.n_seqs += part["n_seqs"]
         self.counts += part["counts"]
         self.sum_x += part["sum_x"]
         self.sum_unit += part["sum_unit"]
@@ -170,7 +238,14 @@ class VectorStats:
             return
         torch.maximum(self.abs_max, part["abs_max"], out=self.abs_max)
         self.tops.append((part["top"], self.n_seqs))
-        self.n_seqs += part["n_seqs"]
+
+    def _add_per_sequence(self, part: dict) -> None:
+        if "per_seq" not in part:
+            raise ValueError("VectorStats with units: feed it parts taken with per_sequence=True")
+        first, n_seqs = self.n_seqs, part["n_seqs"]
+        self.seq_scalars[first : first + n_seqs] = part["per_seq"]["scalars"]
+        units = self.units.of_sequences(first, n_seqs, self.unit_sums.device)
+        self.unit_sums.index_add_(0, units, part["per_seq"]["sums"])
 
     @property
     def has_outliers(self) -> bool:
@@ -183,7 +258,18 @@ def _m2(values: torch.Tensor, keep: torch.Tensor, mean: torch.Tensor) -> torch.T
     return torch.where(keep, values - mean, 0.0).square().sum()
 
 
-def _outlier_sums(x: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, dict]:
+def _sequence_norm_sums(
+    member: torch.Tensor, keep: torch.Tensor, norms: torch.Tensor, kept_norms: torch.Tensor
+) -> torch.Tensor:
+    """(sequences, 4) float64: each sequence's VectorStats.SEQ_SCALARS, n, n_zero, sum ||x|| and M2 of ||x|| about
+    the sequence's own mean."""
+    counts = member @ torch.stack([keep.double(), (keep & (norms == 0)).double(), kept_norms], dim=1)
+    mean = counts[:, 2] / safe(counts[:, 0])
+    deviation = torch.where(keep, kept_norms - mean @ member, 0.0)
+    return torch.cat([counts, (member @ deviation.square())[:, None]], dim=1)
+
+
+def _outlier_sums(x: torch.Tensor, keep: torch.Tensor, member: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """(each token's norm, in float64; per dimension the sums of x_j and of the unit vectors' u_j over the kept
     tokens, zero vectors having no u, and the M2 of each about its own batch mean; max_j |x_j| of each token and
     max |x_j| of each dimension), in one pass over the mini-batch, a chunk of rows at a time (_row_chunks).
@@ -191,7 +277,10 @@ def _outlier_sums(x: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, di
     Each M2 is summed in float64 about a shift near the batch's mean (shifted moments), M2 = sum d^2 - (sum d)^2 / n
     with d = x - shift, which cancels only as much as (mean - shift)^2 / variance: x's shift is its mean to float32
     rounding, u's is that shift made a unit vector (u's mean to within u's spread), so both stay exact to float64
-    rounding where the raw moments about 0 would cancel (a dimension whose mean is 1e4 times its spread)."""
+    rounding where the raw moments about 0 would cancel (a dimension whose mean is 1e4 times its spread).
+
+    `member` ((sequences, rows) float64, VectorStats.partial's per_sequence): each sequence's sums of x and of u too
+    (`per_seq`, (sequences, 2, d)), of which the sums over every row are then the sums."""
     n = keep.sum()
     kept = keep.to(x.dtype)
     shift = ((kept @ x) / safe(n).to(x.dtype)).double()  # float32 sums: a shift, not the mean, needs no more
@@ -208,6 +297,7 @@ def _outlier_sums(x: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, di
     token_max = x.new_empty(len(x))
     abs_max = x.new_zeros(x.shape[-1])
     sums = norms.new_zeros(4, x.shape[-1])  # sum d, sum d^2 of x's deviations; the same of u's
+    per_seq = None if member is None else norms.new_zeros(member.shape[0], 2, x.shape[-1])  # sum d of x's, u's
     for rows in chunks:
         chunk = x[rows]
         magnitude = torch.abs(chunk, out=magnitudes[: len(chunk)])
@@ -216,13 +306,26 @@ def _outlier_sums(x: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, di
         value = values[: len(chunk)].copy_(chunk)
         norm = torch.linalg.vector_norm(value, dim=-1, out=norms[rows])
         deviation = torch.sub(value, shift, out=deviations[: len(chunk)])
-        sums[0] += kept[rows] @ deviation
+        if per_seq is None:
+            sums[0] += kept[rows] @ deviation
+        else:
+            per_seq[:, 0] += (member[:, rows] * kept[rows]) @ deviation
         sums[1] += kept[rows] @ deviation.square_()
         weight = has_unit[rows].copy_(keep[rows] & (norm > 0))
         inverse = weight / torch.where(weight > 0, norm, 1.0)
         deviation = torch.addcmul(below, value, inverse[:, None], out=value)  # u - u's shift
-        sums[2] += weight @ deviation
+        if per_seq is None:
+            sums[2] += weight @ deviation
+        else:
+            per_seq[:, 1] += (member[:, rows] * weight) @ deviation
         sums[3] += weight @ deviation.square_()
+    out = {}
+    if per_seq is not None:  # the batch's sums of the deviations are its sequences'; theirs are then made about 0
+        sums[0], sums[2] = per_seq.sum(dim=0)
+        counts = member @ torch.stack([kept, has_unit], dim=1)  # (sequences, 2): n, n_unit
+        per_seq[:, 0] += counts[:, 0:1] * shift
+        per_seq[:, 1] -= counts[:, 1:2] * below
+        out["per_seq"] = per_seq
     n, n_unit = n.double(), has_unit.sum()
     m2 = torch.stack([sums[1] - sums[0].square() / safe(n), sums[3] - sums[2].square() / safe(n_unit)])
     return norms, {
@@ -231,7 +334,7 @@ def _outlier_sums(x: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, di
         "m2": m2.clamp_min_(0.0),
         "token_max": token_max,
         "abs_max": abs_max.double(),
-    }
+    } | out
 
 
 #: How many values a CPU takes the outlier sums of at a time (2 MB in float64): a buffer that stays in cache and is
@@ -273,10 +376,15 @@ def _norm_range(norms: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 class HeadVectorStats:
     """Per-head sums of q (or k) vectors and of their norms over valid tokens: x is (B, H, T, d_head)."""
 
-    def __init__(self, n_heads: int, d_head: int, device: torch.device | str = "cpu"):
+    def __init__(self, n_heads: int, d_head: int, device: torch.device | str = "cpu", units: Units | None = None):
         self.n = 0
         self.sum_x = torch.zeros(n_heads, d_head, dtype=torch.float64, device=device)
         self.sum_norm = torch.zeros(n_heads, dtype=torch.float64, device=device)
+        self.units, self.n_seqs = units, 0
+        if units is not None:  # each sequence's valid tokens and, per head, sum ||x||; each unit's sum x per head
+            self.seq_n = torch.zeros(units.n_sequences, dtype=torch.float64, device=device)
+            self.seq_sum_norm = torch.zeros(units.n_sequences, n_heads, dtype=torch.float64, device=device)
+            self.unit_sums = torch.zeros(units.n_units, n_heads, d_head, dtype=torch.float64, device=device)
 
     def update(self, x: torch.Tensor, valid: torch.Tensor, all_valid: bool = False, n_valid: int | None = None) -> None:
         """valid: (B, T) bool; `all_valid` skips the masking when the caller knows there is no padding;
@@ -286,8 +394,21 @@ class HeadVectorStats:
             x = x * valid[:, None, :, None]
         self.n += int(valid.sum()) if n_valid is None else n_valid
         # float32 sums within one mini-batch, float64 across; one dim at a time is ~6x faster than (0, 2)
-        self.sum_x += x.sum(dim=2).sum(dim=0).double()
-        self.sum_norm += torch.linalg.vector_norm(x, dim=-1).sum(dim=2).sum(dim=0).double()
+        per_seq_x = x.sum(dim=2)
+        per_seq_norm = torch.linalg.vector_norm(x, dim=-1).sum(dim=2)
+        if self.units is None:
+            self.sum_x += per_seq_x.sum(dim=0).double()
+            self.sum_norm += per_seq_norm.sum(dim=0).double()
+            return
+        # float32 within a sequence, float64 across: the sums over every token are the sequences'
+        per_seq_x, per_seq_norm = per_seq_x.double(), per_seq_norm.double()
+        self.sum_x += per_seq_x.sum(dim=0)
+        self.sum_norm += per_seq_norm.sum(dim=0)
+        first, b = self.n_seqs, x.shape[0]
+        self.seq_n[first : first + b] = valid.sum(dim=1)
+        self.seq_sum_norm[first : first + b] = per_seq_norm
+        self.unit_sums.index_add_(0, self.units.of_sequences(first, b, x.device), per_seq_x)
+        self.n_seqs += b
 
 
 # Per query row, written by `masked_exp_` and `row_statistics`, reduced by AttentionStats.update.
@@ -438,9 +559,14 @@ class AttentionStats:
 
     FIELDS = ("entropy", "entropy_norm", "p_max", "p_median", "p_min")
 
-    def __init__(self, n_heads: int, device: torch.device | str = "cpu"):
+    def __init__(self, n_heads: int, device: torch.device | str = "cpu", units: Units | None = None):
         zeros = lambda: torch.zeros(n_heads, dtype=torch.float64, device=device)  # noqa: E731
         self.sums = {name: zeros() for name in self.FIELDS}
+        self.units, self.n_seqs = units, 0
+        if units is not None:  # each sequence's sums of FIELDS per head, and its rows (all, and those of >1 key)
+            f64 = {"dtype": torch.float64, "device": device}
+            self.seq_sums = torch.zeros(units.n_sequences, len(self.FIELDS), n_heads, **f64)
+            self.seq_rows = torch.zeros(units.n_sequences, 2, **f64)
         self.n_rows = 0
         self.n_rows_norm = 0
         self.n_pairs = 0
@@ -483,8 +609,17 @@ class AttentionStats:
             "p_median": (0.5 * (r["p_lower"] + r["p_upper"]), valid),
             "p_min": (r["p_min"], valid),
         }
-        for name, (values, keep) in per_row.items():
-            self.sums[name] += torch.where(keep[:, None], values, 0.0).sum(dim=(0, 2))
+        if self.units is None:
+            for name, (values, keep) in per_row.items():
+                self.sums[name] += torch.where(keep[:, None], values, 0.0).sum(dim=(0, 2))
+        else:  # the sums over every row are the sequences'
+            per_seq = torch.stack([torch.where(keep[:, None], v, 0.0).sum(dim=2) for v, keep in per_row.values()], 1)
+            for name, sums in zip(self.FIELDS, per_seq.sum(dim=0)):
+                self.sums[name] += sums
+            first, b = self.n_seqs, valid.shape[0]
+            self.seq_sums[first : first + b] = per_seq
+            self.seq_rows[first : first + b] = torch.stack([valid.sum(dim=1), norm_rows.sum(dim=1)], dim=1)
+            self.n_seqs += b
         self._add_scores(r, valid, n_visible)
         n_rows, n_rows_norm, n_pairs = counts or self.counts(valid, n_visible)
         self.n_rows += n_rows

@@ -13,6 +13,7 @@ from anisweep.adapters import Adapter
 from anisweep.adapters.base import norm_parameters
 from anisweep.extract import outlier_tables
 from anisweep.extract.recorder import Recorder
+from anisweep.extract.unit_tables import units_table
 from anisweep.measures import geometry
 from anisweep.sample_storage import vector_columns
 from anisweep.tables import EXTRACT_SCHEMAS, EXTRACT_TABLES, with_identity
@@ -270,6 +271,7 @@ def tables(
         "massive": lambda: outlier_tables.massive_table(recorder, kinds),
         "sinks": lambda: outlier_tables.sinks_table(recorder),
         "sink_keys": lambda: outlier_tables.sink_keys_table(recorder, kinds),
+        "units": lambda: units_table(recorder),
     }
     kinds = outlier_tables.token_kinds(recorder, loaded.model, loaded.trust_remote_code, tokenizer)
     out = {name: with_identity(build[name](), ident) for name in EXTRACT_TABLES}

@@ -1,0 +1,108 @@
+"""extract's `units` table: the sums of each resampling unit (anisweep.extract.streaming.Units) from a Recorder's
+accumulators, which anisweep.measures.sum_bootstrap reweights. Each sequence's scalar sums are gathered into its unit
+here (sums added; M2s merged by Chan et al.'s update, anisweep.moments), the vector sums were kept per unit."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from anisweep.extract.recorder import Recorder
+from anisweep.extract.streaming import AttentionStats, Units, VectorStats
+from anisweep.tables import EXTRACT_SCHEMAS
+
+
+def _by_unit(per_seq: np.ndarray, units: Units) -> np.ndarray:
+    """(n_units, ...) sums of (n_sequences, ...) per-sequence sums."""
+    out = np.zeros((units.n_units, *per_seq.shape[1:]))
+    np.add.at(out, np.arange(units.n_sequences) // units.size, per_seq)
+    return out
+
+
+def merged_m2(n: np.ndarray, total: np.ndarray, m2: np.ndarray, units: Units) -> np.ndarray:
+    """Each unit's M2 from its sequences' counts, sums and M2s (each about its own mean): sum M2_s + sum n_s
+    (mean_s - mean_u)^2, without cancellation."""
+    n_u, total_u = _by_unit(n, units), _by_unit(total, units)
+    unit = np.arange(units.n_sequences) // units.size
+    mean_s = total / np.maximum(n, 1)
+    mean_u = total_u / np.maximum(n_u, 1)
+    return _by_unit(m2 + n * (mean_s - mean_u[unit]) ** 2, units)
+
+
+def _row(table: str, layer: int, site: str, head: int | None, stat: str, values: np.ndarray) -> dict:
+    values = np.asarray(values, dtype=np.float64)
+    width = int(np.prod(values.shape[1:])) if values.ndim > 1 else 1
+    return {
+        "table": table,
+        "layer": layer,
+        "site": site,
+        "head": head,
+        "stat": stat,
+        "width": width,
+        "values": values.reshape(-1).tolist(),
+    }
+
+
+def _hidden_rows(recorder: Recorder, units: Units) -> list[dict]:
+    rows = []
+    for (layer, site), s in sorted(recorder.vectors.items()):
+        scalars = s.seq_scalars.cpu().numpy()
+        n, n_zero, sum_norm, m2_norm = (scalars[:, i] for i in range(len(VectorStats.SEQ_SCALARS)))
+        per_unit = {
+            "n": _by_unit(n, units),
+            "n_zero": _by_unit(n_zero, units),
+            "sum_norm": _by_unit(sum_norm, units),
+            "m2_norm": merged_m2(n, sum_norm, m2_norm, units),
+        }
+        vectors = s.unit_sums.cpu().numpy()
+        per_unit |= {name: vectors[:, i] for i, name in enumerate(VectorStats.UNIT_VECTORS)}
+        rows += [_row("hidden_stats", layer, site, None, stat, values) for stat, values in per_unit.items()]
+    return rows
+
+
+def _attention_rows(recorder: Recorder, units: Units) -> list[dict]:
+    rows = []
+    for layer, stats in sorted(recorder.attention.items()):
+        counts = _by_unit(stats.seq_rows.cpu().numpy(), units)
+        rows += [_row("attention", layer, "attention", None, "n_rows", counts[:, 0])]
+        rows += [_row("attention", layer, "attention", None, "n_rows_norm", counts[:, 1])]
+        sums = _by_unit(stats.seq_sums.cpu().numpy(), units)  # (units, fields, heads)
+        for head in range(sums.shape[2]):
+            rows += [
+                _row("attention", layer, "attention", head, name, sums[:, i, head])
+                for i, name in enumerate(AttentionStats.FIELDS)
+            ]
+    return rows
+
+
+def _qk_rows(recorder: Recorder, units: Units) -> list[dict]:
+    """Per query head its q sums and those of the key head it attends with (repeated over the query heads that share
+    a key head, as the qk table's k_mean is)."""
+    rows, group = [], recorder.geometry.group
+    for (layer, rope), q in sorted(recorder.q.items()):
+        k, site = recorder.k[(layer, rope)], f"qk_{rope}"
+        if q.n_seqs == 0:  # a site this model never fed (no pre-rotary q of a model without rotation)
+            continue
+        rows += [_row("qk", layer, site, None, "n", _by_unit(q.seq_n.cpu().numpy(), units))]
+        rows += [_row("qk", layer, site, None, "k_n", _by_unit(k.seq_n.cpu().numpy(), units))]
+        q_norm, k_norm = (_by_unit(s.seq_sum_norm.cpu().numpy(), units) for s in (q, k))
+        q_sums, k_sums = q.unit_sums.cpu().numpy(), k.unit_sums.cpu().numpy()
+        for head in range(q_sums.shape[1]):
+            kv_head = head // group
+            rows += [
+                _row("qk", layer, site, head, "q_sum", q_sums[:, head]),
+                _row("qk", layer, site, head, "k_sum", k_sums[:, kv_head]),
+                _row("qk", layer, site, head, "q_norm_sum", q_norm[:, head]),
+                _row("qk", layer, site, head, "k_norm_sum", k_norm[:, kv_head]),
+            ]
+    return rows
+
+
+def units_table(recorder: Recorder) -> pl.DataFrame:
+    """The units' sums of the hidden states' statistics, of attention's per-head sums and of q and k; no rows where
+    the recorder kept none (`extract.units` 0)."""
+    units = recorder.units
+    if units is None:
+        return pl.DataFrame(schema=EXTRACT_SCHEMAS["units"])
+    rows = _hidden_rows(recorder, units) + _attention_rows(recorder, units) + _qk_rows(recorder, units)
+    return pl.DataFrame(rows, schema=EXTRACT_SCHEMAS["units"])
