@@ -1,0 +1,206 @@
+"""The measures built of sums, recomputed from a checkpoint's `units.parquet` (each resampling unit's sums, kept by
+extract: anisweep.extract.streaming.Units) for any weighting of its units: the Multi-Bootstrap's `SumBuilt` measures
+(anisweep.measures.bootstrap). At unit weights (every unit once) each equals the value metrics.parquet holds, up to
+float64 rounding (tests/measures/test_sum_bootstrap.py), since the streamed statistics are the units' sums.
+
+A measure here is its statistics per unit (units x k) and a function of their weighted sums, shape (..., k) to (...),
+which is how the resampling reads it. The norms' spread is taken about a fixed centre (the full sample's mean norm):
+each unit's sum of (||x|| - c)^2 is its M2 plus n (mean - c)^2, so a weighted sum of them gives the weighted M2 as
+sum (||x|| - c)^2 - N (mean - c)^2, which cancels only as much as the weighted mean moves from c.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from anisweep.tables import read_parquet
+
+#: the measures recomputed here (metrics.parquet's names), by the table whose units' sums they read
+HIDDEN_MEASURES = ("avg_cos", "drift_norm", "drift_ratio", "norm_mean", "norm_std", "norm_cv")
+ATTENTION_MEASURES = ("entropy_mean", "entropy_norm_mean", "p_max_mean", "p_median_mean", "p_min_mean")
+QK_MEASURES = ("qk_cos", "qk_mean_score", "q_norm_mean", "k_norm_mean", "qk_cos_abs_mean")
+MEASURES = HIDDEN_MEASURES + ATTENTION_MEASURES + QK_MEASURES
+
+
+class UnitsError(ValueError):
+    """A checkpoint's units.parquet cannot give the measures asked for."""
+
+
+@dataclass(frozen=True)
+class SumMeasure:
+    """One measure at one (layer, site, head) of one checkpoint: `per_unit` (units x k) and `of_sums`, a function of
+    weighted sums (..., k) to values (...)."""
+
+    metric: str
+    layer: int
+    site: str
+    head: int | None
+    per_unit: np.ndarray
+    of_sums: Callable[[np.ndarray], np.ndarray]
+
+    @property
+    def key(self) -> tuple[str, int, str, int | None]:
+        return (self.metric, self.layer, self.site, self.head)
+
+    @property
+    def value(self) -> float:
+        """The full sample's value: every unit once."""
+        return float(self.of_sums(self.per_unit.sum(axis=0)))
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def _avg_cos(s: np.ndarray) -> np.ndarray:
+    """[n, n_zero, sum_unit...]: (||sum u||^2 - m) / (m (m - 1)), m the nonzero vectors (geometry.avg_cos_from_sums)."""
+    m = s[..., 0] - s[..., 1]
+    unit = s[..., 2:]
+    return _ratio(np.einsum("...i,...i->...", unit, unit) - m, np.where(m >= 2, m * (m - 1.0), 0.0))
+
+
+def _drift_norm(s: np.ndarray) -> np.ndarray:
+    """[n, sum_x...]: ||mean x|| (geometry.drift_from_sums)."""
+    return _ratio(np.linalg.norm(s[..., 1:], axis=-1), s[..., 0])
+
+
+def _drift_ratio(s: np.ndarray) -> np.ndarray:
+    """[sum_norm, sum_x...]: ||mean x|| / mean ||x||."""
+    return _ratio(np.linalg.norm(s[..., 1:], axis=-1), s[..., 0])
+
+
+def _norm_std(s: np.ndarray, centre: float) -> np.ndarray:
+    """[n, sum_norm, sum (||x|| - centre)^2]: the population std of the norms."""
+    n, total, about_centre = s[..., 0], s[..., 1], s[..., 2]
+    mean = _ratio(total, n)
+    m2 = np.maximum(about_centre - n * (mean - centre) ** 2, 0.0)
+    return np.sqrt(_ratio(m2, n))
+
+
+def _hidden(layer: int, site: str, stats: dict[str, np.ndarray], metric: str) -> SumMeasure:
+    n, n_zero, sum_norm = stats["n"], stats["n_zero"], stats["sum_norm"]
+    column = lambda *parts: np.concatenate(parts, axis=1)  # noqa: E731
+    if metric == "avg_cos":
+        return SumMeasure(metric, layer, site, None, column(n, n_zero, stats["sum_unit"]), _avg_cos)
+    if metric == "drift_norm":
+        return SumMeasure(metric, layer, site, None, column(n, stats["sum_x"]), _drift_norm)
+    if metric == "drift_ratio":
+        return SumMeasure(metric, layer, site, None, column(sum_norm, stats["sum_x"]), _drift_ratio)
+    if metric == "norm_mean":
+        return SumMeasure(metric, layer, site, None, column(n, sum_norm), lambda s: _ratio(s[..., 1], s[..., 0]))
+    centre = float(sum_norm.sum() / max(n.sum(), 1.0))
+    unit_mean = _ratio(sum_norm, n)
+    about_centre = stats["m2_norm"] + n * np.nan_to_num(unit_mean - centre) ** 2
+    per_unit = column(n, sum_norm, about_centre)
+    if metric == "norm_std":
+        return SumMeasure(metric, layer, site, None, per_unit, lambda s: _norm_std(s, centre))
+    return SumMeasure(  # norm_cv
+        metric, layer, site, None, per_unit, lambda s: _ratio(_norm_std(s, centre), _ratio(s[..., 1], s[..., 0]))
+    )
+
+
+def _attention(layer: int, stats: dict, heads: list[int], metric: str) -> list[SumMeasure]:
+    """Per head its mean over its rows, and per layer the mean over heads of the heads' means (metrics.attention_rows);
+    entropy_norm over the rows with more than one visible key."""
+    field = metric.removesuffix("_mean")
+    rows = stats[(None, "n_rows_norm" if field == "entropy_norm" else "n_rows")]
+    per_head = [np.concatenate([rows, stats[(head, field)]], axis=1) for head in heads]
+    out = [
+        SumMeasure(metric, layer, "attention", head, per_unit, lambda s: _ratio(s[..., 1], s[..., 0]))
+        for head, per_unit in zip(heads, per_head)
+    ]
+    whole = np.concatenate([rows, *(stats[(head, field)] for head in heads)], axis=1)
+    out.append(SumMeasure(metric, layer, "attention", None, whole, lambda s: _ratio(s[..., 1:], s[..., :1]).mean(-1)))
+    return out
+
+
+def _cosine(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    return _ratio(np.einsum("...i,...i->...", q, k), np.linalg.norm(q, axis=-1) * np.linalg.norm(k, axis=-1))
+
+
+def _qk(layer: int, site: str, stats: dict, heads: list[int], metric: str) -> list[SumMeasure]:
+    n, k_n = stats[(None, "n")], stats[(None, "k_n")]
+    if metric == "qk_cos_abs_mean":
+        width = stats[(heads[0], "q_sum")].shape[1]
+        whole = np.concatenate([np.concatenate([stats[(h, "q_sum")], stats[(h, "k_sum")]], axis=1) for h in heads], 1)
+
+        def abs_mean(s: np.ndarray, heads=len(heads), width=width) -> np.ndarray:
+            pairs = s.reshape(*s.shape[:-1], heads, 2, width)
+            return np.abs(_cosine(pairs[..., 0, :], pairs[..., 1, :])).mean(-1)
+
+        return [SumMeasure(metric, layer, site, None, whole, abs_mean)]
+    out = []
+    for head in heads:
+        q, k = stats[(head, "q_sum")], stats[(head, "k_sum")]
+        d = q.shape[1]
+        if metric == "qk_cos":  # the means' cosine is the sums'
+            per_unit, fn = np.concatenate([q, k], 1), lambda s, d=d: _cosine(s[..., :d], s[..., d:])
+        elif metric == "qk_mean_score":
+            per_unit = np.concatenate([n, k_n, q, k], 1)
+
+            def fn(s: np.ndarray, d=d) -> np.ndarray:
+                q_mean = s[..., 2 : 2 + d] / s[..., :1]
+                k_mean = s[..., 2 + d :] / s[..., 1:2]
+                return np.einsum("...i,...i->...", q_mean, k_mean) / np.sqrt(d)
+
+        elif metric == "q_norm_mean":
+            per_unit, fn = np.concatenate([n, stats[(head, "q_norm_sum")]], 1), lambda s: _ratio(s[..., 1], s[..., 0])
+        else:  # k_norm_mean
+            per_unit, fn = np.concatenate([k_n, stats[(head, "k_norm_sum")]], 1), lambda s: _ratio(s[..., 1], s[..., 0])
+        out.append(SumMeasure(metric, layer, site, head, per_unit, fn))
+    return out
+
+
+def _grouped(units: pl.DataFrame) -> dict[tuple[str, int, str], dict[tuple[int | None, str], np.ndarray]]:
+    """{(table, layer, site): {(head, stat): (units x width) array}}."""
+    out: dict = {}
+    for row in units.iter_rows(named=True):
+        values = np.asarray(row["values"], dtype=np.float64).reshape(-1, row["width"])
+        out.setdefault((row["table"], row["layer"], row["site"]), {})[(row["head"], row["stat"])] = values
+    return out
+
+
+def measures_of(units: pl.DataFrame, metrics: tuple[str, ...] | list[str]) -> list[SumMeasure]:
+    """Every one of `metrics` (of MEASURES) at every layer, site and head the units' table has sums for."""
+    unknown = sorted(set(metrics) - set(MEASURES))
+    if unknown:
+        raise UnitsError(f"measures {unknown}: not built of sums here; choose among {list(MEASURES)}")
+    out: list[SumMeasure] = []
+    for (table, layer, site), stats in sorted(_grouped(units).items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        heads = sorted({head for head, _ in stats if head is not None})
+        for metric in metrics:
+            if table == "hidden_stats" and metric in HIDDEN_MEASURES:
+                flat = {stat: values for (_, stat), values in stats.items()}
+                out.append(_hidden(layer, site, flat, metric))
+            elif table == "attention" and metric in ATTENTION_MEASURES and heads:
+                out += _attention(layer, stats, heads, metric)
+            elif table == "qk" and metric in QK_MEASURES and heads:
+                out += _qk(layer, site, stats, heads, metric)
+    return out
+
+
+def read_units(folder: str | Path, metrics: tuple[str, ...] | list[str]) -> tuple[int, list[SumMeasure]]:
+    """(the number of units, the measures) of a checkpoint folder's units.parquet."""
+    path = Path(folder) / "units.parquet"
+    if not path.exists():
+        raise UnitsError(
+            f"{path}: missing; the measures built of sums are resampled from each unit's sums, which extract writes "
+            "since extract tables format 4: rerun this checkpoint's extract"
+        )
+    units = read_parquet(path)
+    if units.is_empty():
+        raise UnitsError(
+            f"{path}: no units (extract.units was 0); set extract.units above 1 and rerun extract, or resample only "
+            "the sampled vectors' measures (bootstrap.measures)"
+        )
+    first = units.row(0, named=True)
+    n_units = len(first["values"]) // first["width"]
+    if n_units < 2:
+        raise UnitsError(f"{path}: {n_units} unit; resampling needs at least 2 (extract.units and n_sequences >= 2)")
+    return n_units, measures_of(units, metrics)
