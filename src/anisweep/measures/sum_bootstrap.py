@@ -127,11 +127,11 @@ def _cosine(q: np.ndarray, k: np.ndarray) -> np.ndarray:
 def _qk(layer: int, site: str, stats: dict, heads: list[int], metric: str) -> list[SumMeasure]:
     n, k_n = stats[(None, "n")], stats[(None, "k_n")]
     if metric == "qk_cos_abs_mean":
-        width = stats[(heads[0], "q_sum")].shape[1]
+        width, n_heads = stats[(heads[0], "q_sum")].shape[1], len(heads)
         whole = np.concatenate([np.concatenate([stats[(h, "q_sum")], stats[(h, "k_sum")]], axis=1) for h in heads], 1)
 
-        def abs_mean(s: np.ndarray, heads=len(heads), width=width) -> np.ndarray:
-            pairs = s.reshape(*s.shape[:-1], heads, 2, width)
+        def abs_mean(s: np.ndarray) -> np.ndarray:
+            pairs = s.reshape(*s.shape[:-1], n_heads, 2, width)
             return np.abs(_cosine(pairs[..., 0, :], pairs[..., 1, :])).mean(-1)
 
         return [SumMeasure(metric, layer, site, None, whole, abs_mean)]
