@@ -14,7 +14,8 @@ of bench_extract_parts/, which says what it measures and how:
 
 * on the CPU (default --parts ratios flat outliers checkpoint): `ratios` (ratios.py: the speed, speed.py, and the
   memory, memory.py, of every variant, models.py), `flat` (flat.py: extract's memory as n_sequences grows),
-  `outliers` (outliers.py: the outlier statistics' cost), `checkpoint` (checkpoint.py: one checkpoint at a sweep
+  `outliers` (outliers.py: the outlier statistics' cost), `units` (units.py: the resampling units' sums' cost),
+  `checkpoint` (checkpoint.py: one checkpoint at a sweep
   config's settings and the projection of the sweep).
 * on a GPU (`--device cuda`, one call, about 6 minutes on one H200; it stops at once where torch sees no GPU), in
   this order, each part in fresh processes without TRITON_INTERPRET, so that Triton compiles its kernels:
@@ -73,7 +74,7 @@ def main(argv=None):
     ap.add_argument(
         "--parts",
         nargs="+",
-        choices=["ratios", "flat", "outliers", "checkpoint", "tests", "compare", "device"],
+        choices=["ratios", "flat", "outliers", "units", "checkpoint", "tests", "compare", "device"],
         help="what to (re)measure, the rest of --out is kept; default ratios flat outliers checkpoint on the "
         "CPU, tests compare device checkpoint elsewhere (run in that order)",
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, flat, outliers, ratios
+from . import checkpoint, flat, outliers, ratios, units
 from .checkpoint import checkpoint_row
 from .compare import comparison, comparison_summary
 from .core import markdown_table
@@ -21,6 +21,7 @@ from .goal import goal_lines, goal_summary
 from .kernel_tests import kernel_tests, kernel_tests_summary
 from .outliers import outlier_cost
 from .ratios import ratio_rows
+from .units import units_cost
 
 
 def process_seconds() -> float:
@@ -62,6 +63,8 @@ def drive(a) -> None:
         out["flat"] = [f for shape in a.shapes for f in flat_rows(a, shape, out["rows"])]
     if "outliers" in a.parts:
         out["outlier_cost"] = [outlier_cost(a, shape, t) for shape in a.shapes for t in a.seq_lens]
+    if "units" in a.parts:
+        out["units_cost"] = [units_cost(a, shape, t) for shape in a.shapes for t in a.seq_lens]
     part_s = {}
     for part, key, measure in (
         ("tests", "kernel_tests", kernel_tests),
@@ -99,7 +102,13 @@ def summary(out: dict) -> str:
     for key, part_summary in (("comparison", comparison_summary), ("kernel_tests", kernel_tests_summary)):
         if out.get(key):
             lines += ["", *part_summary(out[key])]
-    for key, part in (("rows", ratios), ("flat", flat), ("outlier_cost", outliers), ("checkpoint", checkpoint)):
+    for key, part in (
+        ("rows", ratios),
+        ("flat", flat),
+        ("outlier_cost", outliers),
+        ("units_cost", units),
+        ("checkpoint", checkpoint),
+    ):
         if out.get(key):
             lines += ["", *markdown_table(part.TABLE_HEAD, [part.table_line(row) for row in out[key]])]
     return "\n".join(lines).strip("\n")

@@ -8,7 +8,8 @@ Variants: `plain` (a base-model forward, sdpa attention, no hooks: every ratio's
 the hidden-state sample drawn at the rate of the shape's real sweep config, 1 token in 8 for config/multiberts.yaml
 and 3 in 16 for config/pythia.yaml, which is what one mini-batch of those sweeps contributes; memory over growing
 n_sequences keeps the config's whole sample: the forward and its accumulators, not the writing of tables);
-`extract_without_outliers` (extract without_outlier_statistics); `hf_keep_all` (eager attention, output_attentions
+`extract_without_outliers` (extract without_outlier_statistics); `extract_without_units` (extract.units 0: no
+resampling units' sums); `hf_keep_all` (eager attention, output_attentions
 + output_hidden_states, all outputs kept); `tl` (TransformerLens 3.9 `run_with_cache` on a HookedEncoder /
 HookedTransformer of the same shape, base model only: the HookedTransformer runs with return_type=None, which stops
 after ln_final; HookedEncoder.forward always applies its MLM head, so its cache is filled with the same caching
@@ -121,7 +122,9 @@ def without_outlier_statistics():
     attention_torch.attend = lambda *args, **kw: attend(*args, **{**kw, "valid": None})
     streaming.SinkStats.update = lambda self, colsum, *args, **kw: None
     streaming.VectorStats.partial = staticmethod(
-        lambda x, valid, wait_free=None, outliers=False: partial(x, valid, wait_free)
+        lambda x, valid, wait_free=None, outliers=False, per_sequence=False: partial(
+            x, valid, wait_free, per_sequence=per_sequence
+        )
     )
     try:
         yield
@@ -155,7 +158,7 @@ def variants_for(shape: str, names: list[str], device="cpu", dtype=torch.float32
             adapter = adapter_for(model.config)
             parts = LoadedModel(model, adapter.base_model(model), adapter, adapter.geometry(model.config))
 
-            def run_extract(batch, batch_size=None, sample_tokens=None):
+            def run_extract(batch, batch_size=None, sample_tokens=None, units=None):
                 model.set_attn_implementation(recorder.ATTENTION_NAME)
                 n, t = batch["input_ids"].shape
                 settings = ExtractSettings(
@@ -164,6 +167,7 @@ def variants_for(shape: str, names: list[str], device="cpu", dtype=torch.float32
                     batch_size=batch_size or n,
                     sample_tokens=sample_tokens or sample_size(shape, n, t),
                     device=str(device),
+                    **({} if units is None else {"units": units}),
                 )
                 return run(parts, batch, settings, progress=False)
 
@@ -174,6 +178,7 @@ def variants_for(shape: str, names: list[str], device="cpu", dtype=torch.float32
                     return run_extract(batch)
 
             runs["extract_without_outliers"] = run_extract_without_outliers
+            runs["extract_without_units"] = lambda batch: run_extract(batch, units=0)
     if "tl" in names:
         tl = tl_model(shape)
 

@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from anisweep.extract.streaming import Units
-from anisweep.measures import metrics, sum_bootstrap
+from anisweep.measures import metrics, sinks, sum_bootstrap
 
 from conftest import bert_config, neox_config, padded_batch, run_extract, saved
 
@@ -28,7 +28,7 @@ def model_path(request, tmp_path_factory):
 
 def metric_values(tables) -> dict:
     rows = metrics.stats_rows(tables["hidden_stats"]) + metrics.attention_rows(tables["attention"])
-    rows += metrics.qk_rows(tables["qk"])
+    rows += metrics.qk_rows(tables["qk"]) + sinks.sink_rows(tables["sinks"], tables["sink_keys"], tables["attention"])
     return {(r["metric"], r["layer"], r["site"], r.get("head")): r["value"] for r in rows}
 
 
@@ -46,7 +46,7 @@ def test_unit_weights_give_the_stored_values(model_path, max_units):
     tables, _ = run_extract(model_path, padded_batch(), units=max_units)
     n_units, measures = len(tables["units"]["values"][0]) // tables["units"]["width"][0], None
     assert n_units == Units.of(5, max_units).n_units
-    measures = sum_bootstrap.measures_of(tables["units"], sum_bootstrap.MEASURES)
+    measures = sum_bootstrap.measures_of(tables["units"], sum_bootstrap.MEASURES, tables["sinks"])
     stored = metric_values(tables)
     assert {m.metric for m in measures} == set(sum_bootstrap.MEASURES)
     for m in measures:
@@ -65,7 +65,7 @@ def test_reweighted_sums_are_the_batch_with_sequences_repeated(model_path):
     batch = padded_batch()
     counts = np.array([0, 2, 1, 3, 1])
     tables, _ = run_extract(model_path, batch, units=32)
-    measures = sum_bootstrap.measures_of(tables["units"], sum_bootstrap.MEASURES)
+    measures = sum_bootstrap.measures_of(tables["units"], sum_bootstrap.MEASURES, tables["sinks"])
     again, _ = run_extract(model_path, repeated(batch, counts), units=0, batch_size=3)
     want = metric_values(again)
     for m in measures:

@@ -162,7 +162,8 @@ class Recorder:
             self.q = {site: HeadVectorStats(g.n_heads, g.d_head, dev, units) for site in sites}
             self.k = {site: HeadVectorStats(g.kv_heads, g.d_head, dev, units) for site in sites}  # per key head (GQA)
         self.attention = {layer: AttentionStats(g.heads(layer), dev, units) for layer in range(g.n_layers)}
-        self.sinks = {layer: SinkStats(g.heads(layer), dev) for layer in range(g.n_layers)}  # self-attention's only
+        # self-attention's only
+        self.sinks = {layer: SinkStats(g.heads(layer), dev, units) for layer in range(g.n_layers)}
         # cross-attention (T5's decoder): its own accumulators and tables, never mixed with self-attention's
         self.cross_q = {layer: HeadVectorStats(g.n_heads, g.d_head, dev) for layer in g.cross_layers}
         self.cross_k = {layer: HeadVectorStats(g.n_heads, g.d_head, dev) for layer in g.cross_layers}

@@ -658,9 +658,12 @@ class SinkStats:
     probabilities (attention_torch, attention_triton); nothing here reads a value back. Each mini-batch's TOP_K keys
     are kept apart and merged once, at the end (top_keys)."""
 
-    def __init__(self, n_heads: int, device: torch.device | str = "cpu"):
+    def __init__(self, n_heads: int, device: torch.device | str = "cpu", units: Units | None = None):
         f64 = {"dtype": torch.float64, "device": device}
         self.n_heads, self.device = n_heads, device
+        self.units = units
+        if units is not None:  # each sequence's sum over its rows of p on its first valid key, per head
+            self.seq_first = torch.zeros(units.n_sequences, n_heads, **f64)
         self.first = torch.zeros(n_heads, **f64)  # sum over rows of p on the sequence's first valid key
         self.received = torch.zeros(n_heads, 0, **f64)  # per key position: sum over sequences and rows of p
         self.key_counts = torch.zeros(0, dtype=torch.int64, device=device)  # per position: sequences with a valid key
@@ -680,7 +683,12 @@ class SinkStats:
             self.key_counts = torch.nn.functional.pad(self.key_counts, (0, grow))
         _, first = _sequences(valid)
         on_first = colsum.gather(2, first[:, None, None].expand(b, h, 1))[:, :, 0]  # (B, H)
-        self.first += on_first.sum(dim=0)
+        if self.units is None:
+            self.first += on_first.sum(dim=0)
+        else:  # float64 across sequences: the sum over every row is the sequences'
+            per_seq = self.seq_first[self.n_seqs : self.n_seqs + b]
+            per_seq.copy_(on_first)
+            self.first += per_seq.sum(dim=0)
         self.received[:, :t] += colsum.sum(dim=0)
         self.key_counts[:t] += valid.sum(dim=0)
         self.n_rows += n_rows

@@ -66,12 +66,18 @@ def _attention_rows(recorder: Recorder, units: Units) -> list[dict]:
         counts = _by_unit(stats.seq_rows.cpu().numpy(), units)
         rows += [_row("attention", layer, "attention", None, "n_rows", counts[:, 0])]
         rows += [_row("attention", layer, "attention", None, "n_rows_norm", counts[:, 1])]
+        # the sequences of each unit, in order: which unit a per-sequence value of another table is in (sinks')
+        rows += [_row("attention", layer, "attention", None, "n_seqs", _by_unit(np.ones(units.n_sequences), units))]
         sums = _by_unit(stats.seq_sums.cpu().numpy(), units)  # (units, fields, heads)
+        sinks = recorder.sinks.get(layer)
+        first = _by_unit(sinks.seq_first.cpu().numpy(), units) if sinks is not None and sinks.n_seqs else None
         for head in range(sums.shape[2]):
             rows += [
                 _row("attention", layer, "attention", head, name, sums[:, i, head])
                 for i, name in enumerate(AttentionStats.FIELDS)
             ]
+            if first is not None:  # the sum over the rows of p on the first valid key (the sinks table's)
+                rows.append(_row("attention", layer, "attention", head, "first_received", first[:, head]))
     return rows
 
 

@@ -18,13 +18,15 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from anisweep.measures.sinks import EPSILON
 from anisweep.tables import read_parquet
 
 #: the measures recomputed here (metrics.parquet's names), by the table whose units' sums they read
 HIDDEN_MEASURES = ("avg_cos", "drift_norm", "drift_ratio", "norm_mean", "norm_std", "norm_cv")
 ATTENTION_MEASURES = ("entropy_mean", "entropy_norm_mean", "p_max_mean", "p_median_mean", "p_min_mean")
+SINK_MEASURES = ("sink_first_mass", "sink1_eps")
 QK_MEASURES = ("qk_cos", "qk_mean_score", "q_norm_mean", "k_norm_mean", "qk_cos_abs_mean")
-MEASURES = HIDDEN_MEASURES + ATTENTION_MEASURES + QK_MEASURES
+MEASURES = HIDDEN_MEASURES + ATTENTION_MEASURES + SINK_MEASURES + QK_MEASURES
 
 
 class UnitsError(ValueError):
@@ -106,18 +108,50 @@ def _hidden(layer: int, site: str, stats: dict[str, np.ndarray], metric: str) ->
 
 
 def _attention(layer: int, stats: dict, heads: list[int], metric: str) -> list[SumMeasure]:
-    """Per head its mean over its rows, and per layer the mean over heads of the heads' means (metrics.attention_rows);
-    entropy_norm over the rows with more than one visible key."""
-    field = metric.removesuffix("_mean")
-    rows = stats[(None, "n_rows_norm" if field == "entropy_norm" else "n_rows")]
-    per_head = [np.concatenate([rows, stats[(head, field)]], axis=1) for head in heads]
+    """Per head its mean over its rows, and per layer the mean over heads of the heads' means (metrics.attention_rows,
+    sinks.sink_rows); entropy_norm over the rows with more than one visible key; sink_first_mass the mean over rows
+    of p on their sequence's first valid key; sink1_eps the share of sequences whose first key's importance exceeds
+    sinks.EPSILON (`above` and `finite`, each unit's count of those and of sequences with an importance)."""
+    if metric == "sink1_eps":
+        field, rows = "above", {head: stats[(head, "finite")] for head in heads}
+    else:
+        field = {"sink_first_mass": "first_received"}.get(metric, metric.removesuffix("_mean"))
+        counts = stats[(None, "n_rows_norm" if field == "entropy_norm" else "n_rows")]
+        rows = {head: counts for head in heads}
+    per_head = [np.concatenate([rows[head], stats[(head, field)]], axis=1) for head in heads]
     out = [
         SumMeasure(metric, layer, "attention", head, per_unit, lambda s: _ratio(s[..., 1], s[..., 0]))
         for head, per_unit in zip(heads, per_head)
     ]
-    whole = np.concatenate([rows, *(stats[(head, field)] for head in heads)], axis=1)
-    out.append(SumMeasure(metric, layer, "attention", None, whole, lambda s: _ratio(s[..., 1:], s[..., :1]).mean(-1)))
+    whole = np.concatenate(per_head, axis=1)
+
+    def mean_over_heads(s: np.ndarray) -> np.ndarray:
+        pairs = s.reshape(*s.shape[:-1], len(heads), 2)
+        return _ratio(pairs[..., 1], pairs[..., 0]).mean(-1)
+
+    out.append(SumMeasure(metric, layer, "attention", None, whole, mean_over_heads))
     return out
+
+
+def _with_sink_shares(grouped: dict, sinks: pl.DataFrame, epsilon: float) -> None:
+    """Add to each layer's attention statistics, per head and unit, the sequences whose first valid key's importance
+    (sinks.parquet's `first_importance`, one per sequence) is finite (`finite`) and above `epsilon` (`above`)."""
+    for row in sinks.iter_rows(named=True):
+        stats = grouped.get(("attention", row["layer"], "attention"))
+        if stats is None or (None, "n_seqs") not in stats:
+            continue
+        unit = np.repeat(np.arange(len(stats[(None, "n_seqs")])), stats[(None, "n_seqs")][:, 0].astype(int))
+        importance = np.asarray(row["first_importance"], dtype=np.float64)
+        if len(importance) != len(unit):
+            raise UnitsError(
+                f"sinks.parquet holds {len(importance)} sequences' importances where units.parquet's units hold "
+                f"{len(unit)} sequences: the two files are of different runs; rerun this checkpoint's extract"
+            )
+        finite = np.isfinite(importance)
+        n_units = len(stats[(None, "n_seqs")])
+        stats[(row["head"], "finite")] = np.bincount(unit, weights=finite, minlength=n_units)[:, None]
+        above = finite & (np.nan_to_num(importance, nan=-np.inf) > epsilon)
+        stats[(row["head"], "above")] = np.bincount(unit, weights=above, minlength=n_units)[:, None]
 
 
 def _cosine(q: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -166,27 +200,41 @@ def _grouped(units: pl.DataFrame) -> dict[tuple[str, int, str], dict[tuple[int |
     return out
 
 
-def measures_of(units: pl.DataFrame, metrics: tuple[str, ...] | list[str]) -> list[SumMeasure]:
-    """Every one of `metrics` (of MEASURES) at every layer, site and head the units' table has sums for."""
+def measures_of(
+    units: pl.DataFrame,
+    metrics: tuple[str, ...] | list[str],
+    sinks: pl.DataFrame | None = None,
+    epsilon: float = EPSILON,
+) -> list[SumMeasure]:
+    """Every one of `metrics` (of MEASURES) at every layer, site and head the units' table has sums for; sink1_eps
+    reads `sinks` (the checkpoint's sinks.parquet) too, with metrics' `epsilon` (config sinks.epsilon)."""
     unknown = sorted(set(metrics) - set(MEASURES))
     if unknown:
         raise UnitsError(f"measures {unknown}: not built of sums here; choose among {list(MEASURES)}")
+    grouped = _grouped(units)
+    if "sink1_eps" in metrics:
+        if sinks is None:
+            raise UnitsError("sink1_eps reads each sequence's first-key importance: give the checkpoint's sinks table")
+        _with_sink_shares(grouped, sinks, epsilon)
     out: list[SumMeasure] = []
-    for (table, layer, site), stats in sorted(_grouped(units).items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+    for (table, layer, site), stats in sorted(grouped.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
         heads = sorted({head for head, _ in stats if head is not None})
         for metric in metrics:
             if table == "hidden_stats" and metric in HIDDEN_MEASURES:
                 flat = {stat: values for (_, stat), values in stats.items()}
                 out.append(_hidden(layer, site, flat, metric))
-            elif table == "attention" and metric in ATTENTION_MEASURES and heads:
+            elif table == "attention" and metric in ATTENTION_MEASURES + SINK_MEASURES and heads:
                 out += _attention(layer, stats, heads, metric)
             elif table == "qk" and metric in QK_MEASURES and heads:
                 out += _qk(layer, site, stats, heads, metric)
     return out
 
 
-def read_units(folder: str | Path, metrics: tuple[str, ...] | list[str]) -> tuple[int, list[SumMeasure]]:
-    """(the number of units, the measures) of a checkpoint folder's units.parquet."""
+def read_units(
+    folder: str | Path, metrics: tuple[str, ...] | list[str], epsilon: float = EPSILON
+) -> tuple[int, list[SumMeasure]]:
+    """(the number of units, the measures) of a checkpoint folder's units.parquet (and sinks.parquet for
+    sink1_eps, with `epsilon`)."""
     path = Path(folder) / "units.parquet"
     if not path.exists():
         raise UnitsError(
@@ -203,4 +251,5 @@ def read_units(folder: str | Path, metrics: tuple[str, ...] | list[str]) -> tupl
     n_units = len(first["values"]) // first["width"]
     if n_units < 2:
         raise UnitsError(f"{path}: {n_units} unit; resampling needs at least 2 (extract.units and n_sequences >= 2)")
-    return n_units, measures_of(units, metrics)
+    sinks = read_parquet(Path(folder) / "sinks.parquet") if "sink1_eps" in metrics else None
+    return n_units, measures_of(units, metrics, sinks, epsilon)
