@@ -100,3 +100,51 @@ def write_hostile(root: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     rows.write_parquet(path)
     return path
+
+
+def write_intervals(root: Path) -> list[Path]:
+    """pythia-70m's bootstrap.parquet beside its sweep, as anisweep.measures.sample_bootstrap writes it: an interval
+    of isoscore at resid per layer and step (step 8 too, which the page does not draw: its sweep marks it a
+    duplicate; none at step 64, where every replicate was undefined), each with a paired test row beside it."""
+    from anisweep.measures.sample_bootstrap import SCHEMA
+
+    rng = np.random.default_rng(7)
+    rows = []
+    for step in STEPS:
+        for layer in range(MODELS[("pythia", "pythia-70m", 0)] + 1):
+            low, high = sorted(rng.uniform(0.0, 1.0, 2))
+            undefined = step == 64
+            row = {
+                "models": ["pythia/pythia-70m"],
+                "family": "pythia",
+                "model": "pythia-70m",
+                "seed": 0,
+                "step": step,
+                "tokens_seen": step * 2048,
+                "layer": layer,
+                "site": "resid",
+                "metric": "isoscore",
+                "estimate": (low + high) / 2,
+                "low": float("nan") if undefined else low,
+                "high": float("nan") if undefined else high,
+                "level": 0.9,
+                "n_seeds": 1,
+                "n_units": 8,
+                "samples": 100,
+                "undefined": 100 if undefined else 0,
+                "design": "units",
+            }
+            rows += [row, row | {"against": "final", "ref_step": 512, "low": -1.0, "high": 1.0, "p": 0.2}]
+    path = root / "pythia" / "pythia-70m" / "bootstrap.parquet"
+    pl.DataFrame(rows, schema=SCHEMA).write_parquet(path)
+    return [path]
+
+
+def expected_intervals(root: Path, layer: int) -> pl.DataFrame:
+    """(step, low, high) of pythia-70m's isoscore interval at `layer`, at the steps the page draws (null: none)."""
+    table = pl.read_parquet(root / "pythia" / "pythia-70m" / "bootstrap.parquet").filter(
+        pl.col("against").is_null(), pl.col("layer") == layer
+    )
+    drawn = expected(root, "pythia", "pythia-70m", 0, "resid", "isoscore", layer).select("step")
+    table = table.with_columns(pl.when(pl.col("low").is_finite()).then(pl.col(c)).alias(c) for c in ("low", "high"))
+    return drawn.join(table.select("step", "low", "high"), on="step", how="left").sort("step")

@@ -14,7 +14,17 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from explore_sweeps import HOSTILE, MODELS, STEPS, expected, write_gaps, write_hostile, write_results
+from explore_sweeps import (
+    HOSTILE,
+    MODELS,
+    STEPS,
+    expected,
+    expected_intervals,
+    write_gaps,
+    write_hostile,
+    write_intervals,
+    write_results,
+)
 
 from anisweep.cli import main
 from anisweep.explore.data import drawn_rows, explore_data, scan_sweeps, write_explore
@@ -108,6 +118,55 @@ def test_anisweep_explore_writes_the_page_into_the_results_folder(results, capsy
     assert main(["explore", str(results)]) == 0
     assert (results / "explore.html").is_file()
     assert str(results / "explore.html") in capsys.readouterr().out
+
+
+def _decoded_intervals(data: dict) -> dict:
+    """{(model, seed, site, metric, layer): (low, high, band words)} of the page data's intervals."""
+    found = data["intervals"]
+    low, high = (np.frombuffer(base64.b64decode(found[end]), dtype="<f4") for end in ("low", "high"))
+    s, out, at = data["series"], {}, 0
+    for i, label in zip(found["series"], found["label"], strict=True):
+        model = data["models"][s["model"][i]]
+        n = len(model["steps"])
+        site, metric = data["sites"][s["site"][i]], data["metrics"][s["metric"][i]]
+        key = (model["model"], model["seed"], site, metric, s["layer"][i])
+        out[key] = (low[at : at + n], high[at : at + n], found["labels"][label])
+        at += n
+    assert at == low.size == high.size
+    return out
+
+
+def test_the_bootstrap_tables_intervals_lie_beside_their_series_at_float32(results):
+    from anisweep.plots.intervals import read_intervals
+
+    data = explore_data(scan_sweeps([results]), intervals=read_intervals(write_intervals(results)))
+    intervals = _decoded_intervals(data)
+    assert set(intervals) == {("pythia-70m", 0, "resid", "isoscore", layer) for layer in range(4)}
+    for (_, _, _, _, layer), (low, high, words) in intervals.items():
+        want = expected_intervals(results, layer)
+        (pythia,) = [m for m in data["models"] if m["model"] == "pythia-70m"]
+        assert want["step"].to_list() == pythia["steps"] == [0, 1, 64, 512]
+        for got, end in ((low, "low"), (high, "high")):
+            wanted = want[end].fill_null(float("nan")).to_numpy().astype(np.float32)
+            assert np.array_equal(got, wanted, equal_nan=True)
+        assert np.isnan(low[2]) and np.isnan(low).any() is not False
+        assert words == "90% interval, Multi-Bootstrap over sequences"
+    assert "intervals" not in explore_data(scan_sweeps([results]))  # the page of sweeps alone, as before
+
+
+def _page_data(path: Path) -> dict:
+    text = path.read_text()
+    start = text.index('id="anisweep-data">') + len('id="anisweep-data">')
+    return json.loads(text[start : text.index("</script>", start)])
+
+
+def test_anisweep_explore_finds_the_bootstrap_tables_beside_the_sweeps_unless_told_which(results, capsys):
+    write_intervals(results)
+    assert main(["explore", str(results)]) == 0
+    assert len(_page_data(results / "explore.html")["intervals"]["series"]) == 4
+    sweeps = sorted(map(str, results.glob("*/*/sweep.parquet")))
+    assert main(["explore", "--out", str(results / "none.html"), "--bootstrap", "--", *sweeps]) == 0
+    assert "intervals" not in _page_data(results / "none.html")
 
 
 def _truncated(path):

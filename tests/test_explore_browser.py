@@ -10,7 +10,15 @@ import shutil
 import numpy as np
 import polars as pl
 import pytest
-from explore_sweeps import HOSTILE, expected, write_gaps, write_hostile, write_results
+from explore_sweeps import (
+    HOSTILE,
+    expected,
+    expected_intervals,
+    write_gaps,
+    write_hostile,
+    write_intervals,
+    write_results,
+)
 
 from anisweep.explore.data import scan_sweeps, write_explore
 
@@ -53,6 +61,14 @@ def gaps(tmp_path_factory):
     return root, write_explore(scan_sweeps([root]), root / "explore.html")
 
 
+@pytest.fixture(scope="module")
+def banded(tmp_path_factory):
+    """write_results with pythia-70m's bootstrap.parquet (explore_sweeps.write_intervals)."""
+    root = tmp_path_factory.mktemp("explore") / "results"
+    write_results(root)
+    return root, write_explore(scan_sweeps([root]), root / "explore.html", bootstrap=write_intervals(root))
+
+
 def _draws(driver) -> int:
     return int(driver.execute_script("return document.body.dataset.draws || '0'"))
 
@@ -74,8 +90,18 @@ def _choose(driver, id_: str, *values: str) -> None:
 
 def _drawn(driver) -> list[dict]:
     return driver.execute_script(
-        "return document.getElementById('plot').data.map(t => ({meta: t.meta, x: t.x, y: t.y}))"
+        "return document.getElementById('plot').data.map(t => ({meta: t.meta, x: t.x, y: t.y, fill: t.fill}))"
     )
+
+
+def _click(driver, id_: str) -> None:
+    """Click the checkbox `id_` as a user does; wait for the redraw."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    before = _draws(driver)
+    driver.find_element(By.ID, id_).click()
+    WebDriverWait(driver, 30).until(lambda d: _draws(d) > before)
 
 
 def _notes(driver) -> list[str]:
@@ -208,3 +234,62 @@ def test_markup_in_names_and_folders_is_shown_as_written(browser, tmp_path):
         "return [text('.ytitle'), text('.annotation')]"
     )
     assert shown == [f"{HOSTILE['metric']} ({HOSTILE['site']})", f"{HOSTILE['family']}/{HOSTILE['model']} seed 0"]
+
+
+def _trace(drawn: list[dict], model: str, layer: int, band: str | None) -> dict:
+    """The one trace of `drawn` of the model's layer: its line (`band` None) or its band's low or high edge."""
+    (trace,) = [
+        t for t in drawn if (t["meta"]["model"], t["meta"]["layer"], t["meta"].get("band")) == (model, layer, band)
+    ]
+    return trace
+
+
+def _as_drawn(values) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+
+
+def test_interval_bands_are_the_tables_low_and_high_and_the_checkbox_shows_and_hides_them(browser, banded):
+    root, path = banded
+    _open(browser, path)
+    assert browser.execute_script("return document.getElementById('bands').checked")
+    _choose(browser, "xscale", "linear")
+    _choose(browser, "metric", "isoscore")
+    _choose(browser, "layers", "1", "2")
+    _choose(browser, "models", "pythia/pythia-70m", "toy-neox")
+    drawn = _drawn(browser)
+    bands = [t for t in drawn if "band" in t["meta"]]
+    assert {(t["meta"]["model"], t["meta"]["layer"], t["meta"]["band"]) for t in bands} == {
+        ("pythia-70m", layer, end) for layer in (1, 2) for end in ("low", "high")
+    }  # toy-neox has no bootstrap.parquet: its lines alone
+    for layer in (1, 2):
+        want = expected_intervals(root, layer)
+        line, low, high = (_trace(drawn, "pythia-70m", layer, band) for band in (None, "low", "high"))
+        assert drawn.index(low) + 1 == drawn.index(high) and high["fill"] == "tonexty"  # filled down to low
+        assert low["x"] == high["x"] == line["x"] == want["step"].to_list() == [0, 1, 64, 512]
+        for trace, end in ((low, "low"), (high, "high")):
+            wanted = want[end].fill_null(float("nan")).to_numpy().astype(np.float32).astype(np.float64)
+            assert np.array_equal(_as_drawn(trace["y"]), wanted, equal_nan=True), end
+        assert low["y"][2] is None  # step 64: no interval (every replicate undefined)
+        assert low["meta"]["level"] == "90% interval, Multi-Bootstrap over sequences"
+    note = browser.execute_script("return document.getElementById('bandnote').textContent")
+    assert note == "Shaded: the 90% interval, Multi-Bootstrap over sequences (docs/measures.md)."
+
+    _click(browser, "bands")
+    hidden = _drawn(browser)
+    assert [t["meta"] for t in hidden] == [t["meta"] for t in drawn if "band" not in t["meta"]]
+    assert browser.execute_script("return document.getElementById('bandnote').textContent") == ""
+    _click(browser, "bands")
+    assert [t["meta"] for t in _drawn(browser)] == [t["meta"] for t in drawn]
+
+    _choose(browser, "metric", "avg_cos")  # no intervals of it
+    assert not [t for t in _drawn(browser) if "band" in t["meta"]]
+
+
+def test_a_page_without_intervals_has_no_band_checkbox_to_show(browser, page):
+    _, path = page
+    _open(browser, path)
+    hidden = browser.execute_script(
+        "const b = document.getElementById('bands'); return [b.checked, b.parentElement.hidden]"
+    )
+    assert hidden == [False, True]
+    assert all("band" not in t["meta"] for t in _drawn(browser))

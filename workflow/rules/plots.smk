@@ -21,6 +21,7 @@ localrules:
 rule plot_model:
     input:
         sweep="results/{family}/{model}/sweep.parquet",
+        bootstrap=model_intervals,
         code=ANALYSIS_CODE["plots"],
     output:
         **model_figures(MODEL_FIGURES),
@@ -32,7 +33,7 @@ rule plot_model:
         out_dir="results/{family}/{model}/figures",
     shell:
         figure_command(
-            "plot --sweep {input.sweep} --out-dir {params.out_dir}",
+            "plot --sweep {input.sweep} --out-dir {params.out_dir} --bootstrap {input.bootstrap}",
             "plot_model",
             "family",
             "model",
@@ -73,6 +74,7 @@ rule plot_measure:
 rule plot_family:
     input:
         sweeps=lambda wc: [f"results/{f}/{m}/sweep.parquet" for f, m in MODELS if f == wc.family],
+        bootstrap=family_intervals,
         code=ANALYSIS_CODE["plots"],
     output:
         report(
@@ -87,7 +89,7 @@ rule plot_family:
         CONDA_ENV
     shell:
         figure_command(
-            "plot-family --out {output} {input.sweeps}",
+            "plot-family --out {output} --bootstrap {input.bootstrap} -- {input.sweeps}",
             "plot_family",
             "family",
         )
@@ -138,6 +140,7 @@ rule plot_survey:
 rule explore:
     input:
         sweeps=[f"results/{f}/{m}/sweep.parquet" for f, m in MODELS],
+        bootstrap=every_model_intervals(),
         code=ANALYSIS_CODE["explore"],
     output:
         report("results/explore.html", caption="../report/explore.rst", category="explore"),
@@ -146,7 +149,7 @@ rule explore:
     conda:
         CONDA_ENV
     shell:
-        figure_command("explore --out {output} {input.sweeps}", "explore")
+        figure_command("explore --out {output} --bootstrap {input.bootstrap} -- {input.sweeps}", "explore")
 
 
 rule plot_score_hist:
@@ -198,6 +201,7 @@ rule plot_phases:
     input:
         sweep="results/{family}/{model}/sweep.parquet",
         phases="results/{family}/{model}/phases.parquet",
+        bootstrap=model_intervals,
         code=ANALYSIS_CODE["plot_phases"],
     output:
         **model_figures(PHASES_FIGURES),
@@ -207,7 +211,7 @@ rule plot_phases:
         CONDA_ENV
     shell:
         figure_command(
-            "plot-phases --sweep {input.sweep} --phases {input.phases} --out {output}",
+            "plot-phases --sweep {input.sweep} --phases {input.phases} --out {output} --bootstrap {input.bootstrap}",
             "plot_phases",
             "family",
             "model",

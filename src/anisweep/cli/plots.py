@@ -9,16 +9,18 @@ from anisweep.arguments import json_value
 
 def cmd_plot(args) -> None:
     from anisweep.measures.sweep import read_complete_sweeps
+    from anisweep.plots.intervals import read_intervals
     from anisweep.plots.sweep import plot_model
 
-    plot_model(read_complete_sweeps([args.sweep]), Path(args.out_dir))
+    plot_model(read_complete_sweeps([args.sweep]), Path(args.out_dir), read_intervals(args.bootstrap))
 
 
 def cmd_plot_family(args) -> None:
     from anisweep.measures.sweep import read_complete_sweeps
+    from anisweep.plots.intervals import read_intervals
     from anisweep.plots.sweep import plot_family
 
-    plot_family(read_complete_sweeps(args.sweeps), Path(args.out))
+    plot_family(read_complete_sweeps(args.sweeps), Path(args.out), read_intervals(args.bootstrap))
 
 
 def cmd_plot_families(args) -> None:
@@ -96,10 +98,12 @@ def cmd_plot_spectra(args) -> None:
 
 def cmd_plot_phases(args) -> None:
     from anisweep.measures.sweep import read_complete_sweeps
+    from anisweep.plots.intervals import read_intervals
     from anisweep.plots.phases import spectral_phases
     from anisweep.tables import read_parquet
 
-    spectral_phases(read_complete_sweeps([args.sweep]), read_parquet(args.phases), Path(args.out))
+    phases = read_parquet(args.phases)
+    spectral_phases(read_complete_sweeps([args.sweep]), phases, Path(args.out), read_intervals(args.bootstrap))
 
 
 def cmd_plot_compare(args) -> None:
@@ -109,11 +113,15 @@ def cmd_plot_compare(args) -> None:
     draw_all(read_parquet(args.table), args.out_dir, seed_figures=args.seeds)
 
 
+HELP_BOOTSTRAP = "bootstrap.parquet of the model(s): a band around each curve it holds an interval for"
+
+
 def add_commands(sub) -> None:
     """Add this stage's commands to `anisweep`'s sub-commands."""
     p = sub.add_parser("plot", help="figures of one model's sweep")
     p.add_argument("--sweep", required=True)
     p.add_argument("--out-dir", required=True)
+    p.add_argument("--bootstrap", nargs="*", default=[], help=HELP_BOOTSTRAP)
     p.set_defaults(run=cmd_plot)
 
     p = sub.add_parser("plot-compare", help="figures of one model's comparisons (compare.parquet)")
@@ -125,6 +133,7 @@ def add_commands(sub) -> None:
     p = sub.add_parser("plot-family", help="one figure comparing the models of a family")
     p.add_argument("--out", required=True)
     p.add_argument("sweeps", nargs="+")
+    p.add_argument("--bootstrap", nargs="*", default=[], help=HELP_BOOTSTRAP + " (and its groups' tables)")
     p.set_defaults(run=cmd_plot_family)
 
     p = sub.add_parser("plot-families", help="one figure comparing families, the same site in every panel")
@@ -182,4 +191,5 @@ def add_commands(sub) -> None:
     p.add_argument("--sweep", required=True)
     p.add_argument("--phases", required=True, help="the model's phases.parquet")
     p.add_argument("--out", required=True)
+    p.add_argument("--bootstrap", nargs="*", default=[], help=HELP_BOOTSTRAP)
     p.set_defaults(run=cmd_plot_phases)

@@ -12,6 +12,10 @@ columns the page needs go down into the scan, so a head's row, a rank's, a step 
 into memory, and each model's drawn rows become its float32 block before the next model is read: the peak
 memory is one model's drawn rows and the page's values, whatever the number of models (docs/performance.md).
 Past `max_values` a first pass counts each model's drawn rows and steps, a second reads the kept steps alone.
+
+Intervals: where the models' bootstrap.parquet tables (anisweep.plots.intervals) hold an interval for a drawn
+(model, seed, site, metric, layer, step), the page holds its low and high (float32) beside the value, and draws them
+as a band its checkbox shows or hides.
 """
 
 from __future__ import annotations
@@ -103,10 +107,15 @@ def kept_steps(steps: list[int], share: float) -> list[int]:
     return sorted({steps[int(round(i))] for i in np.linspace(0, len(steps) - 1, min(n, len(steps)))})
 
 
-def _blocks(rows: pl.DataFrame) -> list[dict]:
+def _blocks(rows: pl.DataFrame, intervals: pl.DataFrame | None = None) -> list[dict]:
     """Each seed of one model's rows as the page holds it: its steps and tokens seen, its series (site, metric,
     layer, sorted) and their values, float32, one row of the matrix per series, a column per step, NaN where a
-    series has no value at a step."""
+    series has no value at a step; with `intervals` (anisweep.plots.intervals.read_intervals), `low` and `high`
+    matrices of the same shape (NaN where there is no interval) and each series' band words (null: none)."""
+    from anisweep.plots.intervals import attach
+
+    if intervals is not None:
+        rows = attach(rows, intervals)
     blocks = []
     for (seed,), own in rows.sort("seed", nulls_last=True).group_by("seed", maintain_order=True):
         steps = own.select("step", "tokens_seen").unique("step", keep="first", maintain_order=True)
@@ -116,15 +125,21 @@ def _blocks(rows: pl.DataFrame) -> list[dict]:
         at = at.join(steps.select("step", "j"), on="step", nulls_equal=True)
         values = np.full((series.height, steps.height), np.nan, dtype="<f4")
         values[at["i"].to_numpy(), at["j"].to_numpy()] = at["value"].fill_null(float("nan")).to_numpy()
-        blocks.append(
-            {
-                "key": (own["family"][0], own["model"][0], seed),
-                "steps": steps["step"].to_list(),
-                "tokens": steps["tokens_seen"].to_list(),
-                "series": series.drop("i"),
-                "values": values,
-            }
-        )
+        block = {
+            "key": (own["family"][0], own["model"][0], seed),
+            "steps": steps["step"].to_list(),
+            "tokens": steps["tokens_seen"].to_list(),
+            "series": series.drop("i"),
+            "values": values,
+        }
+        if "band" in at.columns and at["band"].null_count() < at.height:
+            banded = at.filter(pl.col("band").is_not_null())
+            for end in ("low", "high"):
+                block[end] = np.full_like(values, np.nan)
+                block[end][banded["i"].to_numpy(), banded["j"].to_numpy()] = banded[end].to_numpy()
+            words = banded.group_by("i").agg(pl.col("band").first())
+            block["bands"] = dict(words.iter_rows())
+        blocks.append(block)
     return blocks
 
 
@@ -154,17 +169,40 @@ def page_data(blocks: list[dict], all_steps: dict | None = None) -> dict:
         series["metric"] += [metric_at[m] for m in own["metric"]]
         series["layer"] += own["layer"].to_list()
     values = np.concatenate([block["values"].ravel() for block in blocks]) if blocks else np.empty(0, "<f4")
-    return {
-        "models": models,
-        "sites": sites,
-        "metrics": metrics,
-        "series": series,
-        "values": base64.b64encode(values.astype("<f4").tobytes()).decode("ascii"),
-    }
+    data = {"models": models, "sites": sites, "metrics": metrics, "series": series, "values": _base64(values)}
+    intervals = _intervals(blocks)
+    return data | ({"intervals": intervals} if intervals["series"] else {})
 
 
-def explore_data(sweeps: pl.LazyFrame | pl.DataFrame, max_values: int = MAX_VALUES) -> dict:
-    """The page's data (page_data) of `sweeps`, read one model at a time (the module's docstring)."""
+def _base64(values: np.ndarray) -> str:
+    return base64.b64encode(values.astype("<f4").tobytes()).decode("ascii")
+
+
+def _intervals(blocks: list[dict]) -> dict:
+    """The series that have intervals (their index in page_data's series), each one's band words (an index into
+    `labels`), and their low and high, float32 base64, laid out as the values: one per step of the series' model.
+    page_data leaves the key out where no series has one: the page of sweeps alone is as it was."""
+    found = {"series": [], "label": [], "labels": [], "low": [], "high": []}
+    first = 0
+    for block in blocks:
+        for i, words in sorted(block.get("bands", {}).items()):
+            if words not in found["labels"]:
+                found["labels"].append(words)
+            found["series"].append(first + i)
+            found["label"].append(found["labels"].index(words))
+            found["low"].append(block["low"][i])
+            found["high"].append(block["high"][i])
+        first += block["series"].height
+    for end in ("low", "high"):
+        found[end] = _base64(np.concatenate(found[end]) if found[end] else np.empty(0, "<f4"))
+    return found
+
+
+def explore_data(
+    sweeps: pl.LazyFrame | pl.DataFrame, max_values: int = MAX_VALUES, intervals: pl.DataFrame | None = None
+) -> dict:
+    """The page's data (page_data) of `sweeps`, read one model at a time (the module's docstring), with the
+    `intervals` (anisweep.plots.intervals.read_intervals) of its drawn series."""
     drawn = drawn_rows(sweeps)
     schema = drawn.collect_schema()
     models = _models(drawn)
@@ -175,7 +213,7 @@ def explore_data(sweeps: pl.LazyFrame | pl.DataFrame, max_values: int = MAX_VALU
         steps = rows.group_by("seed").agg(pl.col("step").unique().sort())
         counted.append((family, model, {seed: own for seed, own in steps.iter_rows()}))
         if total <= max_values:
-            blocks += _blocks(rows)
+            blocks += _blocks(rows, intervals)
     if not total:
         raise ValueError(
             "explore: the sweeps hold no analysed per-layer row (status ok): run the sweep to its end, or check "
@@ -190,16 +228,32 @@ def explore_data(sweeps: pl.LazyFrame | pl.DataFrame, max_values: int = MAX_VALU
                 schema={"seed": schema["seed"], "step": schema["step"]},
                 orient="row",
             )
-            blocks += _blocks(_model_rows(drawn, family, model, keep))
+            blocks += _blocks(_model_rows(drawn, family, model, keep), intervals)
     return page_data(blocks, all_steps)
 
 
-def write_explore(sweeps: pl.DataFrame, out: str | os.PathLike, max_values: int = MAX_VALUES) -> Path:
-    """Write the explorer page of `sweeps` to `out` (atomically)."""
+def bootstrap_tables(sources: Sequence[str | os.PathLike]) -> list[Path]:
+    """The models' bootstrap.parquet beside the sweeps of `sources` (a results folder, or sweep.parquet files)."""
+    found = []
+    for source in map(Path, sources):
+        found += sorted(source.glob("*/*/bootstrap.parquet")) if source.is_dir() else []
+        found += [source.parent / "bootstrap.parquet"] if source.is_file() else []
+    return [path for path in found if path.is_file()]
+
+
+def write_explore(
+    sweeps: pl.DataFrame,
+    out: str | os.PathLike,
+    max_values: int = MAX_VALUES,
+    bootstrap: Sequence[str | os.PathLike] = (),
+) -> Path:
+    """Write the explorer page of `sweeps` to `out` (atomically), with the intervals of the `bootstrap` tables."""
     from anisweep.atomic import write_text
     from anisweep.explore.page import page
+    from anisweep.plots.intervals import read_intervals
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_text(page(json.dumps(explore_data(sweeps, max_values), separators=(",", ":"))), out)
+    data = explore_data(sweeps, max_values, read_intervals(bootstrap))
+    write_text(page(json.dumps(data, separators=(",", ":"))), out)
     return out

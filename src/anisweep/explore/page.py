@@ -10,6 +10,9 @@ the site, or none at the chosen layers, or (x: tokens seen) no tokens seen recor
 knows its tokens seen at some steps only is drawn on the tokens axis at those, and the page says how many it left.
 Names are shown as written: the data's `<`, `>` and `&` are JSON escapes (script_text), Plotly's text gets entities.
 Each drawn trace carries `meta` (model, seed, site, metric, layer) so a test can read back what is drawn.
+Where the data holds a series' Multi-Bootstrap intervals (anisweep.explore.data), `per model` draws a translucent band
+from low to high around its line (two traces before it, meta `band`: "low" and "high"), shown while the `intervals`
+checkbox is ticked (by default; the checkbox is hidden where no series has intervals), their level named below it.
 
 The JavaScript is plotly.js's basic bundle (scatter, bar and pie traces; the page draws scatter traces only), v4.1.1
 as npm's plotly.js-basic-dist-min ships it, MIT-licensed (plotly-LICENSE.txt beside it): 1.2 MB, where the full
@@ -27,6 +30,8 @@ body { font-family: system-ui, sans-serif; margin: 12px 18px; color: #222; }
 h1 { font-size: 1.25em; margin: 0 0 4px 0; }
 #summary, #definition { color: #555; font-size: 0.9em; margin: 2px 0 8px 0; }
 #controls { display: flex; flex-wrap: wrap; gap: 10px 18px; align-items: flex-start; }
+#bandnote { color: #555; font-size: 0.85em; margin: 4px 0 0 0; }
+#controls label.check { flex-direction: row; align-items: center; gap: 4px; }
 #notes { color: #8a4b00; font-size: 0.9em; margin: 6px 0 0 0; padding-left: 1.2em; }
 #controls label { display: flex; flex-direction: column; font-size: 0.85em; gap: 2px; }
 select[multiple] { min-width: 9em; }
@@ -52,6 +57,18 @@ const seedName = (m) => m.seed === null ? "none" : String(m.seed);
 const label = (m) => name(m) + " seed " + seedName(m);
 // Plotly reads its text as HTML-like markup and decodes entities: a name is shown as written, never as markup.
 const plain = (text) => String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+const float32 = (text) => {
+  const raw = atob(text), bytes = new Uint8Array(raw.length);
+  for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
+  return new Float32Array(bytes.buffer);
+};
+// The series with Multi-Bootstrap intervals: their low and high, laid out as the values, one per step of the model.
+const I = D.intervals || { series: [], label: [], labels: [], low: "", high: "" };
+const LOW = float32(I.low), HIGH = float32(I.high), banded = new Map();
+for (let b = 0, at = 0; b < I.series.length; b++) {
+  banded.set(I.series[b], { at, label: I.labels[I.label[b]] });
+  at += offset[I.series[b] + 1] - offset[I.series[b]];
+}
 const pairs = new Set(S.model.map((k, i) => k + "|" + S.site[i] + "|" + S.metric[i]));
 const $ = (id) => document.getElementById(id);
 
@@ -111,6 +128,14 @@ function values(i) {
   return Array.from(V.subarray(offset[i], offset[i + 1]), (v) => (Number.isNaN(v) ? null : v));
 }
 
+function interval(i) {  // the band of series i: { low, high, label } (null where none), or undefined
+  const b = banded.get(i);
+  if (b === undefined) return undefined;
+  const n = offset[i + 1] - offset[i], nullNaN = (v) => (Number.isNaN(v) ? null : v);
+  return { low: Array.from(LOW.subarray(b.at, b.at + n), nullNaN), high: Array.from(HIGH.subarray(b.at, b.at + n),
+    nullNaN), label: b.label };
+}
+
 function colour(t) {  // viridis, t in [0, 1]
   const stops = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
   const x = Math.min(Math.max(t, 0), 1) * (stops.length - 1), j = Math.min(Math.floor(x), stops.length - 2);
@@ -121,7 +146,7 @@ function colour(t) {  // viridis, t in [0, 1]
 function perModel(metric, site) {
   const m = D.metrics.indexOf(metric), s = D.sites.indexOf(site), layers = chosen("layers").map(Number);
   const byTokens = $("x").value === "tokens", log = $("xscale").value === "log";
-  const notes = new Notes(), panels = [];
+  const notes = new Notes(), panels = [], bands = new Set(), showBands = $("bands").checked;
   for (const model of models()) {
     const drawn = layers.map((layer) => [layer, index.get(model.k + "|" + s + "|" + m + "|" + layer)])
       .filter(([, i]) => i !== undefined);
@@ -146,11 +171,22 @@ function perModel(metric, site) {
     const custom = points.map((j) => [model.steps[j], model.tokens[j] ?? "unknown",
       plain(model.family + "/" + model.model + "/step" + model.steps[j])]);
     for (const [layer, i] of drawn) {
-      const ys = values(i);
+      const ys = values(i), meta = { family: model.family, model: model.model, seed: model.seed, site, metric, layer };
+      const band = showBands ? interval(i) : undefined;
+      if (band) {
+        bands.add(band.label);
+        const fill = colour(layer / top).replace("rgb(", "rgba(").replace(")", ",0.2)");
+        for (const end of ["low", "high"]) {
+          traces.push({ x: xs, y: points.map((j) => band[end][j]), xaxis: "x" + ax, yaxis: "y" + ax, type: "scatter",
+            mode: "lines", line: { width: 0 }, hoverinfo: "skip", showlegend: false, legendgroup: "layer " + layer,
+            fill: end === "high" ? "tonexty" : "none", fillcolor: fill, meta: { ...meta, band: end,
+              level: band.label } });
+        }
+      }
       traces.push({ x: xs, y: points.map((j) => ys[j]), customdata: custom, xaxis: "x" + ax, yaxis: "y" + ax,
         type: "scatter", mode: "lines+markers", line: { color: colour(layer / top) }, marker: { size: 4 },
         name: plain(label(model) + " · layer " + layer), legendgroup: "layer " + layer,
-        meta: { family: model.family, model: model.model, seed: model.seed, site, metric, layer },
+        meta,
         hovertemplate: "%{fullData.name}<br>" + plain(metric) + " = %{y:.6g}<br>step %{customdata[0]}, " +
           "%{customdata[1]} tokens<br>%{customdata[2]}<extra></extra>" });
     }
@@ -162,7 +198,7 @@ function perModel(metric, site) {
     layout.annotations.push({ text: plain(label(model) + shown), showarrow: false,
       xref: "x" + ax + " domain", yref: "y" + ax + " domain", x: 0, y: 1.12, xanchor: "left" });
   });
-  return { traces, layout, notes };
+  return { traces, layout, notes, bands };
 }
 
 function survey(metric, site) {
@@ -186,7 +222,7 @@ function survey(metric, site) {
       hovertemplate: "%{fullData.name}<br>layer %{customdata[0]}: " + plain(metric) + " = %{y:.6g}<br>" +
         "%{customdata[2]}<extra></extra>" });
   }
-  return { traces, notes, layout: { height: 560, hovermode: "closest", margin: { t: 30 },
+  return { traces, notes, bands: new Set(), layout: { height: 560, hovermode: "closest", margin: { t: 30 },
     xaxis: { title: { text: "relative depth (layer / last layer)" } },
     yaxis: { type: $("yscale").value,
       title: { text: plain(metric + " (" + site + "), each model's last step shown") } } } };
@@ -196,9 +232,10 @@ let draws = 0;
 function draw() {
   const metric = $("metric").value, site = $("site").value;
   const survey_ = $("view").value === "survey";
-  for (const id of ["layers", "x", "xscale"]) $(id).disabled = survey_;
-  const { traces, layout, notes } = survey_ ? survey(metric, site) : perModel(metric, site);
+  for (const id of ["layers", "x", "xscale", "bands"]) $(id).disabled = survey_;
+  const { traces, layout, notes, bands } = survey_ ? survey(metric, site) : perModel(metric, site);
   notes.show($("notes"));
+  $("bandnote").textContent = bands.size ? "Shaded: the " + [...bands].join("; the ") + " (docs/measures.md)." : "";
   Plotly.react("plot", traces, layout, { responsive: true }).then(() => {
     draws += 1;
     document.body.dataset.draws = String(draws);
@@ -213,7 +250,11 @@ fill("seeds", seeds, seeds);
 refreshChoices();
 $("metric").addEventListener("change", () => { refreshChoices(); draw(); });
 $("site").addEventListener("change", () => { refreshChoices(); draw(); });
-for (const id of ["view", "layers", "models", "seeds", "x", "xscale", "yscale"]) $(id).addEventListener("change", draw);
+for (const id of ["view", "layers", "models", "seeds", "x", "xscale", "yscale", "bands"]) {
+  $(id).addEventListener("change", draw);
+}
+$("bands").checked = I.series.length > 0;
+$("bands").parentElement.hidden = I.series.length === 0;
 const checkpoints = D.models.reduce((n, m) => n + m.all_steps, 0);
 const shown = D.models.reduce((n, m) => n + m.steps.length, 0);
 const thinnedNote = ", " + shown + " of them shown (each model's steps evenly thinned to keep the page small)";
@@ -256,13 +297,15 @@ def page(data_json: str, title: str = "anisweep explorer") -> str:
             _select("x", "x axis", ("step", "tokens")),
             _select("xscale", "x scale", ("log", "linear")),
             _select("yscale", "y scale", ("linear", "log")),
+            '<label class="check"><input type="checkbox" id="bands" checked>intervals</label>',
         ]
     )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style>"
         f"<script>{plotly_js()}</script></head><body>"
-        f'<h1>{html.escape(title)}</h1><div id="summary"></div><div id="controls">{controls}</div><ul id="notes"></ul>'
+        f'<h1>{html.escape(title)}</h1><div id="summary"></div><div id="controls">{controls}</div>'
+        '<div id="bandnote"></div><ul id="notes"></ul>'
         '<div id="definition">What each metric and site means: glossary.md beside this page (docs/metrics.md).</div>'
         '<div id="plot"></div>'
         f'<script type="application/json" id="anisweep-data">{script_text(data_json)}</script>'

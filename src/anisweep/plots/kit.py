@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 
 from anisweep.atomic import replacing
+from anisweep.plots.intervals import band, band_handles
 
 
 def qk_sites(sweep: pl.DataFrame) -> list[str]:
@@ -162,7 +163,7 @@ def lines_by(
     ax, rows: pl.DataFrame, by: str, label_fmt: str, cmap: str = "viridis", labels: dict | None = None
 ) -> None:
     """A line per value of `by` against the step, labelled `label_fmt` with the value or, where `labels` has it,
-    that label."""
+    that label; a band around it where `rows` carry intervals (anisweep.plots.intervals.attach)."""
     plt = pyplot()
     groups = sorted(rows[by].unique().drop_nulls().to_list())
     colours = plt.get_cmap(cmap)(np.linspace(0, 0.9, max(len(groups), 1)))
@@ -170,6 +171,7 @@ def lines_by(
         part = rows.filter(pl.col(by) == group).sort("step")
         label = (labels or {}).get(group, label_fmt.format(group))
         ax.plot(part["step"], part["value"], marker=".", color=colour, label=label)
+        band(ax, part["step"], part, colour)
 
 
 def sweep_title(sweep: pl.DataFrame) -> str:
@@ -191,12 +193,14 @@ def readable_ticks(fig, size: float = MIN_TICK_LABEL_SIZE) -> None:
 
 def legend_beside(fig, axes, source=None, handles=None, labels=None, **kwargs) -> None:
     """The legend of `source` (default: the first axes), or of `handles` made by hand (labelled by `labels` or
-    their own), where it covers no data: in the first unused panel of `axes` (a panel_grid's hidden ones), else
-    outside the panels on the right."""
+    their own), and a patch for each kind of interval band the figure draws, where it covers no data: in the first
+    unused panel of `axes` (a panel_grid's hidden ones), else outside the panels on the right."""
     if handles is not None:
         labels = labels if labels is not None else [h.get_label() for h in handles]
     else:
         handles, labels = (source if source is not None else axes[0]).get_legend_handles_labels()
+    bands = band_handles(fig, list(labels))
+    handles, labels = [*handles, *(h for h, _ in bands)], [*labels, *(text for _, text in bands)]
     if not handles:
         return
     spare = next((ax for ax in axes if not ax.get_visible()), None)

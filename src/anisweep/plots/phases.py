@@ -8,6 +8,7 @@ from pathlib import Path
 import polars as pl
 
 from anisweep.measures.sweep import analysed
+from anisweep.plots.intervals import attach, band
 from anisweep.plots.kit import (
     legend_beside,
     lines_by,
@@ -76,6 +77,7 @@ def summary_line(ax, sweep: pl.DataFrame, metric: str, phases: pl.DataFrame) -> 
     layer, site = model["layer"][0], model["site"][0]
     rows = select_rows(sweep, metric, site).filter(pl.col("layer") == layer)
     ax.plot(rows["step"], rows["value"], color="black", ls="--", lw=1.4, label=f"{site}, layer {layer} (the model)")
+    band(ax, rows["step"], rows, "black")
 
 
 def phases_note(phases: pl.DataFrame) -> str:
@@ -84,8 +86,12 @@ def phases_note(phases: pl.DataFrame) -> str:
     return said["reason"][0] if said.height else ""
 
 
-def spectral_phases(sweep: pl.DataFrame, phases: pl.DataFrame, path: Path) -> None:
-    sweep = analysed(sweep)
+def spectral_phases(
+    sweep: pl.DataFrame, phases: pl.DataFrame, path: Path, intervals: pl.DataFrame | None = None
+) -> None:
+    """The figure; with `intervals` (anisweep.plots.intervals.read_intervals of the model's bootstrap.parquet) a band
+    around each curve they hold an interval for (RankMe)."""
+    sweep = attach(analysed(sweep), intervals)
     panels = {metric: label for metric, label in PANELS.items() if select_rows(sweep, metric, SITE).height}
     if not panels:
         not_measured(sweep, path, "RankMe and alpha-ReQ")

@@ -14,6 +14,7 @@ import polars as pl
 from anisweep.measures.registry import builtin_figures
 from anisweep.measures.sweep import analysed
 from anisweep.plots import outliers
+from anisweep.plots.intervals import attach, band, group_curves
 from anisweep.plots.kit import (
     legend_beside,
     lines_by,
@@ -157,7 +158,8 @@ def final_layernorm(sweep: pl.DataFrame, path: Path) -> None:
     for ax, metric in zip(axes, ISOTROPY_METRICS):
         for site, style, label in (("final_ln_in", "--", "before final LN"), ("final_ln_out", "-", "after final LN")):
             rows = select_rows(sweep, metric, site)
-            ax.plot(rows["step"], rows["value"], style, marker=".", label=label)
+            (line,) = ax.plot(rows["step"], rows["value"], style, marker=".", label=label)
+            band(ax, rows["step"], rows, line.get_color())
         ax.set_ylabel(metric_words(metric))
         step_axis(ax, sweep)
     legend_beside(fig, axes, fontsize=9)
@@ -291,8 +293,10 @@ NEEDS = {
 }
 
 
-def plot_model(sweep: pl.DataFrame, out_dir: Path) -> list[Path]:
-    sweep = analysed(sweep)
+def plot_model(sweep: pl.DataFrame, out_dir: Path, intervals: pl.DataFrame | None = None) -> list[Path]:
+    """MODEL_FIGURES of one model's sweep into `out_dir`; with `intervals` (anisweep.plots.intervals.read_intervals
+    of its bootstrap.parquet) a band around each curve they hold an interval for."""
+    sweep = attach(analysed(sweep), intervals)
     metrics = set(sweep["metric"].unique())
     paths = []
     for name in MODEL_FIGURES:
@@ -308,14 +312,16 @@ def plot_model(sweep: pl.DataFrame, out_dir: Path) -> list[Path]:
 FAMILY_SITES = {"final_ln_in": "before the final LayerNorm", "final_ln_out": "after the final LayerNorm"}
 
 
-def plot_family(sweeps: pl.DataFrame, path: Path) -> None:
+def plot_family(sweeps: pl.DataFrame, path: Path, intervals: pl.DataFrame | None = None) -> None:
     """Models of one family side by side against tokens seen (steps when a model has no token count: kit.progress_axis).
 
     Every panel shows one named site, the same for every model: the last residual layer is before the final
     LayerNorm in GPT-NeoX and after it in BERT, so the panels use final_ln_in / final_ln_out instead.
     Query-key alignment is pre-rotary (solid) for every model, post-rotary (dashed) where it exists.
+    With `intervals` (the models' and the family's groups' bootstrap tables, anisweep.plots.intervals), a band
+    around each curve they hold an interval for, and each group of seeds' mean (dotted black) with its interval.
     """
-    sweeps = analysed(sweeps)
+    sweeps = attach(analysed(sweeps), intervals)
 
     def at_site(metric: str, site: str):
         return lambda s: s.filter((pl.col("metric") == metric) & (pl.col("site") == site) & pl.col("head").is_null())
@@ -324,7 +330,7 @@ def plot_family(sweeps: pl.DataFrame, path: Path) -> None:
         return lambda s: at_site(metric, site)(s).group_by("model", "step", "tokens_seen").agg(pl.col("value").mean())
 
     panels = [
-        (f"{label} at {site}\n({where})", [(at_site(metric, site), "-", "")])
+        (f"{label} at {site}\n({where})", [(at_site(metric, site), "-", "")], (metric, site))
         for metric, label in (("avg_cos", "mean pairwise cosine"), ("isoscore", "IsoScore"))
         for site, where in FAMILY_SITES.items()
     ]
@@ -332,6 +338,7 @@ def plot_family(sweeps: pl.DataFrame, path: Path) -> None:
         (
             "normalised attention entropy\n(mean over heads and layers)",
             [(mean_over_layers("entropy_norm_mean", "attention"), "-", "")],
+            None,
         ),
         (
             "|qk cos|, mean over heads and layers\n(qk_pre: pre-rotary, qk_post: post-rotary)",
@@ -339,6 +346,7 @@ def plot_family(sweeps: pl.DataFrame, path: Path) -> None:
                 (mean_over_layers("qk_cos_abs_mean", "qk_pre"), "-", " qk_pre"),
                 (mean_over_layers("qk_cos_abs_mean", "qk_post"), "--", " qk_post"),
             ],
+            None,
         ),
         (
             "cos of the means concatenated over heads\n(mean over layers; across seeds: Godey Fig. 23)",
@@ -346,6 +354,7 @@ def plot_family(sweeps: pl.DataFrame, path: Path) -> None:
                 (mean_over_layers("qk_cos_concat", "qk_pre"), "-", " qk_pre"),
                 (mean_over_layers("qk_cos_concat", "qk_post"), "--", " qk_post"),
             ],
+            None,
         ),
     ]
     plt = pyplot()
@@ -353,18 +362,31 @@ def plot_family(sweeps: pl.DataFrame, path: Path) -> None:
     colours = dict(zip(models, plt.get_cmap("tab10")(np.arange(len(models)) % 10)))
     x_column, x_label = progress_axis(sweeps)
     fig, axes = panel_grid(len(panels), 2, size=(4.2, 3.2))
-    for ax, (label, lines) in zip(axes, panels):
+    groups = set()
+    for ax, (label, lines, at) in zip(axes, panels):
         for model in models:
             for pick, style, suffix in lines:
                 rows = pick(sweeps.filter(pl.col("model") == model)).sort("step")
                 if rows.height == 0:
                     continue
                 ax.plot(rows[x_column], rows["value"], style, marker=".", color=colours[model], label=model + suffix)
+                band(ax, rows[x_column], rows, colours[model])
+        for rows in group_curves(intervals, sweeps["family"][0], *at) if at else ():
+            if rows[x_column].null_count():
+                continue  # the group's steps have no token count: not on this axis
+            x = rows[x_column]
+            ax.plot(x, rows["estimate"], ":", color="black", lw=1.4)
+            band(ax, x, rows, "black")
+            groups.add((rows["group"][0], rows["n_seeds"][0]))
         set_progress_scale(ax, sweeps, x_column, x_label)
         ax.set_ylabel(label, fontsize=9)
     from matplotlib.lines import Line2D
 
     handles = [Line2D([], [], color=colours[model], marker=".", label=model) for model in models]
+    handles += [
+        Line2D([], [], color="black", ls=":", label=f"group {group}: mean of its {n} seeds")
+        for group, n in sorted(groups)
+    ]
     handles += [
         Line2D([], [], color="black", ls="-", label="qk_pre: pre-rotary"),
         Line2D([], [], color="black", ls="--", label="qk_post: post-rotary"),
