@@ -228,6 +228,21 @@ def multibootstrap_example(tmp_path: Path):
     return {}, check
 
 
+def bootstrap_results(tmp_path: Path):
+    """docs/results.md, the bootstrap tables: the rows tests/test_results_bootstrap.py writes, read back."""
+    from test_results_bootstrap import TESTS, write_results
+
+    write_results(tmp_path / "results")
+
+    def check(namespace):
+        assert namespace["intervals"].height == 3 * 12 and namespace["between_groups"].height == 1
+        changed = sum(listed for *_, listed in TESTS)
+        moved = namespace["moved"]  # a's and the group's listed tests, and b's (shifted) previous-step ones
+        assert moved.height == 2 * changed + 5 and set(moved["against"]) == {"previous"}
+
+    return {}, check
+
+
 #: (page, a string only that block holds): its setup
 PYTHON = {
     ("README.md", "from anisweep.results import"): results_folder,
@@ -235,6 +250,7 @@ PYTHON = {
     ("docs/measures.md", "figure=draw"): own_figure,
     ("docs/measures.md", "curve_phases(steps, rankme"): phase_rule,
     ("docs/measures.md", "bootstrap.compare(earlier, later"): multibootstrap_example,
+    ("docs/results.md", 'changes("results")'): bootstrap_results,
     ("docs/adapters.md", "named_modules()"): module_names,
 }
 

@@ -12,6 +12,13 @@ all files of one table into one :class:`polars.LazyFrame`; nothing is read until
     avg_cos = scan("results").filter(pl.col("metric") == "avg_cos").collect()  # every checkpoint's metrics
     sweep = scan("results", "sweep").collect()  # every model's sweep table
 
+The Multi-Bootstrap's tables are one table, ``bootstrap``: every model's ``{root}/{family}/{model}/bootstrap.parquet``,
+then every group's ``{root}/bootstrap/{group}.parquet`` and every comparison's
+``{root}/bootstrap/compare/{name}.parquet``; :func:`changes` lists the steps where a measure moves beyond its interval::
+
+    intervals = scan("results", "bootstrap").filter(pl.col("against").is_null()).collect()
+    moved = changes("results")  # each step test against the previous step whose interval leaves out 0
+
 Every row carries the identity columns family, model, seed, step and tokens_seen (String, String, Int64, Int64,
 Int64), first and in that order. The pipeline's tables already carry them; where a file lacks one, family, model
 and step come from its path, and seed and tokens_seen from the checkpoint's ``extract.json`` (its
@@ -31,13 +38,16 @@ import polars as pl
 
 from anisweep.tables import IDENTITY, IDENTITY_SCHEMA, scan_parquet
 
-__all__ = ["LEVELS", "scan", "tables"]
+__all__ = ["LEVELS", "changes", "changes_in", "scan", "tables"]
 
 #: Where a table lives: one file per checkpoint (``{family}/{model}/step{N}/``) or per model (``{family}/{model}/``).
 LEVELS = ("checkpoint", "model")
 
 _STEP = re.compile(r"step(\d+)")
 _SUFFIX = ".parquet"
+#: the Multi-Bootstrap's tables of groups of seeds ({root}/bootstrap/{group}.parquet) and of comparisons of two
+#: groups ({root}/bootstrap/compare/{name}.parquet): read as rows of table "bootstrap", never as a family's models
+BOOTSTRAP = "bootstrap"
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,8 @@ def _find(root: Path) -> dict[str, dict[str, list[_File]]]:
     """{level: {table: files}}, families, models and steps in order (steps numerically)."""
     found: dict[str, dict[str, list[_File]]] = {level: {} for level in LEVELS}
     for family in _folders(root):
+        if family.name == BOOTSTRAP:
+            continue
         for model in _folders(family):
             for name, path in _parquets(model):
                 found["model"].setdefault(name, []).append(_File(path, family.name, model.name, None))
@@ -104,8 +116,10 @@ def tables(root: str | os.PathLike = "results") -> list[str]:
 
     Raises FileNotFoundError when `root` is not a folder.
     """
-    found = _find(_root(root))
-    return sorted({name for level in LEVELS for name in found[level]})
+    path = _root(root)
+    found = _find(path)
+    pooled = {BOOTSTRAP} if _pooled_files(path) else set()
+    return sorted({name for level in LEVELS for name in found[level]} | pooled)
 
 
 def _int(value: object) -> int | None:
@@ -171,6 +185,21 @@ def _model_frame(file: _File) -> pl.LazyFrame:
     return _identified(frame, names, identity)
 
 
+def _pooled_files(root: Path) -> list[Path]:
+    """The bootstrap tables of groups, then of comparisons, by name."""
+    folder = root / BOOTSTRAP
+    groups = _parquets(folder) if folder.is_dir() else []
+    compared = _parquets(folder / "compare") if (folder / "compare").is_dir() else []
+    return [path for _, path in groups + compared]
+
+
+def _pooled_frame(path: Path) -> pl.LazyFrame:
+    """A group's or a comparison's table: its own identity columns (model and seed null), any it lacks null."""
+    frame = scan_parquet(path, glob=False, hive_partitioning=False)
+    names = frame.collect_schema().names()
+    return _identified(frame, names, {key: pl.lit(None, dtype) for key, dtype in IDENTITY_SCHEMA.items()})
+
+
 def scan(root: str | os.PathLike = "results", table: str = "metrics", *, level: str | None = None) -> pl.LazyFrame:
     """One lazy frame over every `{table}.parquet` under `root`, with family, model, seed, step and tokens_seen.
 
@@ -178,6 +207,8 @@ def scan(root: str | os.PathLike = "results", table: str = "metrics", *, level: 
     spectra, ...) is read from every checkpoint, a per-model one (``{root}/{family}/{model}/{table}.parquet``:
     sweep, gradients_sweep, qk_svd, ...) from every model; which one `table` is, is found on disk (`level`,
     ``"checkpoint"`` or ``"model"``, says it where a name exists at both). Rows come by family, model and step.
+    ``"bootstrap"`` adds, after the models' tables, the groups' (``{root}/bootstrap/{group}.parquet``, column
+    ``group``) and the comparisons' (``{root}/bootstrap/compare/{name}.parquet``, column ``comparison``), by name.
 
     >>> import polars as pl
     >>> scan("results").filter(pl.col("metric") == "avg_cos").collect()  # doctest: +SKIP
@@ -196,6 +227,10 @@ def scan(root: str | os.PathLike = "results", table: str = "metrics", *, level: 
     path = _root(root, table)
     found = _find(path)
     levels = [lv for lv in LEVELS if table in found[lv] and level in (None, lv)]
+    pooled = _pooled_files(path) if table == BOOTSTRAP and level in (None, "model") else []
+    if pooled:
+        frames = [_model_frame(file) for file in found["model"].get(table, [])] + [_pooled_frame(p) for p in pooled]
+        return frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
     if not levels:
         where = {
             "checkpoint": f"{path}/{{family}}/{{model}}/step{{N}}/",
@@ -213,3 +248,49 @@ def scan(root: str | os.PathLike = "results", table: str = "metrics", *, level: 
     build = _checkpoint_frame if levels[0] == "checkpoint" else _model_frame
     frames = [build(file) for file in found[levels[0]][table]]
     return frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
+
+
+#: what changes() keeps of a step test, besides the identity columns
+_CHANGE_COLUMNS = ("group", "models", "layer", "site", "metric", "against", "ref_step")
+_CHANGE_STATISTICS = ("low", "high", "p", "level", "n_seeds", "n_units", "samples", "design")
+
+
+def changes_in(table: pl.DataFrame | pl.LazyFrame, *, against: str = "previous") -> pl.DataFrame:
+    """The step tests of bootstrap tables (rows of `scan(root, "bootstrap")`, or one model's or group's table) whose
+    interval of the difference leaves out 0: each step where a measure moved, beyond its interval, from the previous
+    step (`against="final"`: where it still differs from the final step). `difference` is the value at `step` minus
+    the value at `ref_step`, `direction` "rise" or "fall"; a test whose interval is undefined (NaN) is left out."""
+    if against not in ("previous", "final"):
+        raise ValueError(f"against {against!r}: 'previous' (each step against the one before) or 'final'")
+    frame = table.lazy()
+    names = frame.collect_schema().names()
+    missing = [c for c in ("against", "ref_step", "estimate", "low", "high", "p") if c not in names]
+    if missing:
+        raise ValueError(f"not a bootstrap table (no column {missing}): give rows of scan(root, 'bootstrap')")
+    if "group" not in names:
+        frame = frame.with_columns(group=pl.lit(None, pl.String))
+    defined = pl.col("low").is_not_nan() & pl.col("high").is_not_nan()  # polars orders NaN above every number
+    beyond = defined & ((pl.col("low") > 0) | (pl.col("high") < 0))
+    kept = [c for c in (*IDENTITY, *_CHANGE_COLUMNS) if c in names or c == "group"]
+    statistics = [c for c in _CHANGE_STATISTICS if c in names]
+    return (
+        frame.filter((pl.col("against") == against) & beyond)
+        .select(
+            *kept,
+            pl.col("estimate").alias("difference"),
+            *statistics,
+            pl.when(pl.col("low") > 0).then(pl.lit("rise")).otherwise(pl.lit("fall")).alias("direction"),
+        )
+        .sort("family", "model", "group", "metric", "layer", "site", "step", nulls_last=False)
+        .collect()
+    )
+
+
+def changes(root: str | os.PathLike = "results", *, against: str = "previous") -> pl.DataFrame:
+    """Every model's and group's steps where a measure changes beyond its interval (changes_in over
+    `scan(root, "bootstrap")`): the step tests against the previous step whose difference's interval leaves out 0.
+
+    >>> changes("results").select("model", "group", "metric", "layer", "step", "difference", "p")  # doctest: +SKIP
+
+    Raises FileNotFoundError when `root` is not a folder, and ValueError when it holds no bootstrap table."""
+    return changes_in(scan(root, BOOTSTRAP), against=against)

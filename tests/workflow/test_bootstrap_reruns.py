@@ -1,11 +1,13 @@
 """The bootstrap jobs' reruns (docs/reruns.md, the `bootstrap:` rows): a model's intervals read its checkpoints'
 hidden.parquet alone, so a new step reruns its model's job and a group's, the bootstrap settings only these jobs,
-never a model run; and the config errors of a group, before any job."""
+never a model run; a comparison of two groups is a job of its own; and the config errors of a group or a comparison,
+before any job."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -127,3 +129,114 @@ def test_editing_the_code_reruns_what_it_runs(run, module, expected):
     finally:
         if source.stat().st_mtime_ns == touched:
             os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+# --------------------------------------------------------------------------------------- comparisons of two groups
+# Two groups of toy-neox and toy-neox-s1, the second listing them the other way round: paired, each seed is drawn
+# with the other; unpaired, the two groups are the same seeds drawn apart, and their estimates are equal.
+GROUPS = {"ab": ["toy-neox", "toy-neox-s1"], "ba": ["toy-neox-s1", "toy-neox"]}
+COMPARISONS = {"swap": {"base": "ab", "other": "ba", "design": "paired"}}
+OUTPUTS = [
+    "results/toy/toy-neox/bootstrap.parquet",
+    "results/toy/toy-neox-s1/bootstrap.parquet",
+    "results/bootstrap/ab.parquet",
+    "results/bootstrap/ba.parquet",
+    "results/bootstrap/compare/swap.parquet",
+]
+
+
+def compare_config(path: Path, comparisons: dict, groups: dict | None = None, **bootstrap) -> Path:
+    settings = {"groups": GROUPS if groups is None else groups, "comparisons": comparisons, **bootstrap}
+    return write_config(path, bootstrap=settings, seeds=True)
+
+
+@pytest.fixture(scope="module")
+def compared(run) -> dict:
+    """A copy of the run's folder (toy-neox's jobs done) where toy-neox-s1, both groups and the comparison ran."""
+    workdir = run["root"] / "compared"
+    shutil.copytree(run["workdir"], workdir, symlinks=True)
+    configfile = compare_config(run["root"] / "compared.yaml", COMPARISONS)
+    done = subprocess.run(command(workdir, configfile, *OUTPUTS), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-5000:]
+    return {"root": run["root"], "workdir": workdir, "config": configfile}
+
+
+def plan_of(compared: dict, configfile: Path, *targets: str) -> dict[str, int]:
+    done = dry_run(command(compared["workdir"], configfile, "-n", *(targets or OUTPUTS)), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return job_stats(done)
+
+
+def test_a_comparison_writes_its_table_and_is_then_up_to_date(compared):
+    table = pl.read_parquet(compared["workdir"] / "results/bootstrap/compare/swap.parquet")
+    assert set(table["step"]) == {0, 8, 32} and set(table["metric"]) == {"isoscore", "rankme"}
+    assert set(table["design"]) == {"paired"} and set(table["against"]) == {"group"}
+    assert (table["base_group"].unique().to_list(), table["other_group"].unique().to_list()) == (["ab"], ["ba"])
+    assert table["base_models"][0].to_list() == ["toy/toy-neox", "toy/toy-neox-s1"]
+    assert table["other_models"][0].to_list() == ["toy/toy-neox-s1", "toy/toy-neox"]
+    assert set(table["n_seeds_base"]) == set(table["n_seeds_other"]) == {2} and set(table["samples"]) == {50}
+    assert (table["estimate"] == 0).all()  # the same two seeds' mean on both sides
+    assert plan_of(compared, compared["config"]) == {}
+
+
+@pytest.mark.parametrize(
+    ("comparisons", "expected"),
+    [
+        (COMPARISONS | {"swap-unpaired": {"base": "ab", "other": "ba"}}, {"bootstrap_compare": 1}),
+        ({"swap": {"base": "ab", "other": "ba", "design": "unpaired"}}, {"bootstrap_compare": 1}),
+        ({"swap": {"base": "ba", "other": "ab", "design": "paired"}}, {"bootstrap_compare": 1}),
+    ],
+    ids=["a-new-comparison", "its-design", "its-sides"],
+)
+def test_a_comparison_is_a_job_of_its_own(compared, comparisons, expected):
+    """A new comparison, or one whose design or sides change, reruns its own job alone: no group, no model."""
+    config = compare_config(compared["root"] / "comparisons.yaml", comparisons)
+    outputs = [*OUTPUTS[:-1], *(f"results/bootstrap/compare/{name}.parquet" for name in comparisons)]
+    assert plan_of(compared, config, *outputs) == expected
+
+
+def test_the_settings_and_a_step_rerun_what_they_enter(compared):
+    """B reruns every bootstrap job; a step of toy-neox alone (not shared by toy-neox-s1) its model's runs and job."""
+    config = compare_config(compared["root"] / "samples.yaml", COMPARISONS, samples=60)
+    assert plan_of(compared, config) == {"bootstrap_model": 2, "bootstrap_group": 2, "bootstrap_compare": 1}
+    config = write_config(
+        compared["root"] / "step.yaml",
+        steps=(0, 4, 8, 32),
+        bootstrap={"groups": GROUPS, "comparisons": COMPARISONS},
+        seeds=True,
+    )
+    assert plan_of(compared, config) == {"fetch": 1, "extract": 1, "bootstrap_model": 1}
+
+
+@pytest.mark.parametrize(
+    ("groups", "comparisons", "message"),
+    [
+        (None, {"c": {"base": "ab", "other": "cd"}}, r"bootstrap.comparisons.c: \['cd'\] is not a group of"),
+        (None, {"c": {"base": "ab", "other": "ab"}}, "bootstrap.comparisons.c: base and other are both 'ab'"),
+        (
+            GROUPS | {"abc": ["toy-neox", "toy-neox-s1", "toy-neox-s2"]},
+            {"c": {"base": "ab", "other": "abc", "design": "paired"}},
+            "bootstrap.comparisons.c: the paired design pairs seed i of ab with seed i of abc, but they have 2 and 3",
+        ),
+        (
+            GROUPS | {"late": ["toy-neox-s2", "toy-neox-s3"]},
+            {"c": {"base": "ab", "other": "late"}},
+            "bootstrap.comparisons.c: ab and late share no step",
+        ),
+    ],
+    ids=["unknown-group", "same-group", "paired-seeds", "no-shared-step"],
+)
+def test_a_comparison_that_cannot_be_made_is_a_config_error(run, groups, comparisons, message):
+    config = write_config(
+        run["root"] / "bad-comparison.yaml",
+        bootstrap={"groups": GROUPS if groups is None else groups, "comparisons": comparisons},
+        seeds=True,
+    )
+    more = yaml.safe_load(config.read_text())  # two more seeds (no job runs): s2 swept at steps 0 and 4, s3 at 4
+    for name, steps in (("toy-neox-s2", [0, 4]), ("toy-neox-s3", [4])):
+        more["toy"][name] = {**more["toy"]["toy-neox"], "seed": int(name[-1]), "steps": steps}
+        more["models"].append({"family": "toy", "name": name, "steps": steps})
+    config.write_text(yaml.safe_dump(more))
+    done = dry_run(command(run["workdir"], config, "-n"), timeout=300)
+    assert done.returncode != 0
+    assert re.search(message, done.stdout + done.stderr), (done.stdout + done.stderr)[-2000:]

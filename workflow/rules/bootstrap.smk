@@ -1,7 +1,8 @@
 # The Multi-Bootstrap of the sampled vectors' measures (anisweep.measures.sample_bootstrap; docs/measures.md): from
 # hidden.parquet and extract.json alone, never a model. One job per model (its example-level intervals and step tests)
-# and one per group of seeds (config bootstrap.groups, at the steps its models share), so that a new checkpoint reruns
-# its model's job and those of the groups it enters, nothing else.
+# and one per group of seeds (config bootstrap.groups, at the steps its models share), and one per comparison of two
+# groups (config bootstrap.comparisons, at the steps both share), so that a new checkpoint reruns its model's job and
+# those of the groups and comparisons it enters, nothing else.
 
 
 rule bootstrap_model:
@@ -46,3 +47,27 @@ rule bootstrap_group:
     shell:
         "{params.cli} bootstrap --group {wildcards.group} {params.checkpoints} {params.settings} --out {output} "
         "2> {log} {params.on_failure}"
+
+
+rule bootstrap_compare:
+    input:
+        hidden=comparison_inputs("hidden.parquet"),
+        info=comparison_inputs("extract.json"),
+        code=code_inputs("measures.group_bootstrap", commands="cli.bootstrap"),
+    output:
+        "results/bootstrap/compare/{comparison}.parquet",
+    log:
+        "logs/bootstrap/compare/{comparison}.log",
+    wildcard_constraints:
+        comparison="|".join(re.escape(name) for name in BOOTSTRAP_COMPARISONS) or "(?!)",
+    conda:
+        CONDA_ENV
+    params:
+        on_failure=on_failure("bootstrap_compare"),
+        cli=CLI,
+        settings=BOOTSTRAP_ARGS,
+        # the groups, the design, and each side's models in order (paired: seed i with seed i) at the shared steps
+        sides=comparison_args,
+    shell:
+        "{params.cli} bootstrap-compare --name {wildcards.comparison} {params.sides} {params.settings} "
+        "--out {output} 2> {log} {params.on_failure}"

@@ -52,11 +52,57 @@ def shared_steps(members):
 BOOTSTRAP_GROUPS = bootstrap_groups() if BOOTSTRAP["enabled"] else {}
 
 
+def bootstrap_comparisons():
+    """{comparison: its config entry} of config bootstrap.comparisons: two groups of bootstrap.groups, of one family,
+    sharing a step, and for the paired design of as many seeds; a config error names what is wrong."""
+    comparisons = {}
+    for name, spec in BOOTSTRAP["comparisons"].items():
+        where = f"config: bootstrap.comparisons.{name}"
+        sides = (spec["base"], spec["other"])
+        unknown = [group for group in sides if group not in BOOTSTRAP_GROUPS]
+        if unknown:
+            raise WorkflowError(
+                f"{where}: {unknown} {'is' if len(unknown) == 1 else 'are'} not a group of bootstrap.groups "
+                f"({sorted(BOOTSTRAP_GROUPS)}): name two groups defined there"
+            )
+        if sides[0] == sides[1]:
+            raise WorkflowError(f"{where}: base and other are both {sides[0]!r}; compare two groups")
+        base, other = (BOOTSTRAP_GROUPS[group] for group in sides)
+        families = sorted({family for family, _ in base + other})
+        if len(families) > 1:
+            raise WorkflowError(
+                f"{where}: {sides[0]} and {sides[1]} are of families {families}; the two groups are resampled on "
+                "the same evaluation sequences, so they must be models of one family (one tokenizer, one sample)"
+            )
+        if spec["design"] == "paired" and len(base) != len(other):
+            raise WorkflowError(
+                f"{where}: the paired design pairs seed i of {sides[0]} with seed i of {sides[1]}, but they have "
+                f"{len(base)} and {len(other)} models; give both groups the same number of seeds, in matching "
+                "order, or use design: unpaired"
+            )
+        if not compared_steps(base, other):
+            raise WorkflowError(
+                f"{where}: {sides[0]} and {sides[1]} share no step; the groups are compared at the steps all their "
+                "models have"
+            )
+        comparisons[name] = spec
+    return comparisons
+
+
+def compared_steps(base, other):
+    """The steps every model of both groups is swept at, in order."""
+    return sorted(set(shared_steps(base)) & set(shared_steps(other)))
+
+
+BOOTSTRAP_COMPARISONS = bootstrap_comparisons() if BOOTSTRAP["enabled"] else {}
+
+
 def bootstrap_outputs():
     if not BOOTSTRAP["enabled"]:
         return []
     models = [f"results/{family}/{model}/bootstrap.parquet" for family, model in MODELS]
-    return models + [f"results/bootstrap/{group}.parquet" for group in BOOTSTRAP_GROUPS]
+    groups = [f"results/bootstrap/{group}.parquet" for group in BOOTSTRAP_GROUPS]
+    return models + groups + [f"results/bootstrap/compare/{name}.parquet" for name in BOOTSTRAP_COMPARISONS]
 
 
 def group_folders(wildcards):
@@ -66,5 +112,40 @@ def group_folders(wildcards):
     return [[f"results/{family}/{model}/step{step}" for step in steps] for family, model in members]
 
 
-def checkpoints_args(seeds):
-    return " ".join("--checkpoints " + " ".join(shlex.quote(folder) for folder in folders) for folders in seeds)
+def comparison_folders(wildcards):
+    """{"base": ..., "other": ...}: each side's models' checkpoint folders at the steps both groups share."""
+    spec = BOOTSTRAP_COMPARISONS[wildcards.comparison]
+    base, other = BOOTSTRAP_GROUPS[spec["base"]], BOOTSTRAP_GROUPS[spec["other"]]
+    steps = compared_steps(base, other)
+    return {
+        side: [[f"results/{family}/{model}/step{step}" for step in steps] for family, model in members]
+        for side, members in (("base", base), ("other", other))
+    }
+
+
+def comparison_inputs(name):
+    """The files of both groups' checkpoints that a comparison reads: hidden.parquet or extract.json."""
+
+    def inputs(wildcards):
+        sides = comparison_folders(wildcards).values()
+        return [f"{folder}/{name}" for seeds in sides for folders in seeds for folder in folders]
+
+    return inputs
+
+
+def comparison_args(wildcards):
+    """The comparison's groups, design and each side's checkpoint folders, seed by seed, as the command takes them."""
+    spec = BOOTSTRAP_COMPARISONS[wildcards.comparison]
+    folders = comparison_folders(wildcards)
+    return " ".join(
+        [
+            f"--base-group {shlex.quote(spec['base'])} --other-group {shlex.quote(spec['other'])}",
+            f"--design {spec['design']}",
+            checkpoints_args(folders["base"], "--base"),
+            checkpoints_args(folders["other"], "--other"),
+        ]
+    )
+
+
+def checkpoints_args(seeds, flag="--checkpoints"):
+    return " ".join(f"{flag} " + " ".join(shlex.quote(folder) for folder in folders) for folders in seeds)

@@ -283,7 +283,30 @@ class Settings:
             raise BootstrapInputError(f"samples {self.samples}: B must be at least 1")
 
 
-def _check_same_sample(reference: Checkpoint, other: Checkpoint) -> None:
+def sampled_keys(reference: Checkpoint, measures: Sequence[str]) -> list[tuple[str, int, str]]:
+    """The (metric, layer, site) keys resampled from the sampled vectors: every measure at every sampled site."""
+    return [(metric, layer, site) for layer, site in sorted(reference.sites) for metric in measures]
+
+
+def sampled_measure(
+    checkpoints: Sequence[Checkpoint], labels: Sequence[str], key: tuple[str, int, str]
+) -> bootstrap.SampleBuilt:
+    """The measure `key` (metric, layer, site) of one step's checkpoints, one per seed, named by `labels`."""
+    metric, layer, site = key
+    fn = OF_MOMENTS[metric]
+    return bootstrap.SampleBuilt(
+        labels,
+        checkpoints[0].n_units,
+        lambda s, units: checkpoints[s].sites[(layer, site)].values(fn, units),
+    )
+
+
+def sampled_estimate(checkpoints: Sequence[Checkpoint], key: tuple[str, int, str]) -> float:
+    """The mean over seeds of metrics' value of `key` (metric, layer, site): the estimate of a seed group."""
+    return float(np.mean([c.exact.get(key, np.nan) for c in checkpoints]))
+
+
+def check_same_sample(reference: Checkpoint, other: Checkpoint) -> None:
     """Resampled together, two checkpoints must have sampled the same tokens of the same sequences."""
     problem = None
     if other.n_units != reference.n_units:
@@ -342,7 +365,7 @@ def bootstrap_table(
         if len({c.step for c in checkpoints}) != 1:
             raise BootstrapInputError(f"one step's checkpoints are of steps {sorted({c.step for c in checkpoints})}")
         for c in checkpoints:
-            _check_same_sample(reference, c)
+            check_same_sample(reference, c)
         step = checkpoints[0].step
         if step in identity:
             raise BootstrapInputError(f"step {step} is given twice")
@@ -351,19 +374,10 @@ def bootstrap_table(
             blocks = list(
                 bootstrap.draws(reference.n_units, len(checkpoints), samples=settings.samples, seed=settings.seed)
             )
-        for layer, site in sorted(reference.sites):
-            for metric in settings.measures:
-                measure = bootstrap.SampleBuilt(
-                    labels,
-                    reference.n_units,
-                    lambda s, units, key=(layer, site), fn=OF_MOMENTS[metric], cs=checkpoints: (
-                        cs[s].sites[key].values(fn, units)
-                    ),
-                )
-                got, _ = bootstrap.replicates(measure, None, blocks)
-                key = (metric, layer, site)
-                scores[(*key, step)] = got
-                estimates[(*key, step)] = float(np.mean([c.exact.get(key, np.nan) for c in checkpoints]))
+        for key in sampled_keys(reference, settings.measures):
+            got, _ = bootstrap.replicates(sampled_measure(checkpoints, labels, key), None, blocks)
+            scores[(*key, step)] = got
+            estimates[(*key, step)] = sampled_estimate(checkpoints, key)
     return _rows(estimates, scores, identity, labels, reference.n_units, settings, group)
 
 

@@ -1,0 +1,202 @@
+"""One group of seeds against another at the steps they share (the Multi-Bootstrap's test of two training procedures,
+anisweep.measures.bootstrap): per metric, layer, site and step, the difference other - base of the groups' estimates,
+its percentile interval and two-sided p-value, from both groups' hidden.parquet and extract.json alone.
+
+Both groups are resampled on the same draws of sequences (bootstrap.draws with both sides' seeds: the units are
+those every model's and group's table of the same `seed` draws). The design is named in each row: `paired` draws one
+set of seed positions for both sides (seed i of the base with seed i of the other: two recipes run from the same
+initial seeds), `unpaired` draws each side's seeds on their own (independent runs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from anisweep.measures import bootstrap
+from anisweep.measures.sample_bootstrap import (
+    BootstrapInputError,
+    Checkpoint,
+    Settings,
+    check_same_sample,
+    read_checkpoint,
+    sampled_estimate,
+    sampled_keys,
+    sampled_measure,
+)
+
+SCHEMA = {
+    "comparison": pl.String,
+    "base_group": pl.String,
+    "other_group": pl.String,
+    "base_models": pl.List(pl.String),
+    "other_models": pl.List(pl.String),
+    "family": pl.String,
+    "model": pl.String,
+    "seed": pl.Int64,
+    "step": pl.Int64,
+    "tokens_seen": pl.Int64,
+    "other_tokens_seen": pl.Int64,
+    "layer": pl.Int64,
+    "site": pl.String,
+    "metric": pl.String,
+    "against": pl.String,
+    "estimate": pl.Float64,
+    "base_estimate": pl.Float64,
+    "other_estimate": pl.Float64,
+    "low": pl.Float64,
+    "high": pl.Float64,
+    "p": pl.Float64,
+    "level": pl.Float64,
+    "n_seeds_base": pl.Int64,
+    "n_seeds_other": pl.Int64,
+    "n_units": pl.Int64,
+    "samples": pl.Int64,
+    "undefined": pl.Int64,
+    "design": pl.String,
+}
+
+
+@dataclass(frozen=True)
+class Sides:
+    """One (metric, layer, site) at one step: each group's measure (its seeds' checkpoints) and estimate."""
+
+    key: tuple[str, int, str]
+    base: bootstrap.Measure
+    other: bootstrap.Measure
+    base_estimate: float
+    other_estimate: float
+
+
+def sampled_sides(base: Sequence[Checkpoint], other: Sequence[Checkpoint], settings: Settings) -> Iterator[Sides]:
+    """The measures of the sampled vectors (sample_bootstrap.sampled_keys) of both groups at one step."""
+    base_labels, other_labels = [c.name for c in base], [c.name for c in other]
+    for key in sampled_keys(base[0], settings.measures):
+        yield Sides(
+            key,
+            sampled_measure(base, base_labels, key),
+            sampled_measure(other, other_labels, key),
+            sampled_estimate(base, key),
+            sampled_estimate(other, key),
+        )
+
+
+def _check_sides(base: Sequence[Sequence], other: Sequence[Sequence], design: str) -> None:
+    if design not in ("paired", "unpaired"):
+        raise BootstrapInputError(f"design {design!r}: 'paired' (seed i against seed i) or 'unpaired'")
+    for side, seeds in (("base", base), ("other", other)):
+        if not seeds or not all(seeds):
+            raise BootstrapInputError(f"the {side} group has no checkpoints: give each seed's checkpoint folders")
+    lengths = {len(folders) for folders in [*base, *other]}
+    if len(lengths) != 1:
+        raise BootstrapInputError(
+            f"every seed of both groups needs the same steps: {[len(f) for f in base]} checkpoints per base seed, "
+            f"{[len(f) for f in other]} per other seed"
+        )
+    if design == "paired" and len(base) != len(other):
+        raise BootstrapInputError(
+            f"a paired design pairs seed i of the base with seed i of the other: {len(base)} against {len(other)} "
+            "seeds; give both groups the same number of seeds, or use the unpaired design for independent seeds"
+        )
+
+
+def _step_of(checkpoints: Sequence[Checkpoint], labels: list[str] | None, side: str) -> int:
+    names = [c.name for c in checkpoints]
+    if labels is not None and names != labels:
+        raise BootstrapInputError(f"each step's {side} checkpoints must be its seeds in one order: {labels}")
+    steps = sorted({c.step for c in checkpoints})
+    if len(steps) != 1:
+        raise BootstrapInputError(f"one step's {side} checkpoints are of steps {steps}")
+    return steps[0]
+
+
+def comparison_table(
+    base: Sequence[Sequence[str | Path]],
+    other: Sequence[Sequence[str | Path]],
+    *,
+    design: str = "unpaired",
+    settings: Settings | None = None,
+    name: str | None = None,
+    base_group: str | None = None,
+    other_group: str | None = None,
+) -> pl.DataFrame:
+    """other - base at each shared step: `base` and `other` one list of checkpoint folders per seed, every seed's
+    folders of the same steps in the same order on both sides. Reads one step's checkpoints at a time."""
+    settings = settings or Settings()
+    _check_sides(base, other, design)
+    blocks, reference, base_labels, other_labels = None, None, None, None
+    rows = []
+    for base_folders, other_folders in zip(zip(*base), zip(*other)):
+        base_cps = [read_checkpoint(folder, settings.measures) for folder in base_folders]
+        other_cps = [read_checkpoint(folder, settings.measures) for folder in other_folders]
+        reference = reference or base_cps[0]
+        step = _step_of(base_cps, base_labels, "base")
+        if _step_of(other_cps, other_labels, "other") != step:
+            raise BootstrapInputError(
+                f"the base group's checkpoints of step {step} are compared with the other's of step "
+                f"{other_cps[0].step}: give both groups' folders of the same steps in the same order"
+            )
+        base_labels, other_labels = [c.name for c in base_cps], [c.name for c in other_cps]
+        for c in (*base_cps, *other_cps):
+            check_same_sample(reference, c)
+        if blocks is None:
+            blocks = list(
+                bootstrap.draws(
+                    reference.n_units, len(base_cps), len(other_cps), design=design,
+                    samples=settings.samples, seed=settings.seed,
+                )
+            )  # fmt: skip
+        identity = {
+            "step": step,
+            "tokens_seen": base_cps[0].tokens_seen,
+            "other_tokens_seen": other_cps[0].tokens_seen,
+        }
+        for sides in sampled_sides(base_cps, other_cps, settings):
+            got_base, got_other = bootstrap.replicates(sides.base, sides.other, blocks)
+            rows.append(identity | _difference_row(sides, got_other - got_base, settings.level))
+    families = {label.split("/")[0] for label in [*base_labels, *other_labels]}
+    common = {
+        "comparison": name,
+        "base_group": base_group,
+        "other_group": other_group,
+        "base_models": base_labels,
+        "other_models": other_labels,
+        "family": families.pop() if len(families) == 1 else None,
+        "model": None,
+        "seed": None,
+        "against": "group",
+        "level": settings.level,
+        "n_seeds_base": len(base_labels),
+        "n_seeds_other": len(other_labels),
+        "n_units": reference.n_units,
+        "samples": settings.samples,
+        "design": design,
+    }
+    table = pl.DataFrame([common | row for row in rows], schema=SCHEMA)
+    return table.sort("layer", "site", "metric", "step")
+
+
+def _difference_row(sides: Sides, deltas: np.ndarray, level: float) -> dict:
+    metric, layer, site = sides.key
+    undefined = int(np.isnan(deltas).sum())
+    if undefined:
+        low = high = p = np.nan
+    else:
+        low, high = bootstrap.percentile_interval(deltas, level)
+        p = bootstrap.two_sided_p(deltas)
+    return {
+        "layer": layer,
+        "site": site,
+        "metric": metric,
+        "estimate": sides.other_estimate - sides.base_estimate,
+        "base_estimate": sides.base_estimate,
+        "other_estimate": sides.other_estimate,
+        "low": low,
+        "high": high,
+        "p": p,
+        "undefined": undefined,
+    }
