@@ -70,7 +70,8 @@ def test_each_row_is_bootstrap_compare_on_the_same_measures(groups, design, monk
         for r in table.filter(pl.col("step") == step).iter_rows(named=True):
             key = (r["metric"], r["layer"], r["site"])
             # labelled by position, the same on both sides, as a paired compare requires
-            base, other = (sb.sampled_measure(cps, [str(i) for i in range(len(cps))], key) for cps in sides)
+            labels = [str(i) for i in range(len(sides[0]))]
+            base, other = (sb.sampled_measure(cps, labels, (*key, None)) for cps in sides)
             got = bootstrap.compare(
                 base, other, design=design, level=SETTINGS.level, samples=SETTINGS.samples, seed=SETTINGS.seed
             )

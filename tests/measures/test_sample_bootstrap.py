@@ -164,7 +164,7 @@ def test_a_group_of_models_measured_on_other_samples_is_refused(tmp_path):
 
 
 def test_bad_settings_are_named():
-    with pytest.raises(sb.BootstrapInputError, match=r"measures \['avg_cos'\]: not resampled here"):
-        sb.Settings(measures=("isoscore", "avg_cos"))
+    with pytest.raises(sb.BootstrapInputError, match=r"measures \['centred_avg_cos'\]: not resampled here"):
+        sb.Settings(measures=("isoscore", "centred_avg_cos"))
     with pytest.raises(sb.BootstrapInputError, match="level 95"):
         sb.Settings(level=95)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
 import transformers
@@ -102,3 +103,60 @@ def test_a_missing_or_empty_units_table_names_the_fix(tmp_path):
         sum_bootstrap.read_units(tmp_path, ["avg_cos"])
     with pytest.raises(sum_bootstrap.UnitsError, match="not built of sums"):
         sum_bootstrap.measures_of(None, ["isoscore"])
+
+
+def write_checkpoint(folder, model_path, units: int = 32, step: int = 3, model: str = "m"):
+    from anisweep.extract.run import write_extract
+
+    tables, _ = run_extract(model_path, padded_batch(), units=units)
+    ident = {"family": "test", "model": model, "step": step}
+    tables = {name: t.with_columns(**{k: pl.lit(v) for k, v in ident.items()}) for name, t in tables.items()}
+    write_extract(folder, tables, {"settings": {"n_sequences": 5}})
+    return folder, tables
+
+
+def test_a_group_of_two_seeds_resamples_the_sums_on_the_sequences_drawn(tmp_path, model_path):
+    """bootstrap_table on two seeds' checkpoints (two models of one shape): each sum-built row's estimate is the mean
+    over the seeds of metrics' values, and replicate r is the mean over the seeds drawn of each one's measure on the
+    sums weighted by how often draw r takes each sequence (bootstrap.draws of the table's seed)."""
+    from anisweep.measures import bootstrap
+    from anisweep.measures import sample_bootstrap as sb
+
+    other_path = another_seed(model_path, tmp_path / "x")
+    folders = [
+        write_checkpoint(tmp_path / name / "step3", path, model=name)
+        for name, path in (("a", model_path), ("b", other_path))
+    ]
+    settings = sb.Settings(samples=40, seed=3, measures=("isoscore", "avg_cos", "entropy_mean", "sink1_eps"))
+    table = sb.bootstrap_table([[folder] for folder, _ in folders], settings, group="g")
+    intervals = table.filter(pl.col("against").is_null())
+    assert set(intervals["metric"]) == {"isoscore", "avg_cos", "entropy_mean", "sink1_eps"}
+    per_seed = [metric_values(tables) for _, tables in folders]
+    draws = list(bootstrap.draws(5, 2, samples=40, seed=3))
+    counts, seeds = draws[0].counts, draws[0].base
+    for r in intervals.filter(pl.col("metric") != "isoscore").iter_rows(named=True):
+        key = (r["metric"], r["layer"], r["site"], r["head"])
+        assert r["estimate"] == pytest.approx(np.mean([values[key] for values in per_seed]), rel=1e-6, abs=1e-12)
+        assert r["n_units"] == 5 and r["n_seeds"] == 2 and r["design"] == "seeds and units"
+        measures = [
+            {m.key: m for m in sum_bootstrap.measures_of(t["units"], [r["metric"]], t["sinks"])}[key]
+            for _, t in folders
+        ]
+        replicates = np.array(
+            [np.mean([measures[s].of_sums(c @ measures[s].per_unit) for s in draw]) for c, draw in zip(counts, seeds)]
+        )
+        if np.isnan(replicates).any():
+            assert np.isnan(r["low"])
+            continue
+        assert (r["low"], r["high"]) == pytest.approx(bootstrap.percentile_interval(replicates, 0.95), rel=1e-12)
+
+
+def another_seed(model_path, folder):
+    """The same shape with other weights: the model's perturbed."""
+    model = transformers.AutoModel.from_pretrained(model_path)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    model.save_pretrained(folder)
+    return folder

@@ -1,12 +1,26 @@
 # The bootstrap rules' settings, groups and inputs (workflow/rules/bootstrap.smk).
 import re
 
+from anisweep.measures import sum_bootstrap
+
 BOOTSTRAP = config["bootstrap"]
-# what changes the tables: the intervals' level, B, the draws' seed and the measures (their order does not: sorted)
+# what changes the tables: the intervals' level, B, the draws' seed and the measures (their order does not: sorted),
+# and sink1_eps's epsilon where it is resampled
 BOOTSTRAP_ARGS = (
     f"--level {BOOTSTRAP['level']} --samples {BOOTSTRAP['samples']} --seed {BOOTSTRAP['seed']} "
     f"--measures {' '.join(sorted(BOOTSTRAP['measures']))}"
+    + (f" --sink-epsilon {config['sinks']['epsilon']}" if "sink1_eps" in BOOTSTRAP["measures"] else "")
 )
+# what a bootstrap job reads of each checkpoint beside hidden.parquet and extract.json: each resampling unit's sums
+# where a measure built of them is resampled, and the sequences' first-key importances for sink1_eps
+BOOTSTRAP_SUMS = (["units.parquet"] if set(BOOTSTRAP["measures"]) & set(sum_bootstrap.MEASURES) else []) + (
+    ["sinks.parquet"] if "sink1_eps" in BOOTSTRAP["measures"] else []
+)
+
+
+def model_sums(wildcards):
+    """The model's checkpoints' BOOTSTRAP_SUMS files."""
+    return [path for name in BOOTSTRAP_SUMS for path in per_checkpoint(name)(wildcards)]
 
 
 def bootstrap_groups():

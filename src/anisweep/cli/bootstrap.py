@@ -4,31 +4,44 @@ from __future__ import annotations
 
 
 def cmd_bootstrap(args) -> None:
-    from anisweep.measures.sample_bootstrap import Settings, bootstrap_table
+    from anisweep.measures.sample_bootstrap import bootstrap_table
     from anisweep.tables import write_atomic
 
-    settings = Settings(level=args.level, samples=args.samples, seed=args.seed, measures=tuple(args.measures))
-    write_atomic(bootstrap_table(args.checkpoints, settings, group=args.group), args.out)
+    write_atomic(bootstrap_table(args.checkpoints, _settings_of(args), group=args.group), args.out)
 
 
 def cmd_bootstrap_compare(args) -> None:
     from anisweep.measures.group_bootstrap import comparison_table
-    from anisweep.measures.sample_bootstrap import Settings
     from anisweep.tables import write_atomic
 
-    settings = Settings(level=args.level, samples=args.samples, seed=args.seed, measures=tuple(args.measures))
     table = comparison_table(
-        args.base, args.other, design=args.design, settings=settings, name=args.name, base_group=args.base_group,
-        other_group=args.other_group,
+        args.base, args.other, design=args.design, settings=_settings_of(args), name=args.name,
+        base_group=args.base_group, other_group=args.other_group,
     )  # fmt: skip
     write_atomic(table, args.out)
+
+
+def _settings_of(args):
+    from anisweep.measures.sample_bootstrap import Settings
+
+    return Settings(
+        level=args.level, samples=args.samples, seed=args.seed, measures=tuple(args.measures),
+        sink_epsilon=args.sink_epsilon,
+    )  # fmt: skip
 
 
 def _settings(p) -> None:
     p.add_argument("--level", type=float, default=0.95, help="the intervals' confidence level")
     p.add_argument("--samples", type=int, default=1000, help="B, the bootstrap replicates")
     p.add_argument("--seed", type=int, default=0, help="the seed of the draws of sequences and seeds")
-    p.add_argument("--measures", nargs="+", default=["isoscore", "rankme"], help="isoscore, top_eig_share, rankme")
+    p.add_argument(
+        "--measures",
+        nargs="+",
+        default=["isoscore", "rankme"],
+        help="of the sampled vectors (isoscore, top_eig_share, rankme) and built of sums (anisweep.measures."
+        "sum_bootstrap.MEASURES: avg_cos, entropy_mean, qk_cos, ...)",
+    )
+    p.add_argument("--sink-epsilon", type=float, default=0.3, help="sink1_eps's threshold (config sinks.epsilon)")
     p.add_argument("--out", required=True)
 
 

@@ -21,12 +21,11 @@ from anisweep.measures import bootstrap
 from anisweep.measures.sample_bootstrap import (
     BootstrapInputError,
     Checkpoint,
+    Key,
     Settings,
     check_same_sample,
     read_checkpoint,
-    sampled_estimate,
-    sampled_keys,
-    sampled_measure,
+    step_measures,
 )
 
 SCHEMA = {
@@ -43,6 +42,7 @@ SCHEMA = {
     "other_tokens_seen": pl.Int64,
     "layer": pl.Int64,
     "site": pl.String,
+    "head": pl.Int64,
     "metric": pl.String,
     "against": pl.String,
     "estimate": pl.Float64,
@@ -63,26 +63,35 @@ SCHEMA = {
 
 @dataclass(frozen=True)
 class Sides:
-    """One (metric, layer, site) at one step: each group's measure (its seeds' checkpoints) and estimate."""
+    """One (metric, layer, site, head) at one step: each group's measure (its seeds' checkpoints) and estimate, on
+    `n_units` units."""
 
-    key: tuple[str, int, str]
+    key: Key
     base: bootstrap.Measure
     other: bootstrap.Measure
     base_estimate: float
     other_estimate: float
+    n_units: int
 
 
-def sampled_sides(base: Sequence[Checkpoint], other: Sequence[Checkpoint], settings: Settings) -> Iterator[Sides]:
-    """The measures of the sampled vectors (sample_bootstrap.sampled_keys) of both groups at one step."""
-    base_labels, other_labels = [c.name for c in base], [c.name for c in other]
-    for key in sampled_keys(base[0], settings.measures):
-        yield Sides(
-            key,
-            sampled_measure(base, base_labels, key),
-            sampled_measure(other, other_labels, key),
-            sampled_estimate(base, key),
-            sampled_estimate(other, key),
-        )
+def sides_of(
+    base: Sequence[Checkpoint],
+    other: Sequence[Checkpoint],
+    folders: tuple[Sequence, Sequence],
+    settings: Settings,
+) -> Iterator[Sides]:
+    """Every measure of `settings` (sample_bootstrap.step_measures: the sampled vectors' and the sums') of both
+    groups at one step; `folders`, each side's checkpoint folders of the step."""
+    base_measures = step_measures(base, folders[0], [c.name for c in base], settings)
+    other_measures = {m.key: m for m in step_measures(other, folders[1], [c.name for c in other], settings)}
+    for b in base_measures:
+        o = other_measures.get(b.key)
+        if o is None or o.n_units != b.n_units:
+            raise BootstrapInputError(
+                f"{b.key}: the other group has {'no such measure' if o is None else f'{o.n_units} units'} where the "
+                f"base has {b.n_units} units: both groups' models must be of one shape and extract settings"
+            )
+        yield Sides(b.key, b.measure, o.measure, b.estimate, o.estimate, b.n_units)
 
 
 def _check_sides(base: Sequence[Sequence], other: Sequence[Sequence], design: str) -> None:
@@ -128,11 +137,11 @@ def comparison_table(
     folders of the same steps in the same order on both sides. Reads one step's checkpoints at a time."""
     settings = settings or Settings()
     _check_sides(base, other, design)
-    blocks, reference, base_labels, other_labels = None, None, None, None
+    blocks, reference, base_labels, other_labels = {}, None, None, None
     rows = []
     for base_folders, other_folders in zip(zip(*base), zip(*other)):
-        base_cps = [read_checkpoint(folder, settings.measures) for folder in base_folders]
-        other_cps = [read_checkpoint(folder, settings.measures) for folder in other_folders]
+        base_cps = [read_checkpoint(folder, settings.sampled) for folder in base_folders]
+        other_cps = [read_checkpoint(folder, settings.sampled) for folder in other_folders]
         reference = reference or base_cps[0]
         step = _step_of(base_cps, base_labels, "base")
         if _step_of(other_cps, other_labels, "other") != step:
@@ -143,20 +152,20 @@ def comparison_table(
         base_labels, other_labels = [c.name for c in base_cps], [c.name for c in other_cps]
         for c in (*base_cps, *other_cps):
             check_same_sample(reference, c)
-        if blocks is None:
-            blocks = list(
-                bootstrap.draws(
-                    reference.n_units, len(base_cps), len(other_cps), design=design,
-                    samples=settings.samples, seed=settings.seed,
-                )
-            )  # fmt: skip
         identity = {
             "step": step,
             "tokens_seen": base_cps[0].tokens_seen,
             "other_tokens_seen": other_cps[0].tokens_seen,
         }
-        for sides in sampled_sides(base_cps, other_cps, settings):
-            got_base, got_other = bootstrap.replicates(sides.base, sides.other, blocks)
+        for sides in sides_of(base_cps, other_cps, (base_folders, other_folders), settings):
+            if sides.n_units not in blocks:  # the same draws for every step, layer and measure of as many units
+                blocks[sides.n_units] = list(
+                    bootstrap.draws(
+                        sides.n_units, len(base_cps), len(other_cps), design=design,
+                        samples=settings.samples, seed=settings.seed,
+                    )
+                )  # fmt: skip
+            got_base, got_other = bootstrap.replicates(sides.base, sides.other, blocks[sides.n_units])
             rows.append(identity | _difference_row(sides, got_other - got_base, settings.level))
     families = {label.split("/")[0] for label in [*base_labels, *other_labels]}
     common = {
@@ -172,16 +181,15 @@ def comparison_table(
         "level": settings.level,
         "n_seeds_base": len(base_labels),
         "n_seeds_other": len(other_labels),
-        "n_units": reference.n_units,
         "samples": settings.samples,
         "design": design,
     }
     table = pl.DataFrame([common | row for row in rows], schema=SCHEMA)
-    return table.sort("layer", "site", "metric", "step")
+    return table.sort("layer", "site", "metric", "head", "step", nulls_last=False)
 
 
 def _difference_row(sides: Sides, deltas: np.ndarray, level: float) -> dict:
-    metric, layer, site = sides.key
+    metric, layer, site, head = sides.key
     undefined = int(np.isnan(deltas).sum())
     if undefined:
         low = high = p = np.nan
@@ -191,7 +199,9 @@ def _difference_row(sides: Sides, deltas: np.ndarray, level: float) -> dict:
     return {
         "layer": layer,
         "site": site,
+        "head": head,
         "metric": metric,
+        "n_units": sides.n_units,
         "estimate": sides.other_estimate - sides.base_estimate,
         "base_estimate": sides.base_estimate,
         "other_estimate": sides.other_estimate,

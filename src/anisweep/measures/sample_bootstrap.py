@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from anisweep.measures import bootstrap, geometry, metrics, spectral
+from anisweep.measures import bootstrap, geometry, metrics, spectral, sum_bootstrap
 from anisweep.measures.grouped import group_rows, vectors_by_group
 from anisweep.tables import read_parquet
 
@@ -44,6 +44,7 @@ SCHEMA = {
     "tokens_seen": pl.Int64,
     "layer": pl.Int64,
     "site": pl.String,
+    "head": pl.Int64,
     "metric": pl.String,
     "against": pl.String,
     "ref_step": pl.Int64,
@@ -272,27 +273,51 @@ class Settings:
     samples: int = bootstrap.DEFAULT_SAMPLES
     seed: int = 0
     measures: tuple[str, ...] = DEFAULT_MEASURES
+    sink_epsilon: float = sum_bootstrap.EPSILON  # sink1_eps's threshold: metrics' (config sinks.epsilon)
+
+    @property
+    def sampled(self) -> tuple[str, ...]:
+        """The measures of the sampled vectors (hidden.parquet)."""
+        return tuple(m for m in self.measures if m in MEASURES)
+
+    @property
+    def summed(self) -> tuple[str, ...]:
+        """The measures built of sums (units.parquet: anisweep.measures.sum_bootstrap)."""
+        return tuple(m for m in self.measures if m in sum_bootstrap.MEASURES)
 
     def __post_init__(self):
-        unknown = sorted(set(self.measures) - set(MEASURES))
+        known = MEASURES + sum_bootstrap.MEASURES
+        unknown = sorted(set(self.measures) - set(known))
         if unknown:
-            raise BootstrapInputError(f"measures {unknown}: not resampled here; choose among {list(MEASURES)}")
+            raise BootstrapInputError(f"measures {unknown}: not resampled here; choose among {list(known)}")
         if not 0 < self.level < 1:
             raise BootstrapInputError(f"level {self.level}: a confidence level lies strictly between 0 and 1 (0.95)")
         if self.samples < 1:
             raise BootstrapInputError(f"samples {self.samples}: B must be at least 1")
 
 
-def sampled_keys(reference: Checkpoint, measures: Sequence[str]) -> list[tuple[str, int, str]]:
-    """The (metric, layer, site) keys resampled from the sampled vectors: every measure at every sampled site."""
-    return [(metric, layer, site) for layer, site in sorted(reference.sites) for metric in measures]
+Key = tuple[str, int, str, "int | None"]  # metric, layer, site, head (None: per layer)
 
 
-def sampled_measure(
-    checkpoints: Sequence[Checkpoint], labels: Sequence[str], key: tuple[str, int, str]
-) -> bootstrap.SampleBuilt:
-    """The measure `key` (metric, layer, site) of one step's checkpoints, one per seed, named by `labels`."""
-    metric, layer, site = key
+@dataclass(frozen=True)
+class StepMeasure:
+    """One measure of one step's checkpoints (one per seed): its key, the Multi-Bootstrap measure, the estimate (the
+    mean over seeds of metrics' values) and its units (the sequences, or extract's resampling units)."""
+
+    key: Key
+    measure: bootstrap.Measure
+    estimate: float
+    n_units: int
+
+
+def sampled_keys(reference: Checkpoint, measures: Sequence[str]) -> list[Key]:
+    """The keys resampled from the sampled vectors: every measure at every sampled site."""
+    return [(metric, layer, site, None) for layer, site in sorted(reference.sites) for metric in measures]
+
+
+def sampled_measure(checkpoints: Sequence[Checkpoint], labels: Sequence[str], key: Key) -> bootstrap.SampleBuilt:
+    """The measure `key` of one step's checkpoints, one per seed, named by `labels`."""
+    metric, layer, site, _ = key
     fn = OF_MOMENTS[metric]
     return bootstrap.SampleBuilt(
         labels,
@@ -301,9 +326,44 @@ def sampled_measure(
     )
 
 
-def sampled_estimate(checkpoints: Sequence[Checkpoint], key: tuple[str, int, str]) -> float:
-    """The mean over seeds of metrics' value of `key` (metric, layer, site): the estimate of a seed group."""
-    return float(np.mean([c.exact.get(key, np.nan) for c in checkpoints]))
+def sampled_estimate(checkpoints: Sequence[Checkpoint], key: Key) -> float:
+    """The mean over seeds of metrics' value of `key`: the estimate of a seed group."""
+    return float(np.mean([c.exact.get(key[:3], np.nan) for c in checkpoints]))
+
+
+def summed_measures(folders: Sequence[str | Path], labels: Sequence[str], settings: Settings) -> list[StepMeasure]:
+    """The measures built of sums of one step's checkpoint folders (one per seed), from their units.parquet: each
+    seed's units' statistics stacked (seeds x units x k), the estimate the mean of their full-sample values."""
+    if not settings.summed:
+        return []
+    per_seed = [sum_bootstrap.read_units(folder, settings.summed, settings.sink_epsilon) for folder in folders]
+    n_units = {n for n, _ in per_seed}
+    keyed = [{m.key: m for m in measures} for _, measures in per_seed]
+    if len(n_units) != 1 or any(k.keys() != keyed[0].keys() for k in keyed):
+        raise BootstrapInputError(
+            f"{list(folders)}: their units.parquet differ in units ({sorted(n_units)}) or in layers, sites and heads; "
+            "a group's models must be of one shape, extracted with the same extract settings (extract.units)"
+        )
+    out = []
+    for key, first in keyed[0].items():
+        stats = [k[key].per_unit for k in keyed]
+        if len({x.shape for x in stats}) != 1:
+            raise BootstrapInputError(f"{key}: the seeds' statistics differ in shape {[x.shape for x in stats]}")
+        measure = bootstrap.SumBuilt(np.stack(stats), first.of_sums, labels)
+        out.append(StepMeasure(key, measure, float(np.mean([k[key].value for k in keyed])), per_seed[0][0]))
+    return out
+
+
+def step_measures(
+    checkpoints: Sequence[Checkpoint], folders: Sequence[str | Path], labels: Sequence[str], settings: Settings
+) -> list[StepMeasure]:
+    """Every measure of `settings` at one step: the sampled vectors' (hidden.parquet) and the sums' (units.parquet)."""
+    sampled = [
+        StepMeasure(key, sampled_measure(checkpoints, labels, key), sampled_estimate(checkpoints, key), c.n_units)
+        for c in checkpoints[:1]
+        for key in sampled_keys(c, settings.sampled)
+    ]
+    return sampled + summed_measures(folders, labels, settings)
 
 
 def check_same_sample(reference: Checkpoint, other: Checkpoint) -> None:
@@ -354,10 +414,10 @@ def bootstrap_table(
         raise BootstrapInputError("no checkpoints to resample: give each seed's checkpoint folders")
     if len({len(folders) for folders in seeds}) != 1:
         raise BootstrapInputError(f"each seed needs the same steps: {[len(f) for f in seeds]} checkpoints per seed")
-    blocks, reference, labels = None, None, None
-    estimates, scores, identity = {}, {}, {}
+    blocks, reference, labels = {}, None, None
+    estimates, scores, identity, n_units = {}, {}, {}, {}
     for step_folders in zip(*seeds):
-        checkpoints = [read_checkpoint(folder, settings.measures) for folder in step_folders]
+        checkpoints = [read_checkpoint(folder, settings.sampled) for folder in step_folders]
         reference = reference or checkpoints[0]
         labels = labels or [c.name for c in checkpoints]
         if [c.name for c in checkpoints] != labels:
@@ -370,15 +430,22 @@ def bootstrap_table(
         if step in identity:
             raise BootstrapInputError(f"step {step} is given twice")
         identity[step] = checkpoints[0]
-        if blocks is None:
-            blocks = list(
-                bootstrap.draws(reference.n_units, len(checkpoints), samples=settings.samples, seed=settings.seed)
-            )
-        for key in sampled_keys(reference, settings.measures):
-            got, _ = bootstrap.replicates(sampled_measure(checkpoints, labels, key), None, blocks)
-            scores[(*key, step)] = got
-            estimates[(*key, step)] = sampled_estimate(checkpoints, key)
-    return _rows(estimates, scores, identity, labels, reference.n_units, settings, group)
+        for m in step_measures(checkpoints, step_folders, labels, settings):
+            if m.n_units not in blocks:  # the same draws for every step, layer and measure of as many units
+                blocks[m.n_units] = list(
+                    bootstrap.draws(m.n_units, len(checkpoints), samples=settings.samples, seed=settings.seed)
+                )
+            got, _ = bootstrap.replicates(m.measure, None, blocks[m.n_units])
+            scores[(*m.key, step)] = got
+            estimates[(*m.key, step)] = m.estimate
+            n_units[m.key] = m.n_units
+    return _rows(estimates, scores, identity, labels, n_units, settings, group)
+
+
+def _order(key: tuple) -> tuple:
+    """Rows by layer, site, metric, head (the layer's own first), step."""
+    metric, layer, site, head, step = key
+    return (layer, site, metric, -1 if head is None else head, step)
 
 
 def _rows(estimates, scores, identity, labels, n_units, settings, group) -> pl.DataFrame:
@@ -393,14 +460,13 @@ def _rows(estimates, scores, identity, labels, n_units, settings, group) -> pl.D
         "seed": first.seed if alone else None,
         "level": settings.level,
         "n_seeds": n_seeds,
-        "n_units": n_units,
         "samples": settings.samples,
     }
     steps = sorted(identity)
     rows = []
-    for metric, layer, site, step in sorted(estimates, key=lambda k: (k[1], k[2], k[0], k[3])):
-        key = (metric, layer, site)
-        where = {"layer": layer, "site": site, "metric": metric}
+    for metric, layer, site, head, step in sorted(estimates, key=_order):
+        key = (metric, layer, site, head)
+        where = {"layer": layer, "site": site, "head": head, "metric": metric, "n_units": n_units[key]}
         rows.append(
             common
             | where
@@ -421,4 +487,4 @@ def _rows(estimates, scores, identity, labels, n_units, settings, group) -> pl.D
                 | _test_row(difference, deltas, settings.level)
             )
     table = pl.DataFrame(rows, schema=SCHEMA)
-    return table.sort("layer", "site", "metric", "against", "step", nulls_last=False)
+    return table.sort("layer", "site", "metric", "head", "against", "step", nulls_last=False)

@@ -4,8 +4,9 @@ extract: anisweep.extract.streaming.Units) for any weighting of its units: the M
 float64 rounding (tests/measures/test_sum_bootstrap.py), since the streamed statistics are the units' sums.
 
 A measure here is its statistics per unit (units x k) and a function of their weighted sums, shape (..., k) to (...),
-which is how the resampling reads it. The norms' spread is taken about a fixed centre (the full sample's mean norm):
-each unit's sum of (||x|| - c)^2 is its M2 plus n (mean - c)^2, so a weighted sum of them gives the weighted M2 as
+which is how the resampling reads it; a function is the same for every seed of a group (its statistics carry what
+differs). The norms' spread is taken about a fixed centre c (the seed's full-sample mean norm): each unit's sum of
+(||x|| - c)^2 is its M2 plus n (mean - c)^2, so a weighted sum of them gives the weighted M2 as
 sum (||x|| - c)^2 - N (mean - c)^2, which cancels only as much as the weighted mean moves from c.
 """
 
@@ -77,9 +78,11 @@ def _drift_ratio(s: np.ndarray) -> np.ndarray:
     return _ratio(np.linalg.norm(s[..., 1:], axis=-1), s[..., 0])
 
 
-def _norm_std(s: np.ndarray, centre: float) -> np.ndarray:
-    """[n, sum_norm, sum (||x|| - centre)^2]: the population std of the norms."""
+def _norm_std(s: np.ndarray) -> np.ndarray:
+    """[n, sum_norm, sum (||x|| - c)^2, n c]: the population std of the norms (c, the centre, is the last column's
+    weighted sum over n's: each seed's own, carried in its statistics)."""
     n, total, about_centre = s[..., 0], s[..., 1], s[..., 2]
+    centre = _ratio(s[..., 3], n)
     mean = _ratio(total, n)
     m2 = np.maximum(about_centre - n * (mean - centre) ** 2, 0.0)
     return np.sqrt(_ratio(m2, n))
@@ -99,12 +102,10 @@ def _hidden(layer: int, site: str, stats: dict[str, np.ndarray], metric: str) ->
     centre = float(sum_norm.sum() / max(n.sum(), 1.0))
     unit_mean = _ratio(sum_norm, n)
     about_centre = stats["m2_norm"] + n * np.nan_to_num(unit_mean - centre) ** 2
-    per_unit = column(n, sum_norm, about_centre)
+    per_unit = column(n, sum_norm, about_centre, n * centre)
     if metric == "norm_std":
-        return SumMeasure(metric, layer, site, None, per_unit, lambda s: _norm_std(s, centre))
-    return SumMeasure(  # norm_cv
-        metric, layer, site, None, per_unit, lambda s: _ratio(_norm_std(s, centre), _ratio(s[..., 1], s[..., 0]))
-    )
+        return SumMeasure(metric, layer, site, None, per_unit, _norm_std)
+    return SumMeasure(metric, layer, site, None, per_unit, lambda s: _ratio(_norm_std(s), _ratio(s[..., 1], s[..., 0])))
 
 
 def _attention(layer: int, stats: dict, heads: list[int], metric: str) -> list[SumMeasure]:
