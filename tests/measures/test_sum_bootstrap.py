@@ -149,6 +149,7 @@ def test_a_group_of_two_seeds_resamples_the_sums_on_the_sequences_drawn(tmp_path
             assert np.isnan(r["low"])
             continue
         assert (r["low"], r["high"]) == pytest.approx(bootstrap.percentile_interval(replicates, 0.95), rel=1e-12)
+        assert r["bias"] == pytest.approx(replicates.mean() - r["estimate"], rel=1e-9, abs=1e-12)
 
 
 def another_seed(model_path, folder):

@@ -51,6 +51,7 @@ SCHEMA = {
     "estimate": pl.Float64,
     "low": pl.Float64,
     "high": pl.Float64,
+    "bias": pl.Float64,
     "p": pl.Float64,
     "level": pl.Float64,
     "n_seeds": pl.Int64,
@@ -386,9 +387,12 @@ def check_same_sample(reference: Checkpoint, other: Checkpoint) -> None:
 
 
 def _interval_row(estimate: float, scores: np.ndarray, level: float) -> dict:
+    """The percentile interval of the replicates' scores, and their bias: their mean minus the estimate (where it is
+    as large as the interval is wide, the interval sits beside the estimate: docs/measures.md)."""
     undefined = int(np.isnan(scores).sum())
     low, high = (np.nan, np.nan) if undefined else bootstrap.percentile_interval(scores, level)
-    return {"estimate": estimate, "low": low, "high": high, "p": None, "undefined": undefined}
+    bias = np.nan if undefined else float(np.mean(scores)) - estimate
+    return {"estimate": estimate, "low": low, "high": high, "bias": bias, "p": None, "undefined": undefined}
 
 
 def _test_row(estimate: float, deltas: np.ndarray, level: float) -> dict:
