@@ -1295,6 +1295,23 @@ _STREAMED = (
 )
 
 
+#: What the Multi-Bootstrap's tables say of these metrics (docs/metrics.md; docs/measures.md has the whole of it).
+_UNCERTAINTY = (
+    "Every value is one checkpoint's on one evaluation sample. With `bootstrap` enabled, `bootstrap.parquet` (a",
+    "model) and `results/bootstrap/{group}.parquet` (a group of seeds) give the metrics that `bootstrap.measures`",
+    "names an interval: the Multi-Bootstrap (Sellam et al. 2022) redraws the evaluation sequences (and, for a group,",
+    "the seeds) with replacement B times; `estimate` is this table's value (a group: its mean over seeds), `low` and",
+    "`high` the percentiles of the redrawn values at the `level` (95%: the spread another sample of sequences, or",
+    "another seed, would give), `bias` their mean minus the estimate. A measure of the sampled vectors (IsoScore,",
+    "RankMe) is recomputed on the drawn sequences' tokens; one built of sums (avg_cos, drift, norms, attention's",
+    "row means, the sinks, q/k alignment) from the drawn resampling units' sums (`units.parquet`), exactly. The",
+    "step tests (`against` `previous` or `final`) give the difference to another step, its interval and a two-sided",
+    "p-value, on the same draws (paired); a comparison of two groups names its design (`paired`: seed i with seed",
+    "i; `unpaired`: independent seeds, the same sequences). An interval that leaves out 0 is a change larger than",
+    "another sample would give (`anisweep.results.changes`); docs/measures.md, Uncertainty over seeds and sequences.",
+)
+
+
 def _trainer_loggers() -> list[str]:
     """The names under which anisweep.live.AnisweepCallback sends each step's summaries to the Trainer's loggers."""
     definitions = {term.name: term.definition for term in METRICS}
@@ -1340,6 +1357,8 @@ def glossary_markdown(measures=()) -> str:
         "metrics.parquet is one (layer, head, site, metric, subspace, fit, rank, stratum) of a checkpoint.",
         "",
         *_STREAMED,
+        "",
+        *_UNCERTAINTY,
         "",
         "## Measures",
         "",
