@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 import anisweep
+from anisweep import schema
 
 from conftest import job_stats, snakemake_command
 from warm_snakemake import dry_run
@@ -25,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text())
 PACKAGE = Path(anisweep.__file__).parent
 TARGET = "results/toy/toy-neox/bootstrap.parquet"
+DEFAULT_MEASURES = schema.defaults("bootstrap")["measures"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_worker")]
 
@@ -65,7 +67,7 @@ def run(tmp_path_factory) -> dict:
 
 def test_the_model_job_writes_its_intervals_and_is_then_up_to_date(run):
     table = pl.read_parquet(run["workdir"] / TARGET)
-    assert set(table["step"]) == {0, 8, 32} and set(table["metric"]) == {"isoscore", "rankme"}
+    assert set(table["step"]) == {0, 8, 32} and set(table["metric"]) == set(DEFAULT_MEASURES)
     assert set(table["samples"]) == {50} and set(table["design"]) == {"units", "paired"}
     assert planned(run["workdir"], run["config"]) == {}
 
@@ -73,17 +75,30 @@ def test_the_model_job_writes_its_intervals_and_is_then_up_to_date(run):
 @pytest.mark.parametrize(
     ("bootstrap", "expected"),
     [
-        ({"measures": ["rankme", "isoscore"], "level": 0.95, "seed": 0, "enabled": True}, {}),
+        ({"measures": DEFAULT_MEASURES[::-1], "level": 0.95, "seed": 0, "enabled": True}, {}),
         ({"samples": 60}, {"bootstrap_model": 1}),
         ({"level": 0.9}, {"bootstrap_model": 1}),
         ({"seed": 1}, {"bootstrap_model": 1}),
         ({"measures": ["isoscore", "top_eig_share", "rankme"]}, {"bootstrap_model": 1}),
+        ({"measures": [*DEFAULT_MEASURES, "sink1_eps"]}, {"bootstrap_model": 1}),
     ],
-    ids=["order-and-defaults", "samples", "level", "seed", "measures"],
+    ids=["order-and-defaults", "samples", "level", "seed", "measures", "sums-and-sinks"],
 )
 def test_bootstrap_settings_rerun_its_jobs_alone(run, bootstrap, expected):
     config = write_config(run["root"] / "settings.yaml", bootstrap=bootstrap)
     assert planned(run["workdir"], config) == expected
+
+
+@pytest.mark.parametrize("sink1_eps", [False, True])
+def test_the_sink_threshold_is_the_bootstraps_where_it_resamples_sink1_eps(run, sink1_eps):
+    """sinks.epsilon is a param of the bootstrap jobs only where they resample sink1_eps (docs/reruns.md; the
+    metrics it reruns either way: tests/workflow/test_reruns.py)."""
+    measures = [*DEFAULT_MEASURES, "sink1_eps"] if sink1_eps else DEFAULT_MEASURES
+    config = write_config(run["root"] / "sinks.yaml", bootstrap={"measures": measures})
+    config.write_text(yaml.safe_dump(yaml.safe_load(config.read_text()) | {"sinks": {"epsilon": 0.5}}))
+    done = dry_run(command(run["workdir"], config, "-n", "-p", TARGET, "--forcerun", "bootstrap_model"), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ("--sink-epsilon 0.5" in done.stdout + done.stderr) == sink1_eps
 
 
 def test_a_new_step_reruns_its_model_job_and_no_other_checkpoint(run):
@@ -169,7 +184,7 @@ def plan_of(compared: dict, configfile: Path, *targets: str) -> dict[str, int]:
 
 def test_a_comparison_writes_its_table_and_is_then_up_to_date(compared):
     table = pl.read_parquet(compared["workdir"] / "results/bootstrap/compare/swap.parquet")
-    assert set(table["step"]) == {0, 8, 32} and set(table["metric"]) == {"isoscore", "rankme"}
+    assert set(table["step"]) == {0, 8, 32} and set(table["metric"]) == set(DEFAULT_MEASURES)
     assert set(table["design"]) == {"paired"} and set(table["against"]) == {"group"}
     assert (table["base_group"].unique().to_list(), table["other_group"].unique().to_list()) == (["ab"], ["ba"])
     assert table["base_models"][0].to_list() == ["toy/toy-neox", "toy/toy-neox-s1"]

@@ -484,6 +484,7 @@ def _set(section: str, **values):
         (_set("gradients", embedding_tokens=30), {"fetch": 2, "extract": 2}),
         (_set("extract", seq_len=24), {"fetch": 3, "extract": 3, "gradients": 2}),
         (_set("extract", sample_precision="float16"), {"fetch": 3, "extract": 3}),
+        (_set("extract", units=2), {"fetch": 3, "extract": 3}),
         (lambda c: c.update(corpus={"source": "text", "paths": [str(ROOT / "README.md")]}), CORPUS_CHANGED),
         # an image or audio corpus's keys, which a text corpus does not read (docs/modalities.md)
         (_set("corpus", modality="text", max_items=9, seed=5, resample=True, max_seconds=1.0), {}),
@@ -511,6 +512,7 @@ def _set(section: str, **values):
         "embedding-tokens",
         "extract-seq-len",
         "sample-precision",
+        "extract-units",
         "corpus-texts",
         "media-keys-of-a-text-corpus",
         "toy-training",
