@@ -14,6 +14,7 @@ from anisweep.extract.streaming import (
     LOG2_E,
     ROW_FIELDS,
     AttentionStats,
+    Units,
     VectorStats,
     VisibleKeys,
     masked_exp_,
@@ -274,3 +275,44 @@ def test_row_order_statistics_are_a_sort_of_the_visible_keys(t):
                 got = rows[i, row, [ROW_FIELDS.index(f) for f in ("p_min", "p_lower", "p_upper", "p_max")]]
                 want = values[[0, (count - 1) // 2, count // 2, count - 1]] / z
                 assert torch.equal(got, want), (name, i, row, got, want)
+
+
+@pytest.mark.parametrize("outliers", [False, True])
+@pytest.mark.parametrize("wait_free", [False, True])
+@pytest.mark.parametrize("max_units", [32, 2])
+def test_with_units_the_sums_over_every_token_are_the_sequences(wait_free, outliers, max_units):
+    """With units the sums over every token are read from each sequence's and each unit's (the norms' M2 merged):
+    those of the accumulator without units, to float64 rounding (the vector sums: to float32's, where they are taken
+    in float32 within a sequence rather than within a mini-batch), and numpy's counts."""
+    parts = batches()
+    plain, by_units = VectorStats(5), VectorStats(5, units=Units.of(6, max_units))
+    for x, valid in parts:
+        plain.add(VectorStats.partial(x, valid, wait_free=wait_free, outliers=outliers))
+        by_units.add(VectorStats.partial(x, valid, wait_free=wait_free, outliers=outliers, per_sequence=True))
+    for name in ("n", "n_nonfinite", "n_zero"):
+        assert getattr(by_units, name) == getattr(plain, name) == expected(parts)[name]
+    for name in ("sum_norm", "sum_norm_sq", "norm_min", "norm_max"):
+        assert getattr(by_units, name) == pytest.approx(getattr(plain, name), rel=1e-12)
+    assert float(by_units.norm_m2) == pytest.approx(float(plain.norm_m2), rel=1e-12)
+    names = ("sum_x", "sum_unit") + (("m2_x", "m2_unit", "abs_max") if outliers else ())
+    rtol = 1e-12 if outliers else 1e-6  # without the outlier statistics, float32 sums within a sequence or a batch
+    for name in names:
+        np.testing.assert_allclose(getattr(by_units, name), getattr(plain, name), rtol=rtol, err_msg=name)
+    assert by_units.seq_scalars[:, 0].sum() == plain.n  # every sequence's own count, in the mini-batch's order
+    assert by_units.seq_scalars[4, 0] == 0  # the last mini-batch's every valid token is non-finite
+
+
+@pytest.mark.parametrize("wait_free", [False, True])
+@pytest.mark.parametrize("units", [None, Units.of(5, 32)])
+def test_top_tokens_name_their_sequence_in_the_evaluation_batch(wait_free, units):
+    """A top token of a later mini-batch is named by its sequence's index in the whole batch, not the mini-batch's."""
+    x = torch.randn(5, 6, 4, generator=torch.Generator().manual_seed(0))
+    x[3, 2, 1] = 100.0  # the largest component: sequence 3 (the second mini-batch's second), position 2
+    valid = torch.ones(5, 6, dtype=torch.bool)
+    stats = VectorStats(4, units=units)
+    for rows in (slice(0, 2), slice(2, 4), slice(4, 5)):
+        part = VectorStats.partial(x[rows], valid[rows], wait_free, outliers=True, per_sequence=units is not None)
+        stats.add(part)
+    top = stats.top_tokens()
+    assert (top["seq"][0], top["position"][0], top["dim"][0], top["value"][0]) == (3, 2, 1, 100.0)
+    assert set(top["seq"]) <= set(range(5))

@@ -192,6 +192,7 @@ class Recorder:
         self._recent = []
         self._calls = {}
         self.n_valid = int(host_valid.sum())
+        self.seq_valid = valid.sum(dim=1) if self.units is not None else None  # the q/k sites' count per sequence
         g = self.geometry
         # the masks of the model's attention (causal or not), and of the other kind where some layers differ
         # (T5: a bidirectional encoder, a causal decoder, a bidirectional cross-attention)
@@ -265,8 +266,8 @@ class Recorder:
             self.cross_attention[layer].update(row_stats, self.valid, n_visible, row_counts)
             return output.transpose(1, 2).contiguous()
         rope = "post" if self.geometry.rotary_dims else "pre"
-        self.q[(layer, rope)].update(query, self.valid, self.all_valid, self.n_valid)
-        self.k[(layer, rope)].update(key, self.valid, self.all_valid, self.n_valid)
+        self.q[(layer, rope)].update(query, self.valid, self.all_valid, self.n_valid, self.seq_valid)
+        self.k[(layer, rope)].update(key, self.valid, self.all_valid, self.n_valid, self.seq_valid)
         if key.shape[1] != query.shape[1]:  # grouped-query attention: query head h uses key head h // group
             key = key.repeat_interleave(self.geometry.group, dim=1)
             value = value.repeat_interleave(self.geometry.group, dim=1)
@@ -354,7 +355,7 @@ class Recorder:
         """q and/or k (None: not held by this site) before the rotation, or before their norm (`pre_norm`)."""
         for stats, x in ((self.q, q), (self.k, k)):
             if x is not None:
-                stats[(layer, rope)].update(x, self.valid, self.all_valid, self.n_valid)
+                stats[(layer, rope)].update(x, self.valid, self.all_valid, self.n_valid, self.seq_valid)
         if self.qk_sample is not None:
             self.qk_sample.record(layer, rope, q, k)
 

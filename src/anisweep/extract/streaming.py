@@ -4,11 +4,13 @@ Everything is accumulated in float64 so that a sweep over ~10^6 tokens loses no 
 one mini-batch (over the keys of one attention row, over the tokens of one batch) are taken in float32
 first, but for the variances: each mini-batch's M2 (sum of squared deviations) about its own mean, merged in
 float64 by Chan et al.'s update (anisweep.moments). Nothing here keeps per-token tensors beyond the mini-batch
-being processed.
+being processed, but for the (sequences x tokens) membership of the mini-batch's shape, which every site and every
+mini-batch of that shape shares (_batch_membership).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -40,13 +42,28 @@ class Units:
         return -(-self.n_sequences // self.size)
 
     def of_sequences(self, first_seq: int, n_seqs: int, device) -> torch.Tensor:
-        """The unit of each of the sequences first_seq .. first_seq + n_seqs - 1."""
-        return torch.div(torch.arange(first_seq, first_seq + n_seqs, device=device), self.size, rounding_mode="floor")
+        """The unit of each of the sequences first_seq .. first_seq + n_seqs - 1: one tensor per mini-batch, which
+        every site of it shares (built once, not once per site)."""
+        return _unit_index(self.size, first_seq, n_seqs, torch.device(device))
+
+
+@functools.lru_cache(maxsize=4)
+def _unit_index(size: int, first_seq: int, n_seqs: int, device: torch.device) -> torch.Tensor:
+    return torch.div(torch.arange(first_seq, first_seq + n_seqs, device=device), size, rounding_mode="floor")
 
 
 def _membership(seq: torch.Tensor, n_seqs: int, dtype: torch.dtype) -> torch.Tensor:
     """(n_seqs, rows): 1 where the row belongs to the sequence, else 0."""
     return (seq[None, :] == torch.arange(n_seqs, device=seq.device)[:, None]).to(dtype)
+
+
+@functools.lru_cache(maxsize=2)  # a full mini-batch's shape and the last one's
+def _batch_membership(n_seqs: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float64, float32) _membership of every row of a (n_seqs x width) mini-batch: it depends on the batch's shape
+    only, so that the sites of a mini-batch, and the mini-batches of one shape, share one (no ops of their own)."""
+    seq = torch.div(torch.arange(n_seqs * width, device=device), width, rounding_mode="floor")
+    member = _membership(seq, n_seqs, torch.float64)
+    return member, member.float()
 
 
 #: How many of a site's largest activations (tokens by their largest |component|) VectorStats keeps, and how many
@@ -67,6 +84,10 @@ class VectorStats:
     float64 within the mini-batch too, about a shift near the mini-batch's mean (_outlier_sums), so that each
     dimension's mean and variance are exact to float64 rounding.
 
+    With `units`, each sequence's scalar sums and each unit's vector sums are kept instead of the sums over every
+    token, which are theirs, added (and the M2 of the norms merged) when read: a mini-batch adds its sequences'
+    sums, and nothing else, to the accumulators.
+
     Tokens with a NaN or inf component are counted in `n_nonfinite` and left out of every sum, so a
     diverged checkpoint is flagged rather than silently averaged. Zero vectors (a zeroed padding embedding)
     have no direction: they are in n but counted in `n_zero`, which avg_cos leaves out, as geometry.unit_sum
@@ -82,32 +103,62 @@ class VectorStats:
     def __init__(self, d: int, device: torch.device | str = "cpu", units: Units | None = None):
         f64 = {"dtype": torch.float64, "device": device}
         self.units = units
-        if units is not None:
-            self.seq_scalars = torch.zeros(units.n_sequences, len(self.SEQ_SCALARS), **f64)
+        if units is not None:  # SEQ_SCALARS and the valid tokens (those not kept: non-finite) of each sequence
+            self.seq_table = torch.zeros(units.n_sequences, len(self.SEQ_SCALARS) + 1, **f64)
+            self.seq_scalars = self.seq_table[:, : len(self.SEQ_SCALARS)]
             self.unit_sums = torch.zeros(units.n_units, len(self.UNIT_VECTORS), d, **f64)
-        self.sum_x = torch.zeros(d, **f64)
-        self.sum_unit = torch.zeros(d, **f64)
-        self.counts = torch.zeros(3, dtype=torch.int64, device=device)  # n, n_nonfinite, n_zero
-        self.norm_sums = torch.zeros(2, **f64)  # sum ||x||, sum ||x||^2
-        self.norm_m2 = torch.zeros((), **f64)  # sum (||x|| - mean ||x||)^2
+        else:
+            self.vector_sums = torch.zeros(len(self.UNIT_VECTORS), d, **f64)  # sum x, sum x/||x||
+            self.counts = torch.zeros(3, dtype=torch.int64, device=device)  # n, n_nonfinite, n_zero
+            self.norm_sums = torch.zeros(2, **f64)  # sum ||x||, sum ||x||^2
+            self._norm_m2 = torch.zeros((), **f64)  # sum (||x|| - mean ||x||)^2: norm_m2
         # min ||x|| and -max ||x||, so that one minimum merges both; filled, not copied from the host (a wait on a GPU)
         self.norm_range = torch.full((2,), float("inf"), **f64)
         self.m2 = torch.zeros(2, d, **f64)  # per dimension: M2 of x_j, of x_j / ||x||
+        self.m2_counts = torch.zeros(2, 1, **f64)  # the tokens of m2's sums: the kept ones, those of them not zero
         self.abs_max = torch.zeros(d, **f64)  # per dimension: max |x_j|
         # each mini-batch's TOP_K tokens by max_j |x_j| with its first sequence, merged once at the end (top_tokens):
         # a merge per batch and site would cost a dozen small ops each, which add up on a busy CPU
         self.tops: list[tuple[dict, int]] = []
         self.n_seqs = 0  # sequences seen: the next mini-batch's first sequence
 
-    n = property(lambda self: int(self.counts[0]))
-    n_nonfinite = property(lambda self: int(self.counts[1]))
-    n_zero = property(lambda self: int(self.counts[2]))
-    sum_norm = property(lambda self: float(self.norm_sums[0]))
-    sum_norm_sq = property(lambda self: float(self.norm_sums[1]))
+    def _totals(self) -> tuple[int, int, int, float]:
+        """(n, n_nonfinite, n_zero, sum ||x||) over every token."""
+        if self.units is None:
+            n, n_nonfinite, n_zero = (int(c) for c in self.counts.cpu())
+            return n, n_nonfinite, n_zero, float(self.norm_sums[0])
+        n, n_zero, sum_norm, _, n_valid = self.seq_table.sum(dim=0).cpu().tolist()
+        return round(n), round(n_valid - n), round(n_zero), sum_norm
+
+    n = property(lambda self: self._totals()[0])
+    n_nonfinite = property(lambda self: self._totals()[1])
+    n_zero = property(lambda self: self._totals()[2])
+    sum_norm = property(lambda self: self._totals()[3])
     norm_min = property(lambda self: float(self.norm_range[0]))
     norm_max = property(lambda self: -float(self.norm_range[1]))
+    sum_x = property(lambda self: self._vector_sums()[0])
+    sum_unit = property(lambda self: self._vector_sums()[1])
     m2_x = property(lambda self: self.m2[0])
     m2_unit = property(lambda self: self.m2[1])
+
+    def _vector_sums(self) -> torch.Tensor:
+        return self.vector_sums if self.units is None else self.unit_sums.sum(dim=0)
+
+    @property
+    def sum_norm_sq(self) -> float:
+        if self.units is None:
+            return float(self.norm_sums[1])
+        n, _, sum_norm, m2, _ = self.seq_table.cpu().unbind(dim=1)  # each sequence's: M2 + n mean^2
+        return float((m2 + sum_norm.square() / safe(n)).sum())
+
+    @property
+    def norm_m2(self) -> torch.Tensor:
+        """M2 of ||x|| over every token; with units, the sequences' merged: sum M2_s + sum n_s (mean_s - mean)^2."""
+        if self.units is None:
+            return self._norm_m2
+        n, _, sum_norm, m2, _ = self.seq_table.cpu().unbind(dim=1)
+        mean = sum_norm.sum() / safe(n.sum())
+        return m2.sum() + (n * (sum_norm / safe(n) - mean).square()).sum()
 
     @property
     def sum_x_sq(self) -> torch.Tensor:
@@ -156,23 +207,25 @@ class VectorStats:
         """x: (..., d); valid: bool of x.shape[:-1]. The sums over the valid tokens of x, taken in float32
         within one mini-batch and in float64 across mini-batches (enough for avg_cos over 10^6 tokens to ~1e-10);
         with `outliers`, in float64 within the mini-batch too, with the per-dimension M2s (_outlier_sums). With
-        `per_sequence`, also each sequence's (`per_seq`: its SEQ_SCALARS and UNIT_VECTORS), of which the sums over
-        every token are then the sums: each sequence's vector sums are taken over its rows by one product with a
-        (sequences x rows) membership, whose cost is the sequences' count times the single sum's.
+        `per_sequence`, each sequence's sums instead (`per_seq`: its SEQ_SCALARS and valid tokens, and its
+        UNIT_VECTORS; VectorStats with units), of which the sums over every token are then the sums: each
+        sequence's vector sums are taken over its rows by one product with a (sequences x rows) membership, whose
+        cost is the sequences' count times the single sum's.
 
         `wait_free` (the default on a GPU) masks instead of branching on the data, so the host never waits for
         the device; on a CPU, where reading a value back costs nothing, the branches skip work (a float64 norm
         and a masked copy of x cost 4x the rest there)."""
-        n_seqs, first = _sequences(valid)
+        n_seqs = valid.reshape(-1, valid.shape[-1]).shape[0] if valid.dim() else 1
         width = valid.shape[-1] if valid.dim() else 1  # positions per sequence
         x = x.reshape(-1, x.shape[-1]).float()
-        valid = valid.reshape(-1)
+        n_valid = valid.reshape(n_seqs, width).sum(dim=1) if per_sequence else None  # per sequence
+        batch_valid, valid = valid, valid.reshape(-1)
         if wait_free is None:
             wait_free = x.device.type != "cpu"
         rows = None  # the kept tokens' flat index, where x is cut down to them
         if wait_free:
             norms = torch.linalg.vector_norm(x, dim=-1, dtype=torch.float64)  # finite iff every component is
-            keep = valid & torch.isfinite(norms)
+            keep = valid & (norms < math.inf)  # a norm is >= 0 or NaN: finite, one op
             x = torch.where(keep[:, None], x, 0.0)
         else:
             norms = torch.linalg.vector_norm(x, dim=-1)
@@ -183,67 +236,63 @@ class VectorStats:
                 rows = keep.nonzero().flatten()
                 x, norms = x[keep], norms[keep]
                 keep = keep[keep]
-        member = None  # (sequences, rows) where per_sequence
-        if per_sequence:
-            seq = torch.arange(len(x), device=x.device) if rows is None else rows
-            member = _membership(torch.div(seq, width, rounding_mode="floor"), n_seqs, torch.float64)
+        member = member32 = None  # (sequences, rows) where per_sequence
+        if per_sequence and rows is None:
+            member, member32 = _batch_membership(n_seqs, width, x.device)
+        elif per_sequence:
+            member = _membership(torch.div(rows, width, rounding_mode="floor"), n_seqs, torch.float64)
         if outliers:  # with each norm to float64 rounding, which the unit vectors' M2 needs
             norms, outlier_sums = _outlier_sums(x, keep, member)
-        counts = torch.stack([keep.sum(), (valid.sum() - keep.sum()), (keep & (norms == 0)).sum()])
         kept_norms = torch.where(keep, norms.double(), 0.0)
-        norm_sums = torch.stack([kept_norms.sum(), kept_norms.dot(kept_norms)])
-        part = {
-            "counts": counts,
-            "norm_sums": norm_sums,
-            "norm_m2": _m2(kept_norms, keep, norm_sums[0] / safe(counts[0].double())),
-            "norm_range": _norm_range(kept_norms, keep),
-            "n_seqs": n_seqs,
-        }
+        part = {"norm_range": _norm_range(kept_norms, keep), "n_seqs": n_seqs}
         if member is not None:
-            part["per_seq"] = {"scalars": _sequence_norm_sums(member, keep, norms, kept_norms)}
+            part["per_seq"] = {"scalars": _sequence_norm_sums(member, keep, norms, kept_norms, n_valid)}
+        else:
+            counts = torch.stack([keep.sum(), (valid.sum() - keep.sum()), (keep & (norms == 0)).sum()])
+            norm_sums = torch.stack([kept_norms.sum(), kept_norms.dot(kept_norms)])
+            part |= {
+                "counts": counts,
+                "norm_sums": norm_sums,
+                "norm_m2": _m2(kept_norms, keep, norm_sums[0] / safe(counts[0].double())),
+            }
         if outliers:
             token_max = outlier_sums.pop("token_max")
             if member is not None:
                 part["per_seq"]["sums"] = outlier_sums.pop("per_seq")
+            _, first = _sequences(batch_valid)
             return part | outlier_sums | _largest(x, keep, token_max, rows, width, first, n_seqs)
         inverse = torch.where(keep, 1.0 / norms.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
         weights = torch.stack([keep.float(), inverse.float()])
         if member is None:
-            sum_x, sum_unit = (weights @ x).double()  # one pass over x for both sums
-            return part | {"sum_x": sum_x, "sum_unit": sum_unit}
+            return part | {"sums": (weights @ x).double()}  # one pass over x for sum x and sum x/||x||
         # (sequences, 2, d): float32 within a sequence, float64 across
-        sums = ((member.float()[:, None, :] * weights[None]) @ x).double()
-        part["per_seq"]["sums"] = sums
-        sum_x, sum_unit = sums.sum(dim=0)
-        return part | {"sum_x": sum_x, "sum_unit": sum_unit}
+        member32 = member.float() if member32 is None else member32
+        part["per_seq"]["sums"] = ((member32[:, None, :] * weights[None]) @ x).double()
+        return part
 
     def add(self, part: dict) -> None:
-        n_a, n_b = self.counts[0].double(), part["counts"][0].double()
-        self.norm_m2 = merged_m2(n_a, self.norm_sums[0], self.norm_m2, n_b, part["norm_sums"][0], part["norm_m2"])
         if "m2" in part:  # a site with the outlier statistics (VectorStats.partial's `outliers`)
-            unit_a, unit_b = n_a - self.counts[2].double(), n_b - part["counts"][2].double()
-            n_a, n_b = torch.stack([n_a, unit_a])[:, None], torch.stack([n_b, unit_b])[:, None]
-            sums_a = torch.stack([self.sum_x, self.sum_unit])
-            sums_b = torch.stack([part["sum_x"], part["sum_unit"]])
-            self.m2 = merged_m2(n_a, sums_a, self.m2, n_b, sums_b, part["m2"])
-        if self.units is not None:
+            sums = self._vector_sums()
+            self.m2 = merged_m2(self.m2_counts, sums, self.m2, part["m2_counts"], part["sums"], part["m2"])
+            self.m2_counts += part["m2_counts"]
+            torch.maximum(self.abs_max, part["abs_max"], out=self.abs_max)
+            self.tops.append((part["top"], self.n_seqs))
+        if self.units is None:
+            n_a, n_b = self.counts[0].double(), part["counts"][0].double()
+            self._norm_m2 = merged_m2(n_a, self.norm_sums[0], self._norm_m2, n_b, part["norm_sums"][0], part["norm_m2"])
+            self.counts += part["counts"]
+            self.vector_sums += part["sums"]
+            self.norm_sums += part["norm_sums"]
+        else:
             self._add_per_sequence(part)
-        self.n_seqs += part["n_seqs"]
-        self.counts += part["counts"]
-        self.sum_x += part["sum_x"]
-        self.sum_unit += part["sum_unit"]
-        self.norm_sums += part["norm_sums"]
         torch.minimum(self.norm_range, part["norm_range"], out=self.norm_range)
-        if "m2" not in part:
-            return
-        torch.maximum(self.abs_max, part["abs_max"], out=self.abs_max)
-        self.tops.append((part["top"], self.n_seqs))
+        self.n_seqs += part["n_seqs"]
 
     def _add_per_sequence(self, part: dict) -> None:
         if "per_seq" not in part:
             raise ValueError("VectorStats with units: feed it parts taken with per_sequence=True")
         first, n_seqs = self.n_seqs, part["n_seqs"]
-        self.seq_scalars[first : first + n_seqs] = part["per_seq"]["scalars"]
+        self.seq_table[first : first + n_seqs] = part["per_seq"]["scalars"]
         units = self.units.of_sequences(first, n_seqs, self.unit_sums.device)
         self.unit_sums.index_add_(0, units, part["per_seq"]["sums"])
 
@@ -259,14 +308,15 @@ def _m2(values: torch.Tensor, keep: torch.Tensor, mean: torch.Tensor) -> torch.T
 
 
 def _sequence_norm_sums(
-    member: torch.Tensor, keep: torch.Tensor, norms: torch.Tensor, kept_norms: torch.Tensor
+    member: torch.Tensor, keep: torch.Tensor, norms: torch.Tensor, kept_norms: torch.Tensor, n_valid: torch.Tensor
 ) -> torch.Tensor:
-    """(sequences, 4) float64: each sequence's VectorStats.SEQ_SCALARS, n, n_zero, sum ||x|| and M2 of ||x|| about
-    the sequence's own mean."""
-    counts = member @ torch.stack([keep.double(), (keep & (norms == 0)).double(), kept_norms], dim=1)
-    mean = counts[:, 2] / safe(counts[:, 0])
-    deviation = torch.where(keep, kept_norms - mean @ member, 0.0)
-    return torch.cat([counts, (member @ deviation.square())[:, None]], dim=1)
+    """(sequences, 5) float64: each sequence's VectorStats.SEQ_SCALARS, n, n_zero, sum ||x|| and M2 of ||x|| about
+    the sequence's own mean (two passes: no cancellation), and its `n_valid` tokens."""
+    kept = keep.double()
+    sums = member @ torch.stack([kept, kept * (norms == 0), kept_norms], dim=1)
+    mean = sums[:, 2] / safe(sums[:, 0])
+    deviation = (kept_norms - mean @ member) * kept  # 0 where not kept (kept_norms, the mean: finite)
+    return torch.cat([sums, (member @ deviation.square())[:, None], n_valid[:, None].double()], dim=1)
 
 
 def _outlier_sums(x: torch.Tensor, keep: torch.Tensor, member: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
@@ -285,7 +335,8 @@ def _outlier_sums(x: torch.Tensor, keep: torch.Tensor, member: torch.Tensor | No
     kept = keep.to(x.dtype)
     shift = ((kept @ x) / safe(n).to(x.dtype)).double()  # float32 sums: a shift, not the mean, needs no more
     norm = torch.linalg.vector_norm(shift)
-    below = -shift / (norm + (norm == 0))  # minus u's shift
+    unit_shift = shift / (norm + (norm == 0))  # u's shift
+    below = -unit_shift
     kept = kept.double()
     chunks = _row_chunks(x)
     rows_max = chunks[0].stop - chunks[0].start if chunks else 0
@@ -320,18 +371,18 @@ def _outlier_sums(x: torch.Tensor, keep: torch.Tensor, member: torch.Tensor | No
             per_seq[:, 1] += (member[:, rows] * weight) @ deviation
         sums[3] += weight @ deviation.square_()
     out = {}
+    sums = sums.view(2, 2, -1)  # [x, u] x [sum d, sum d^2]
+    shifts = torch.stack([shift, unit_shift])
     if per_seq is not None:  # the batch's sums of the deviations are its sequences'; theirs are then made about 0
-        sums[0], sums[2] = per_seq.sum(dim=0)
+        sums[:, 0] = per_seq.sum(dim=0)
         counts = member @ torch.stack([kept, has_unit], dim=1)  # (sequences, 2): n, n_unit
-        per_seq[:, 0] += counts[:, 0:1] * shift
-        per_seq[:, 1] -= counts[:, 1:2] * below
-        out["per_seq"] = per_seq
-    n, n_unit = n.double(), has_unit.sum()
-    m2 = torch.stack([sums[1] - sums[0].square() / safe(n), sums[3] - sums[2].square() / safe(n_unit)])
+        out["per_seq"] = per_seq.addcmul_(counts[:, :, None], shifts[None])
+    counts = torch.stack([n.double(), has_unit.sum()])[:, None]  # n, n_unit
+    m2 = sums[:, 1] - sums[:, 0].square() / safe(counts)
     return norms, {
-        "sum_x": n * shift + sums[0],
-        "sum_unit": sums[2] - n_unit * below,
+        "sums": torch.addcmul(sums[:, 0], counts, shifts),  # sum x, sum u
         "m2": m2.clamp_min_(0.0),
+        "m2_counts": counts,
         "token_max": token_max,
         "abs_max": abs_max.double(),
     } | out
@@ -374,21 +425,35 @@ def _norm_range(norms: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 
 class HeadVectorStats:
-    """Per-head sums of q (or k) vectors and of their norms over valid tokens: x is (B, H, T, d_head)."""
+    """Per-head sums of q (or k) vectors and of their norms over valid tokens: x is (B, H, T, d_head). With `units`,
+    each sequence's count and norm sums and each unit's vector sums instead, of which the sums are theirs, added
+    when read."""
 
     def __init__(self, n_heads: int, d_head: int, device: torch.device | str = "cpu", units: Units | None = None):
         self.n = 0
-        self.sum_x = torch.zeros(n_heads, d_head, dtype=torch.float64, device=device)
-        self.sum_norm = torch.zeros(n_heads, dtype=torch.float64, device=device)
         self.units, self.n_seqs = units, 0
-        if units is not None:  # each sequence's valid tokens and, per head, sum ||x||; each unit's sum x per head
+        if units is None:
+            self._sum_x = torch.zeros(n_heads, d_head, dtype=torch.float64, device=device)
+            self._sum_norm = torch.zeros(n_heads, dtype=torch.float64, device=device)
+        else:  # each sequence's valid tokens and, per head, sum ||x||; each unit's sum x per head
             self.seq_n = torch.zeros(units.n_sequences, dtype=torch.float64, device=device)
             self.seq_sum_norm = torch.zeros(units.n_sequences, n_heads, dtype=torch.float64, device=device)
             self.unit_sums = torch.zeros(units.n_units, n_heads, d_head, dtype=torch.float64, device=device)
 
-    def update(self, x: torch.Tensor, valid: torch.Tensor, all_valid: bool = False, n_valid: int | None = None) -> None:
+    sum_x = property(lambda self: self._sum_x if self.units is None else self.unit_sums.sum(dim=0))
+    sum_norm = property(lambda self: self._sum_norm if self.units is None else self.seq_sum_norm.sum(dim=0))
+
+    def update(
+        self,
+        x: torch.Tensor,
+        valid: torch.Tensor,
+        all_valid: bool = False,
+        n_valid: int | None = None,
+        seq_valid: torch.Tensor | None = None,
+    ) -> None:
         """valid: (B, T) bool; `all_valid` skips the masking when the caller knows there is no padding;
-        `n_valid`, valid's count when the caller has it (from a CPU copy: no wait for the device)."""
+        `n_valid`, valid's count when the caller has it (from a CPU copy: no wait for the device); `seq_valid`,
+        valid's count per sequence where the caller has it (the sites of a mini-batch share one)."""
         x = x.float()
         if not all_valid:
             x = x * valid[:, None, :, None]
@@ -397,17 +462,14 @@ class HeadVectorStats:
         per_seq_x = x.sum(dim=2)
         per_seq_norm = torch.linalg.vector_norm(x, dim=-1).sum(dim=2)
         if self.units is None:
-            self.sum_x += per_seq_x.sum(dim=0).double()
-            self.sum_norm += per_seq_norm.sum(dim=0).double()
+            self._sum_x += per_seq_x.sum(dim=0).double()
+            self._sum_norm += per_seq_norm.sum(dim=0).double()
             return
         # float32 within a sequence, float64 across: the sums over every token are the sequences'
-        per_seq_x, per_seq_norm = per_seq_x.double(), per_seq_norm.double()
-        self.sum_x += per_seq_x.sum(dim=0)
-        self.sum_norm += per_seq_norm.sum(dim=0)
         first, b = self.n_seqs, x.shape[0]
-        self.seq_n[first : first + b] = valid.sum(dim=1)
-        self.seq_sum_norm[first : first + b] = per_seq_norm
-        self.unit_sums.index_add_(0, self.units.of_sequences(first, b, x.device), per_seq_x)
+        self.seq_n[first : first + b] = valid.sum(dim=1) if seq_valid is None else seq_valid
+        self.seq_sum_norm[first : first + b] = per_seq_norm  # the copy casts to float64
+        self.unit_sums.index_add_(0, self.units.of_sequences(first, b, x.device), per_seq_x.double())
         self.n_seqs += b
 
 
@@ -561,10 +623,11 @@ class AttentionStats:
 
     def __init__(self, n_heads: int, device: torch.device | str = "cpu", units: Units | None = None):
         zeros = lambda: torch.zeros(n_heads, dtype=torch.float64, device=device)  # noqa: E731
-        self.sums = {name: zeros() for name in self.FIELDS}
         self.units, self.n_seqs = units, 0
-        if units is not None:  # each sequence's sums of FIELDS per head, and its rows (all, and those of >1 key)
-            f64 = {"dtype": torch.float64, "device": device}
+        f64 = {"dtype": torch.float64, "device": device}
+        if units is None:  # the sums of FIELDS per head (`sums`)
+            self._sums = torch.zeros(len(self.FIELDS), n_heads, **f64)
+        else:  # each sequence's sums of FIELDS per head, and its rows (all, and those of >1 key)
             self.seq_sums = torch.zeros(units.n_sequences, len(self.FIELDS), n_heads, **f64)
             self.seq_rows = torch.zeros(units.n_sequences, 2, **f64)
         self.n_rows = 0
@@ -575,6 +638,11 @@ class AttentionStats:
         self.score_n = zeros()
         self.score_mean = zeros()
         self.score_m2 = zeros()
+
+    @property
+    def sums(self) -> dict[str, torch.Tensor]:
+        """FIELDS' sums over every valid row, per head; with units, the sequences' added."""
+        return dict(zip(self.FIELDS, self._sums if self.units is None else self.seq_sums.sum(dim=0)))
 
     @staticmethod
     def counts(valid: torch.Tensor, n_visible: torch.Tensor) -> tuple[int, int, int]:
@@ -602,23 +670,24 @@ class AttentionStats:
         r = dict(zip(ROW_FIELDS, rows.unbind(-1)))
         entropy = torch.log(r["z"]) - r["p_dot_shifted"]
         norm_rows = valid & (n_visible > 1)
-        per_row = {
-            "entropy": (entropy, valid),
-            "entropy_norm": (entropy / torch.log(n_visible.double().clamp_min(2))[:, None], norm_rows),
-            "p_max": (r["p_max"], valid),
-            "p_median": (0.5 * (r["p_lower"] + r["p_upper"]), valid),
-            "p_min": (r["p_min"], valid),
-        }
+        per_row = torch.stack(  # (B, FIELDS, H, T), each field over its rows (`kept`)
+            [
+                entropy,
+                entropy / torch.log(n_visible.double().clamp_min(2))[:, None],
+                r["p_max"],
+                0.5 * (r["p_lower"] + r["p_upper"]),
+                r["p_min"],
+            ],
+            dim=1,
+        )
+        kept = torch.stack([valid, norm_rows, valid, valid, valid], dim=1)  # (B, FIELDS, T)
+        per_row = torch.where(kept[:, :, None, :], per_row, 0.0)
         if self.units is None:
-            for name, (values, keep) in per_row.items():
-                self.sums[name] += torch.where(keep[:, None], values, 0.0).sum(dim=(0, 2))
+            self._sums += per_row.sum(dim=(0, 3))
         else:  # the sums over every row are the sequences'
-            per_seq = torch.stack([torch.where(keep[:, None], v, 0.0).sum(dim=2) for v, keep in per_row.values()], 1)
-            for name, sums in zip(self.FIELDS, per_seq.sum(dim=0)):
-                self.sums[name] += sums
             first, b = self.n_seqs, valid.shape[0]
-            self.seq_sums[first : first + b] = per_seq
-            self.seq_rows[first : first + b] = torch.stack([valid.sum(dim=1), norm_rows.sum(dim=1)], dim=1)
+            self.seq_sums[first : first + b] = per_row.sum(dim=3)
+            self.seq_rows[first : first + b] = kept[:, :2].sum(dim=2)  # valid rows, those of > 1 key
             self.n_seqs += b
         self._add_scores(r, valid, n_visible)
         n_rows, n_rows_norm, n_pairs = counts or self.counts(valid, n_visible)
@@ -664,7 +733,8 @@ class SinkStats:
         self.units = units
         if units is not None:  # each sequence's sum over its rows of p on its first valid key, per head
             self.seq_first = torch.zeros(units.n_sequences, n_heads, **f64)
-        self.first = torch.zeros(n_heads, **f64)  # sum over rows of p on the sequence's first valid key
+        else:
+            self._first = torch.zeros(n_heads, **f64)  # sum over rows of p on the sequence's first valid key: first
         self.received = torch.zeros(n_heads, 0, **f64)  # per key position: sum over sequences and rows of p
         self.key_counts = torch.zeros(0, dtype=torch.int64, device=device)  # per position: sequences with a valid key
         self.n_rows = 0
@@ -684,11 +754,9 @@ class SinkStats:
         _, first = _sequences(valid)
         on_first = colsum.gather(2, first[:, None, None].expand(b, h, 1))[:, :, 0]  # (B, H)
         if self.units is None:
-            self.first += on_first.sum(dim=0)
-        else:  # float64 across sequences: the sum over every row is the sequences'
-            per_seq = self.seq_first[self.n_seqs : self.n_seqs + b]
-            per_seq.copy_(on_first)
-            self.first += per_seq.sum(dim=0)
+            self._first += on_first.sum(dim=0)
+        else:  # float64 across sequences: the sum over every row is the sequences' (first)
+            self.seq_first[self.n_seqs : self.n_seqs + b] = on_first
         self.received[:, :t] += colsum.sum(dim=0)
         self.key_counts[:t] += valid.sum(dim=0)
         self.n_rows += n_rows
@@ -700,6 +768,11 @@ class SinkStats:
             ({"received": received, "index": index, "rows": rows, "first": first, "width": t}, self.n_seqs)
         )
         self.n_seqs += b
+
+    @property
+    def first(self) -> torch.Tensor:
+        """Per head, the sum over every valid query row of p on its sequence's first valid key."""
+        return self._first if self.units is None else self.seq_first.sum(dim=0)
 
     def first_importances(self) -> torch.Tensor:
         """(H, sequences): each sequence's first valid key's importance, the attention it receives summed over the
