@@ -161,3 +161,18 @@ def another_seed(model_path, folder):
             parameter.add_(0.05 * torch.randn_like(parameter))
     model.save_pretrained(folder)
     return folder
+
+
+def test_a_units_floats_are_what_docs_results_counts(model_path):
+    """docs/results.md's size of a unit: 2 d_model + 4 floats per hidden-state site, 3 per layer and 6 per head for
+    attention, 2 + (2 d_head + 2) per head for each layer's q/k rope."""
+    tables, parts = run_extract(model_path, padded_batch(), units=32)
+    g = parts.geometry
+    units = tables["units"]
+    per_unit = int(units["width"].sum())
+    ropes = units.filter(pl.col("table") == "qk")["site"].n_unique()
+    sites = tables["hidden_stats"].height
+    expected = sites * (2 * g.d_model + 4) + g.n_layers * (3 + 6 * g.n_heads)
+    expected += g.n_layers * ropes * (2 + g.n_heads * (2 * g.d_head + 2))
+    assert per_unit == expected
+    assert all(len(v) == 5 * w for v, w in zip(units["values"], units["width"]))  # 5 sequences, each its own unit
