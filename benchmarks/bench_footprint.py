@@ -13,7 +13,8 @@ the tables read back, and each precision's largest error against float32 is prin
 Projected: hidden.parquet and qk_sample.parquet at bytes per stored component (measured on the pythia-160m-shaped
 run, each precision's) times their components at the defaults of the schema (extract.sample_tokens 4096,
 qk_sample_tokens 256): sample_tokens x (layers + 3 sites) x d_model, and qk_sample_tokens x layers x heads x 2 ropes x
-(q, k) x d_head; the other tables scaled from the measured run by layers x d_model. The same formula at the toys'
+(q, k) x d_head; units.parquet at its bytes per float times min(n_sequences, extract.units) units of unit_floats
+each; the other tables scaled from the measured run by layers x d_model. The same formula at the toys'
 shapes is printed against their measured bytes (its check). The whole suite: every model of the catalogue's Pythia
 family (sizes, -deduped, -seed{n}) x its 154 steps.
 """
@@ -44,6 +45,7 @@ from anisweep.tables import read_parquet
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLED = ("hidden", "qk_sample")
+PROJECTED = (*SAMPLED, "units")  # the tables projected by their components, not by layers x d_model
 IDENT = {"family": "bench", "model": "m", "seed": 0, "step": 0, "tokens_seen": 0}
 
 
@@ -140,9 +142,25 @@ def components(sample_tokens: int, qk_tokens: int, d_model: int, n_layers: int, 
     }
 
 
-def projected(per_component: dict, other_per_unit: float, shape, sample_tokens: int, qk_tokens: int) -> float:
+def unit_floats(d_model: int, n_layers: int, n_heads: int) -> int:
+    """A resampling unit's floats in units.parquet of a GPT-NeoX-shaped model (docs/results.md): 2 d_model + 4 per
+    hidden-state site (layers + 3), 3 per layer and 6 per head of attention, 2 + (2 d_head + 2) per head and rope."""
+    d_head = d_model // n_heads
+    return (
+        (n_layers + 3) * (2 * d_model + 4)
+        + n_layers * (3 + 6 * n_heads)
+        + n_layers * 2 * (2 + n_heads * (2 * d_head + 2))
+    )
+
+
+def projected(
+    per_component: dict, other_per_unit: float, shape, sample_tokens: int, qk_tokens: int, units: int
+) -> float:
+    """A checkpoint's bytes: the sampled tables by their components, units.parquet by its floats (`units` units),
+    the rest by layers x d_model."""
     counts = components(sample_tokens, qk_tokens, shape.d_model, shape.n_layers, shape.n_heads)
-    return sum(per_component[t] * counts[t] for t in SAMPLED) + other_per_unit * shape.n_layers * shape.d_model
+    counts["units"] = units * unit_floats(shape.d_model, shape.n_layers, shape.n_heads)
+    return sum(per_component[t] * counts[t] for t in PROJECTED) + other_per_unit * shape.n_layers * shape.d_model
 
 
 def main(argv=None) -> dict:
@@ -174,10 +192,12 @@ def main(argv=None) -> dict:
     big = report["runs"]["pythia-160m-shaped"]
     shape160 = Pythia.shapes["160m"]
     counts160 = components(big["tokens"], min(256, big["tokens"]), 768, 12, 12)
-    per_component = {p: {t: big["bytes"][p][t] / counts160[t] for t in SAMPLED} for p in PRECISIONS}
-    other = sum(b for t, b in big["bytes"]["float32"].items() if t not in SAMPLED) / (12 * 768)
+    counts160["units"] = min(big["tokens"] // 128, defaults("extract")["units"]) * unit_floats(768, 12, 12)
+    per_component = {p: {t: big["bytes"][p][t] / counts160[t] for t in PROJECTED} for p in PRECISIONS}
+    other = sum(b for t, b in big["bytes"]["float32"].items() if t not in PROJECTED) / (12 * 768)
     extract = defaults("extract")
     sample_tokens, qk_tokens = extract["sample_tokens"], extract["qk_sample_tokens"]
+    units = min(extract["n_sequences"], extract["units"])  # each sequence its own unit, up to extract.units
     report["per_component"] = per_component
     report["check"] = {}
     for name in ("toy-neox",):
@@ -195,7 +215,13 @@ def main(argv=None) -> dict:
         }
     sizes = {}
     for size, shape in Pythia.shapes.items():
-        sizes[size] = {p: projected(per_component[p], other, shape, sample_tokens, qk_tokens) for p in PRECISIONS}
+        sizes[size] = {
+            p: projected(per_component[p], other, shape, sample_tokens, qk_tokens, units) for p in PRECISIONS
+        }
+    report["units_per_checkpoint"] = {
+        size: per_component["float32"]["units"] * units * unit_floats(shape.d_model, shape.n_layers, shape.n_heads)
+        for size, shape in Pythia.shapes.items()
+    }
     report["pythia_per_checkpoint"] = sizes
     models = Pythia.names()
     suite = {
@@ -219,6 +245,8 @@ def print_tables(report: dict) -> None:
         + " | ".join(f"{suite['bytes'][p] / 1e12:.2f} TB" for p in PRECISIONS)
         + " |"
     )
+    units = ", ".join(f"{size} {mb(b)}" for size, b in report["units_per_checkpoint"].items())
+    print(f"units.parquet per checkpoint (float32 column included above): {units}")
     for name, check in report["check"].items():
         print(
             f"\ncheck, {name}: sampled tables measured / projected: "
