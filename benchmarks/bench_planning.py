@@ -1,7 +1,7 @@
 """What planning a large sweep costs: `snakemake -n` on configs naming whole published grids.
 
     python benchmarks/bench_planning.py [--sizes 500 1000 5000 10000] [--audit] [--profile N]
-        [--workdir /tmp/bench_planning] [--out benchmarks/out/planning.json]
+        [--workdir /tmp/bench_planning] [--out benchmarks/out/planning.json] [--checkout PATH]
 
 Each size N is a config of the first N checkpoints of the catalogue's published grids, whole grids in this order
 (Pythia's sizes, -deduped and -seed{n} runs, MultiBERTs, OLMo, OLMo 2, the Stanford GPT-2 runs, TinyLlama; the last
@@ -11,8 +11,10 @@ unless --audit, which turns it on with `allow_unaudited: true`: offline and unca
 unaudited, as a user offline has it.
 
 Each dry run is its own process in a fresh folder; reported: the jobs Snakemake plans, the planning CPU seconds
-(user + system, of the process and what it waited for), its peak resident memory (ru_maxrss), the wall seconds,
-and the CPU seconds per checkpoint of the largest size against the smallest's (1.0: linear). --profile N also
+(user + system, of the process and what it waited for) in all, per checkpoint and per job, its peak resident memory
+(ru_maxrss), the wall seconds, and the CPU seconds per checkpoint of the largest size against the smallest's (1.0:
+linear). --checkout plans with another checkout's Snakefile and package (its src/ first on PYTHONPATH), e.g. a
+baseline commit in a `git worktree`, with this script's configs. --profile N also
 writes a cProfile of the dry run of N checkpoints (WORKDIR/planning-N.prof; `python -m pstats` reads it).
 Written to --out as JSON and printed as a Markdown table.
 """
@@ -65,15 +67,17 @@ def sweep_config(n: int, audit: bool) -> dict:
     return config
 
 
-def dry_run(folder: Path, n: int, audit: bool, profile: Path | None) -> dict:
+def dry_run(folder: Path, n: int, audit: bool, profile: Path | None, checkout: Path = ROOT) -> dict:
     """`snakemake -n` of n checkpoints in a fresh folder: its jobs, CPU seconds, peak memory and wall seconds."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     configfile = folder / "config.yaml"
     configfile.write_text(yaml.safe_dump(sweep_config(n, audit), sort_keys=False))
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(folder / "hf"), ANISWEEP_WORKER="off")
+    if checkout != ROOT:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout / "src"), env.get("PYTHONPATH")]))
     runner = ["-m", "cProfile", "-o", str(profile), "-m"] if profile else ["-m"]
-    command = [sys.executable, *runner, "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(folder)]
+    command = [sys.executable, *runner, "snakemake", "-s", str(checkout / "Snakefile"), "--directory", str(folder)]
     command += ["--configfile", str(configfile), "-n", "--cores", "1", "--quiet", "rules"]
     start = time.perf_counter()
     with open(folder / "snakemake.log", "w") as log:
@@ -102,13 +106,14 @@ def planned_jobs(text: str) -> int:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| checkpoints | jobs | planning CPU s | CPU ms per checkpoint | peak memory MB | wall s |"]
-    lines.append("|---|---|---|---|---|---|")
+    header = ["checkpoints", "jobs", "planning CPU s", "CPU ms per checkpoint", "CPU ms per job", "peak memory MB"]
+    lines = ["| " + " | ".join([*header, "wall s"]) + " |"]
+    lines.append("|---|---|---|---|---|---|---|")
     for r in rows:
-        per = 1000 * r["cpu_s"] / r["checkpoints"]
+        per, per_job = 1000 * r["cpu_s"] / r["checkpoints"], 1000 * r["cpu_s"] / r["jobs"]
         lines.append(
-            f"| {r['checkpoints']:,} | {r['jobs']:,} | {r['cpu_s']:.1f} | {per:.1f} | {r['peak_mb']:.0f} "
-            f"| {r['wall_s']:.1f} |"
+            f"| {r['checkpoints']:,} | {r['jobs']:,} | {r['cpu_s']:.1f} | {per:.1f} | {per_job:.2f} "
+            f"| {r['peak_mb']:.0f} | {r['wall_s']:.1f} |"
         )
     return "\n".join(lines)
 
@@ -120,15 +125,17 @@ def main() -> None:
     parser.add_argument("--profile", type=int, nargs="*", default=[], help="sizes whose dry run is profiled")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench_planning"))
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "planning.json")
+    parser.add_argument("--checkout", type=Path, default=ROOT, help="the checkout whose Snakefile and package plan")
     args = parser.parse_args()
+    checkout = args.checkout.resolve()
     rows = []
     for n in sorted(args.sizes):
         profile = args.workdir / f"planning-{n}.prof" if n in args.profile else None
-        rows.append(dry_run(args.workdir / str(n), n, args.audit, profile) | {"profiled": bool(profile)})
+        rows.append(dry_run(args.workdir / str(n), n, args.audit, profile, checkout) | {"profiled": bool(profile)})
         print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     smallest, largest = rows[0], rows[-1]
     ratio = (largest["cpu_s"] / largest["checkpoints"]) / (smallest["cpu_s"] / smallest["checkpoints"])
-    result = {"audit": args.audit, "rows": rows, "per_checkpoint_ratio": ratio}
+    result = {"audit": args.audit, "checkout": str(checkout), "rows": rows, "per_checkpoint_ratio": ratio}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(table(rows))

@@ -33,12 +33,14 @@ MODELS = ["pythia-14m", "pythia-31m", "pythia-70m", "pythia-160m", "pythia-410m"
 STEPS = [0, 1000, 143000]
 
 # Snakemake under a count of what planning reads: the jobs each walk of its DAG yields (every reader of
-# DAG.needrun_jobs: its own scheduler's and the workflow's), and the checkpoints looked at by model (each read of
-# a Checkpoint's or a comparison Pair's `family`: the workflow's scans of them). Written as JSON when it ends.
+# DAG.needrun_jobs: its own scheduler's and the workflow's), the checkpoints looked at by model (each read of
+# a Checkpoint's or a comparison Pair's `family`: the workflow's scans of them), and the functions whose signature
+# the workflow's cache holds (FunctionSignatures, common.smk; -1 where it is not installed). Written as JSON when
+# it ends.
 COUNTING = """
 import atexit, json, sys
 from snakemake.cli import main
-from snakemake import dag
+from snakemake import dag, rules
 from anisweep.checkpoints.base import Checkpoint
 from anisweep.measures.compare_plan import Pair
 read, out = {"jobs": 0, "checkpoints": 0}, sys.argv.pop(1)
@@ -52,7 +54,10 @@ def looked_at(self, name):
     return object.__getattribute__(self, name)
 dag.DAG.needrun_jobs = counted
 Checkpoint.__getattribute__ = Pair.__getattribute__ = looked_at
-atexit.register(lambda: open(out, "w").write(json.dumps(read)))
+def signatures():
+    known = getattr(rules.get_function_params, "known", None)
+    return -1 if known is None else len(known)
+atexit.register(lambda: open(out, "w").write(json.dumps(read | {"signatures": signatures()})))
 sys.argv[0] = "snakemake"
 main()
 """
@@ -115,12 +120,14 @@ def test_each_fetch_shares_its_weights_with_every_job_that_waits_for_them(tmp_pa
     assert {option(args, "--fetched")[0] for args in readers} == shared
 
 
-def test_planning_reads_each_job_checkpoint_and_pair_a_number_of_times_linear_in_the_checkpoints(tmp_path):
+def test_planning_reads_each_job_checkpoint_pair_and_signature_a_number_of_times_linear_in_the_checkpoints(tmp_path):
     """Writing each fetch's command walked every job of the DAG, each checkpoint's jobs looked up its model's
     checkpoints in a scan of all of them, and each model's comparison jobs its pairs in a scan of all pairs (a
     sweep's planning grew as the square of its checkpoints): what planning reads grows by as much from 1 model to 3
     as from 3 to 5, with the gradient analysis on (its input functions look up the model's checkpoints for each
-    checkpoint)."""
+    checkpoint). Snakemake read the signature of every input, params and resources function again for each job
+    (about a tenth of planning's CPU): the workflow's cache of them (FunctionSignatures, common.smk) holds one entry
+    per function of the rules, as many for 5 models as for 1."""
     read = {}
     for n in (1, 3, 5):
         workdir = tmp_path / str(n)
@@ -130,3 +137,4 @@ def test_planning_reads_each_job_checkpoint_and_pair_a_number_of_times_linear_in
     for what in ("planned", "jobs", "checkpoints"):
         first, second = read[3][what] - read[1][what], read[5][what] - read[3][what]
         assert second <= 1.05 * first, (what, read)
+    assert 0 < read[1]["signatures"] == read[5]["signatures"], read
