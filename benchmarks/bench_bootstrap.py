@@ -6,19 +6,19 @@
     python benchmarks/bench_bootstrap.py --quick        # tiny shapes, seconds: checks the code (tests run it)
 
 One step of the group, on synthetic but correctly shaped inputs: 5 seeds' hidden.parquet and extract.json as a
-bert-base checkpoint's extract writes them at the schema's default extract settings (n_sequences 64, seq_len 128,
-sample_tokens 4096; d_model 768, 15 sampled sites: the residual stream at 13 layers and the final LayerNorm's input
-and output), each seed's vectors Gaussian around a mean with
-a decaying spectrum. `anisweep.measures.sample_bootstrap.bootstrap_table` of that step (IsoScore and RankMe, the
-config's default measures) runs in a fresh process with one BLAS thread, as a Snakemake job of one thread runs it,
-at two values of B, each --repeat times: the two medians give the fixed cost (reading, metrics' exact values) and
-the cost per replicate, which a third B could check; the step at B = 1,000 is projected from them. Extract of one
-bert-base checkpoint (random weights, no download) at the same settings runs in a fresh process with the extract
-job's threads (resources.extract_threads, 2): loading the saved model, the run with every statistic, its tables.
-The group: 29 bootstrap steps against 5 x 29 extracts, in job-seconds (wall seconds of each job) and core-seconds
-(x the job's threads). `profile`: where one step's time goes (cProfile at the smaller B). `prototype`: cheaper
-ways to the same replicate values on one site, their time and their largest difference from today's path.
-Results: printed, and written to --out (JSON) and a Markdown table beside it (.md).
+bert-base checkpoint's extract writes them (and metrics.parquet's rows of them, as its metrics job) at the schema's
+default extract settings (n_sequences 64, seq_len 128, sample_tokens 4096; d_model 768, 15 sampled sites: the
+residual stream at 13 layers and the final LayerNorm's input and output), each seed's vectors Gaussian around a mean
+with a decaying spectrum. `anisweep.measures.sample_bootstrap.bootstrap_table` of that step (IsoScore and RankMe,
+the config's default measures) runs in a fresh process with one BLAS thread, as a Snakemake job of one thread runs
+it, at two values of B, each --repeat times: the two medians give the fixed cost (reading hidden.parquet and
+metrics.parquet) and the cost per replicate, which a third B could check; the step at B = 1,000 is projected from
+them. Extract of one bert-base checkpoint (random weights, no download) at the same settings runs in a fresh process
+with the extract job's threads (resources.extract_threads, 2): loading the saved model, the run with every
+statistic, its tables. The group: 29 bootstrap steps against 5 x 29 extracts, in job-seconds (wall seconds of each
+job) and core-seconds (x the job's threads). `profile`: where one step's time goes (cProfile at the smaller B).
+`prototype`: cheaper ways to the same replicate values on one site, their time and their largest difference from
+today's path. Results: printed, and written to --out (JSON) and a Markdown table beside it (.md).
 """
 
 from __future__ import annotations
@@ -107,11 +107,27 @@ def write_inputs(root: Path, shape: dict, seed: int = 0) -> list[Path]:
                 )
             )
         ident = {"family": "multiberts", "model": f"seed_{s}", "seed": s, "step": 20000, "tokens_seen": 20000 * 131072}
-        with_identity(pl.concat(frames), ident).write_parquet(folder / "hidden.parquet")
+        hidden = with_identity(pl.concat(frames), ident)
+        hidden.write_parquet(folder / "hidden.parquet")
+        write_metrics(folder, hidden, ident)
         settings = {k: shape[k] for k in ("n_sequences", "seq_len", "batch_size", "sample_tokens")}
         (folder / "extract.json").write_text(json.dumps({"settings": settings}))
         folders.append(folder)
     return folders
+
+
+def write_metrics(folder: Path, hidden, ident: dict) -> None:
+    """metrics.parquet's rows of the sampled vectors, as the metrics job writes them: the bootstrap's estimates."""
+    import polars as pl
+
+    from anisweep.measures import metrics
+    from anisweep.tables import metric_rows
+
+    frames = [
+        metric_rows(ident, metrics.sample_rows(hidden), "sample_geometry"),
+        metric_rows(ident, metrics.spectral_rows(hidden), "spectral_shape"),
+    ]
+    pl.concat(frames).write_parquet(folder / "metrics.parquet")
 
 
 # --------------------------------------------------------------------------------------- workers (fresh processes)
@@ -163,8 +179,8 @@ def profile_worker(a) -> dict:
         ("linalg/_linalg.py", "eigvalsh"): "np.linalg.eigvalsh (d x d, per replicate, seed and measure)",
         ("sample_bootstrap.py", "<listcomp>"): "a replicate's Gram matrix from its weighted vectors",
         ("sample_bootstrap.py", "moments"): "SiteSample.moments (all of it: weights, sums, Gram)",
-        ("sample_bootstrap.py", "read_checkpoint"): "read_checkpoint (hidden.parquet, metrics' exact values)",
-        ("sample_bootstrap.py", "_exact_values"): "  of which metrics' exact values",
+        ("sample_bootstrap.py", "read_checkpoint"): "read_checkpoint (hidden.parquet, metrics.parquet's values)",
+        ("sample_bootstrap.py", "metric_values"): "  of which metrics.parquet's values",
         ("spectral.py", "rankme"): "spectral.rankme of each replicate's singular values",
         ("geometry.py", "isoscore_of_variances"): "geometry.isoscore_of_variances",
     }
@@ -172,7 +188,7 @@ def profile_worker(a) -> dict:
     for (file, _, name), (_, _, tottime, cumtime, _) in stats.items():
         for (ending, function), label in wanted.items():
             if file.endswith(ending) and name == function:
-                key = "cum" if function in ("moments", "read_checkpoint", "_exact_values") else "tot"
+                key = "cum" if function in ("moments", "read_checkpoint", "metric_values") else "tot"
                 parts[label] = parts.get(label, 0.0) + (cumtime if key == "cum" else tottime)
     return {"samples": a.samples, "total_s": total, "read_s": read_s, "parts": parts}
 

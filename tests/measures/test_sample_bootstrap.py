@@ -5,6 +5,7 @@ resampled vectors, the intervals and step tests, groups of seeds and the refusal
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 
 from anisweep.measures import bootstrap, geometry, metrics, spectra, spectral
 from anisweep.measures import sample_bootstrap as sb
-from anisweep.tables import read_parquet
+from anisweep.tables import IDENTITY, metric_rows, read_parquet
 
 N_SEQUENCES = 12
 D = 6
@@ -34,7 +35,7 @@ def write_checkpoint(
     folder: Path, model: str, step: int, scale: float = 1.0, seed: int = 0, sample: list | None = None
 ) -> Path:
     """A checkpoint folder with hidden.parquet (anisotropic Gaussian vectors, each dimension scaled by
-    `scale` ** i) and the extract.json fields the bootstrap reads."""
+    `scale` ** i), the extract.json fields the bootstrap reads and metrics.parquet's rows of the sampled vectors."""
     folder.mkdir(parents=True, exist_ok=True)
     sample = sample or tokens()
     rng = np.random.default_rng([seed, step])
@@ -49,7 +50,22 @@ def write_checkpoint(
             )
     pl.DataFrame(rows).with_columns(pl.col("vector").cast(pl.List(pl.Float32))).write_parquet(folder / "hidden.parquet")
     (folder / "extract.json").write_text(json.dumps({"settings": {"n_sequences": N_SEQUENCES}}))
+    write_metrics(folder)
     return folder
+
+
+def write_metrics(folder: Path) -> None:
+    """metrics.parquet's rows of the sampled vectors, as the metrics job writes them (its sample_geometry and
+    spectral_shape measures, from hidden.parquet)."""
+    hidden = read_parquet(folder / "hidden.parquet")
+    ident = {key: hidden[key][0] for key in IDENTITY}
+    with warnings.catch_warnings():  # a site without spread: the metrics job warns, its values are NaN
+        warnings.simplefilter("ignore")
+        frames = [
+            metric_rows(ident, metrics.sample_rows(hidden), "sample_geometry"),
+            metric_rows(ident, metrics.spectral_rows(hidden), "spectral_shape"),
+        ]
+    pl.concat(frames).write_parquet(folder / "metrics.parquet")
 
 
 @pytest.fixture
@@ -74,6 +90,47 @@ def test_the_estimates_are_metrics_values_exactly(model):
         assert got.height == len(expected) == len(SITES) * len(sb.MEASURES)
         for r in got.iter_rows(named=True):
             assert r["estimate"] == expected[(r["metric"], r["layer"], r["site"])]
+
+
+def test_the_estimates_are_read_from_metrics_parquet_not_recomputed(model):
+    """A value planted in metrics.parquet (and a NaN) is the estimate: the table reads it, it does not recompute it.
+    A row of one head is not the layer's value."""
+    table = read_parquet(model[0] / "metrics.parquet")
+    at = (pl.col("layer") == 1) & (pl.col("site") == "resid")
+    table = table.with_columns(
+        value=pl.when(at & (pl.col("metric") == "isoscore"))
+        .then(0.25)
+        .when(at & (pl.col("metric") == "rankme"))
+        .then(float("nan"))
+        .otherwise(pl.col("value"))
+    )
+    other = table.filter(at & (pl.col("metric") == "isoscore")).with_columns(
+        value=pl.lit(0.75), head=pl.lit(0, pl.Int64)
+    )
+    pl.concat([table, other]).write_parquet(model[0] / "metrics.parquet")
+    got = sb.bootstrap_table([model], SETTINGS).filter(
+        pl.col("against").is_null() & (pl.col("step") == 0) & (pl.col("layer") == 1)
+    )
+    estimate = dict(zip(got["metric"], got["estimate"]))
+    assert estimate["isoscore"] == 0.25 and np.isnan(estimate["rankme"])
+    assert (
+        estimate["top_eig_share"]
+        == read_parquet(model[0] / "metrics.parquet").filter(at & (pl.col("metric") == "top_eig_share"))["value"][0]
+    )
+
+
+def test_a_missing_metrics_table_or_row_names_the_file_and_the_fix(model):
+    path = model[1] / "metrics.parquet"
+    table = read_parquet(path)
+    table.filter(~((pl.col("metric") == "rankme") & (pl.col("layer") == 1))).write_parquet(path)
+    with pytest.raises(
+        sb.BootstrapInputError, match=r"step8/metrics.parquet: no rankme row at layer 1 resid.*rerun its metrics job"
+    ):
+        sb.bootstrap_table([model], SETTINGS)
+    sb.read_checkpoint(model[1], ("isoscore",))  # only the measures resampled need their rows
+    path.unlink()
+    with pytest.raises(sb.BootstrapInputError, match=r"step8/metrics.parquet: missing.*rerun its metrics job"):
+        sb.bootstrap_table([model], SETTINGS)
 
 
 @pytest.mark.parametrize("metric", sb.MEASURES)
@@ -129,6 +186,7 @@ def test_the_same_vectors_at_two_steps_differ_by_nothing(tmp_path):
     (folders[1] / "hidden.parquet").write_bytes((folders[0] / "hidden.parquet").read_bytes())
     hidden = read_parquet(folders[1] / "hidden.parquet").with_columns(step=pl.lit(4, pl.Int64))
     hidden.write_parquet(folders[1] / "hidden.parquet")
+    write_metrics(folders[1])
     tests = sb.bootstrap_table([folders], SETTINGS).filter(pl.col("against") == "previous")
     assert (tests["estimate"] == 0).all() and (tests["low"] == 0).all() and (tests["high"] == 0).all()
     assert (tests["p"] == 1).all()

@@ -112,6 +112,7 @@ def write_checkpoint(folder, model_path, units: int = 32, step: int = 3, model: 
     ident = {"family": "test", "model": model, "step": step}
     tables = {name: t.with_columns(**{k: pl.lit(v) for k, v in ident.items()}) for name, t in tables.items()}
     write_extract(folder, tables, {"settings": {"n_sequences": 5}})
+    metrics.checkpoint_metrics(folder).write_parquet(folder / "metrics.parquet")  # as the metrics job: the estimates
     return folder, tables
 
 

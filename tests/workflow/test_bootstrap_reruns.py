@@ -1,7 +1,7 @@
 """The bootstrap jobs' reruns (docs/reruns.md, the `bootstrap:` rows): a model's intervals read its checkpoints'
-hidden.parquet alone, so a new step reruns its model's job and a group's, the bootstrap settings only these jobs,
-never a model run; a comparison of two groups is a job of its own; and the config errors of a group or a comparison,
-before any job."""
+hidden.parquet (and metrics.parquet's estimates), so a new step reruns its model's job and a group's, a metrics
+rerun these jobs, the bootstrap settings only these jobs, never a model run; a comparison of two groups is a job of
+its own; and the config errors of a group or a comparison, before any job."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_the_sink_threshold_is_the_bootstraps_where_it_resamples_sink1_eps(run, 
 
 def test_a_new_step_reruns_its_model_job_and_no_other_checkpoint(run):
     config = write_config(run["root"] / "steps.yaml", steps=(0, 4, 8, 32))
-    assert planned(run["workdir"], config) == {"fetch": 1, "extract": 1, "bootstrap_model": 1}
+    assert planned(run["workdir"], config) == {"fetch": 1, "extract": 1, "metrics": 1, "bootstrap_model": 1}
 
 
 def test_a_group_is_a_job_of_its_own(run):
@@ -133,7 +133,11 @@ def test_a_group_that_cannot_be_resampled_is_a_config_error(run, groups, message
 
 @pytest.mark.parametrize(
     ("module", "expected"),
-    [("measures/sample_bootstrap.py", {"bootstrap_model": 1}), ("plots/sweep.py", {})],
+    [
+        ("measures/sample_bootstrap.py", {"bootstrap_model": 1}),
+        ("measures/metrics.py", {"metrics": 3, "bootstrap_model": 1}),  # the estimates: metrics.parquet's values
+        ("plots/sweep.py", {}),
+    ],
 )
 def test_editing_the_code_reruns_what_it_runs(run, module, expected):
     source = PACKAGE / module
@@ -220,7 +224,7 @@ def test_the_settings_and_a_step_rerun_what_they_enter(compared):
         bootstrap={"groups": GROUPS, "comparisons": COMPARISONS},
         seeds=True,
     )
-    assert plan_of(compared, config) == {"fetch": 1, "extract": 1, "bootstrap_model": 1}
+    assert plan_of(compared, config) == {"fetch": 1, "extract": 1, "metrics": 1, "bootstrap_model": 1}
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 # The Multi-Bootstrap (anisweep.measures.sample_bootstrap; docs/measures.md) of the sampled vectors' measures and of
-# those built of sums: from hidden.parquet, extract.json and units.parquet (sinks.parquet for sink1_eps), never a model. One job per model (its example-level intervals and step tests)
+# those built of sums: from hidden.parquet, extract.json and units.parquet (sinks.parquet for sink1_eps), never a model;
+# the estimates from metrics.parquet. One job per model (its example-level intervals and step tests)
 # and one per group of seeds (config bootstrap.groups, at the steps its models share), and one per comparison of two
 # groups (config bootstrap.comparisons, at the steps both share), so that a new checkpoint reruns its model's job and
 # those of the groups and comparisons it enters, nothing else.
@@ -9,6 +10,7 @@ rule bootstrap_model:
     input:
         hidden=per_checkpoint("hidden.parquet"),
         info=per_checkpoint("extract.json"),
+        metrics=per_checkpoint("metrics.parquet"),
         sums=model_sums,
         code=code_inputs("measures.sample_bootstrap", commands="cli.bootstrap"),
     output:
@@ -30,6 +32,7 @@ rule bootstrap_group:
     input:
         hidden=lambda wc: [f"{folder}/hidden.parquet" for seed in group_folders(wc) for folder in seed],
         info=lambda wc: [f"{folder}/extract.json" for seed in group_folders(wc) for folder in seed],
+        metrics=lambda wc: [f"{folder}/metrics.parquet" for seed in group_folders(wc) for folder in seed],
         sums=lambda wc: [f"{folder}/{name}" for name in BOOTSTRAP_SUMS for seed in group_folders(wc) for folder in seed],
         code=code_inputs("measures.sample_bootstrap", commands="cli.bootstrap"),
     output:
@@ -55,6 +58,7 @@ rule bootstrap_compare:
     input:
         hidden=comparison_inputs("hidden.parquet"),
         info=comparison_inputs("extract.json"),
+        metrics=comparison_inputs("metrics.parquet"),
         sums=lambda wc: [path for name in BOOTSTRAP_SUMS for path in comparison_inputs(name)(wc)],
         code=code_inputs("measures.group_bootstrap", commands="cli.bootstrap"),
     output:

@@ -1,19 +1,19 @@
 """The Multi-Bootstrap (anisweep.measures.bootstrap) of the measures of the sampled vectors, from hidden.parquet
-alone: a model's example-level intervals, a group of seeds' intervals over seeds and sequences, and the paired tests
-of each step against the previous and the final step (docs/measures.md, Uncertainty over seeds and sequences).
+(the estimates from metrics.parquet): a model's example-level intervals, a group of seeds' intervals over seeds and
+sequences, and the paired tests of each step against the previous and the final step (docs/measures.md, Uncertainty
+over seeds and sequences).
 
 The units are the evaluation sequences (extract.json's `n_sequences`): a replicate draws that many with replacement
 and keeps every sampled token of each drawn sequence, as often as it is drawn. A measure of the sampled vectors is a
 function of their spectrum, so each sequence's Gram matrix, sum and count of its sampled (finite) vectors give any
-replicate's spectrum from its counts, without the vectors. The estimate is the value metrics.parquet holds (the same
-functions, on the same vectors); the replicates use the same formulas on the replicate's moments, equal to them up to
-rounding (tests/measures/test_sample_bootstrap.py).
+replicate's spectrum from its counts, without the vectors. The estimate is the value the checkpoint's metrics job wrote
+to metrics.parquet; the replicates use the same formulas on the replicate's moments, equal to metrics' functions on the
+drawn vectors up to rounding (tests/measures/test_sample_bootstrap.py).
 """
 
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from anisweep.measures import bootstrap, geometry, metrics, spectral, sum_bootstrap
+from anisweep.measures import bootstrap, geometry, spectral, sum_bootstrap
 from anisweep.measures.grouped import group_rows, vectors_by_group
-from anisweep.tables import read_parquet
+from anisweep.tables import METRIC_PARAMETERS, read_parquet
 
 #: the measures this module resamples, each a metric of metrics.parquet, and those the config asks for by default
 MEASURES = ("isoscore", "top_eig_share", "rankme")
@@ -214,8 +214,8 @@ class Checkpoint:
 
 
 def read_checkpoint(folder: str | Path, measures: Sequence[str]) -> Checkpoint:
-    """A checkpoint's hidden.parquet and extract.json; `exact`: metrics.sample_rows' and metrics.spectral_rows' values
-    of `measures`, computed as metrics computes them."""
+    """A checkpoint's hidden.parquet and extract.json; `exact`: the values of `measures` at each sampled site that
+    its metrics job wrote to metrics.parquet."""
     folder = Path(folder)
     info = json.loads((folder / "extract.json").read_text())
     n_units = int(info["settings"]["n_sequences"])
@@ -233,7 +233,7 @@ def read_checkpoint(folder: str | Path, measures: Sequence[str]) -> Checkpoint:
         finite = np.isfinite(x).all(axis=1)
         sites[(layer, site)] = SiteSample(x[finite], group["seq"][finite], n_units)
         tokens[(layer, site)] = group["tokens"]
-    exact = _exact_values(hidden, measures)
+    exact = metric_values(folder / "metrics.parquet", measures, sorted(sites))
     first = hidden.row(0, named=True)
     return Checkpoint(
         first["family"], first["model"], first["seed"], first["step"], first["tokens_seen"], n_units, sites, tokens,
@@ -254,15 +254,33 @@ def _groups(hidden: pl.DataFrame) -> list[tuple[tuple[int, str], dict[str, np.nd
     ]
 
 
-def _exact_values(hidden: pl.DataFrame, measures: Sequence[str]) -> dict[tuple[str, int, str], float]:
-    rows = []
-    with warnings.catch_warnings():  # metrics' own job warns of a site without spread; here its value is NaN alone
-        warnings.simplefilter("ignore")
-        if {"isoscore", "top_eig_share"} & set(measures):
-            rows += metrics.sample_rows(hidden)
-        if "rankme" in measures:
-            rows += metrics.spectral_rows(hidden)
-    return {(r["metric"], r["layer"], r["site"]): float(r["value"]) for r in rows if r["metric"] in measures}
+def metric_values(
+    path: Path, measures: Sequence[str], sites: Sequence[tuple[int, str]]
+) -> dict[tuple[str, int, str], float]:
+    """metrics.parquet's value of each of `measures` at each sampled (layer, site): the layer's row (head and the
+    gradient analysis's parameters null); a null value is NaN."""
+    if not measures:
+        return {}
+    if not path.exists():
+        raise BootstrapInputError(
+            f"{path}: missing; the bootstrap's estimates are the checkpoint's metrics values: rerun its metrics job"
+        )
+    table = read_parquet(path, columns=["layer", "head", "site", "metric", *METRIC_PARAMETERS, "value"]).filter(
+        pl.col("metric").is_in(list(measures)), *(pl.col(c).is_null() for c in ("head", *METRIC_PARAMETERS))
+    )
+    values = {
+        (r["metric"], r["layer"], r["site"]): np.nan if r["value"] is None else float(r["value"])
+        for r in table.iter_rows(named=True)
+    }
+    wanted = [(metric, layer, site) for layer, site in sites for metric in measures]
+    missing = [key for key in wanted if key not in values]
+    if missing:
+        metric, layer, site = missing[0]
+        raise BootstrapInputError(
+            f"{path}: no {metric} row at layer {layer} {site} ({len(missing)} of the sampled sites' values missing), "
+            "though hidden.parquet samples it: the table is of another run or older code; rerun its metrics job"
+        )
+    return values
 
 
 # --------------------------------------------------------------------------------------- the table
