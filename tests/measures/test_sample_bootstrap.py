@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from polars.testing import assert_frame_equal
 
 from anisweep.measures import bootstrap, geometry, metrics, spectra, spectral
 from anisweep.measures import sample_bootstrap as sb
@@ -155,6 +156,28 @@ def test_a_replicate_is_the_measure_of_the_drawn_sequences_vectors(model, metric
         x = site.x[bootstrap.rows_of_units(site.unit, units)]
         assert value == pytest.approx(direct(x), rel=1e-10, abs=1e-12)
     assert got[0] == pytest.approx(checkpoint.exact[(metric, 1, "resid")], rel=1e-12)
+
+
+@pytest.mark.parametrize("unit_grams", [True, False], ids=["unit-grams", "weighted-rows"])
+def test_the_measures_of_a_site_share_each_replicates_moments(model, unit_grams, monkeypatch):
+    """Each measure alone and all three at once give the same table, bit for bit, and the three build each
+    replicate's moments once: as many Gram matrices as one measure alone (in several chunks of replicates)."""
+    if not unit_grams:
+        monkeypatch.setattr(sb, "MAX_UNIT_GRAM_ELEMENTS", 0)
+    monkeypatch.setattr(sb, "CHUNK_ELEMENTS", 40 * D * D)  # 300 replicates in 8 chunks
+    calls = []
+    moments = sb.SiteSample.moments
+    monkeypatch.setattr(
+        sb.SiteSample, "moments", lambda site, counts: calls.append(len(counts)) or moments(site, counts)
+    )
+    together = sb.bootstrap_table([model], SETTINGS)
+    built = list(calls)
+    for metric in sb.MEASURES:
+        calls.clear()
+        alone = sb.bootstrap_table([model], sb.Settings(samples=300, measures=(metric,)))
+        assert calls == built  # the same replicates' moments, built once for the three
+        assert_frame_equal(together.filter(pl.col("metric") == metric), alone, check_exact=True)
+    assert len(built) == len(model) * len(SITES) * 8 and sum(built) == len(model) * len(SITES) * 300
 
 
 def test_a_model_alone_gets_example_level_intervals_and_step_tests(model):

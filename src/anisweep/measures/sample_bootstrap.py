@@ -13,6 +13,7 @@ drawn vectors up to rounding (tests/measures/test_sample_bootstrap.py).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -181,13 +182,29 @@ class SiteSample:
 
     def values(self, measure: Callable[[Moments], np.ndarray], units: np.ndarray) -> np.ndarray:
         """The measure on each row of `units` (draws x n_units sequence indices), in chunks of CHUNK_ELEMENTS."""
+        return self._of_moments({"": measure}, units)[""]
+
+    def shared_values(self, metric: str, metrics: Sequence[str], units: np.ndarray) -> np.ndarray:
+        """`metric` on each row of `units`, every one of `metrics` computed from the same replicates' moments and
+        kept until it is asked for on the same draws: the measures of a site build each Gram matrix once."""
+        pending = self.__dict__.setdefault("_pending", {})
+        key = (units.shape, hashlib.blake2b(np.ascontiguousarray(units).tobytes(), digest_size=16).digest())
+        if metric not in pending.get(key, {}):
+            pending[key] = self._of_moments({m: OF_MOMENTS[m] for m in dict.fromkeys((metric, *metrics))}, units)
+        got = pending[key].pop(metric)
+        if not pending[key]:
+            del pending[key]
+        return got
+
+    def _of_moments(self, measures: dict[str, Callable[[Moments], np.ndarray]], units: np.ndarray) -> dict:
         d = self.x.shape[1]
         chunk = max(1, CHUNK_ELEMENTS // max(1, d * d))
-        out = [
-            measure(self.moments(bootstrap.unit_counts(units[start : start + chunk], self.n_units)))
-            for start in range(0, len(units), chunk)
-        ]
-        return np.concatenate(out) if out else np.zeros(0)
+        out = {name: [] for name in measures}
+        for start in range(0, len(units), chunk):
+            m = self.moments(bootstrap.unit_counts(units[start : start + chunk], self.n_units))
+            for name, measure in measures.items():
+                out[name].append(measure(m))
+        return {name: np.concatenate(got) if got else np.zeros(0) for name, got in out.items()}
 
 
 # --------------------------------------------------------------------------------------- a checkpoint
@@ -334,14 +351,16 @@ def sampled_keys(reference: Checkpoint, measures: Sequence[str]) -> list[Key]:
     return [(metric, layer, site, None) for layer, site in sorted(reference.sites) for metric in measures]
 
 
-def sampled_measure(checkpoints: Sequence[Checkpoint], labels: Sequence[str], key: Key) -> bootstrap.SampleBuilt:
-    """The measure `key` of one step's checkpoints, one per seed, named by `labels`."""
+def sampled_measure(
+    checkpoints: Sequence[Checkpoint], labels: Sequence[str], key: Key, shared: Sequence[str] = ()
+) -> bootstrap.SampleBuilt:
+    """The measure `key` of one step's checkpoints, one per seed, named by `labels`; `shared`: the site's other
+    measures resampled on the same draws, computed with it from each replicate's moments (SiteSample.shared_values)."""
     metric, layer, site, _ = key
-    fn = OF_MOMENTS[metric]
     return bootstrap.SampleBuilt(
         labels,
         checkpoints[0].n_units,
-        lambda s, units: checkpoints[s].sites[(layer, site)].values(fn, units),
+        lambda s, units: checkpoints[s].sites[(layer, site)].shared_values(metric, shared, units),
     )
 
 
@@ -378,7 +397,12 @@ def step_measures(
 ) -> list[StepMeasure]:
     """Every measure of `settings` at one step: the sampled vectors' (hidden.parquet) and the sums' (units.parquet)."""
     sampled = [
-        StepMeasure(key, sampled_measure(checkpoints, labels, key), sampled_estimate(checkpoints, key), c.n_units)
+        StepMeasure(
+            key,
+            sampled_measure(checkpoints, labels, key, settings.sampled),
+            sampled_estimate(checkpoints, key),
+            c.n_units,
+        )
         for c in checkpoints[:1]
         for key in sampled_keys(c, settings.sampled)
     ]
