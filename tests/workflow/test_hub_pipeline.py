@@ -483,9 +483,13 @@ def test_a_shard_served_under_another_step_is_flagged(monkeypatch, tmp_path):
 # ---------------------------------------------------------------------------------------------- paper configs
 
 
-@pytest.mark.parametrize(("name", "n_checkpoints"), [("multiberts", 29), ("pythia", 8 * 21), ("norms", 9 + 9 + 7)])
+@pytest.mark.parametrize(
+    ("name", "n_checkpoints"),
+    [("multiberts", 29), ("multiberts_seeds", 5 * 29), ("pythia", 8 * 21), ("norms", 9 + 9 + 7)],
+)
 def test_paper_configs_validate_without_the_network(name, n_checkpoints):
-    """config/{multiberts,pythia,norms}.yaml pass the schema and resolve from the catalogue alone (no Hub call)."""
+    """config/{multiberts,multiberts_seeds,pythia,norms}.yaml pass the schema and resolve from the catalogue alone (no
+    Hub call)."""
     from anisweep.config import checkpoints, load
     from anisweep.media import corpus_settings
 
