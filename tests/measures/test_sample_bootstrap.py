@@ -180,6 +180,48 @@ def test_the_measures_of_a_site_share_each_replicates_moments(model, unit_grams,
     assert len(built) == len(model) * len(SITES) * 8 and sum(built) == len(model) * len(SITES) * 300
 
 
+def test_isoscore_from_the_trace_and_norm_is_the_eigenvalues_formula():
+    """isoscore_of_trace against geometry.isoscore_of_variances on random spectra (flat, decaying, a line, some
+    zeros) and the ends: equal variances 1, one direction 0, no variance NaN."""
+    rng = np.random.default_rng(4)
+    for d in (2, 3, 7, 64, 768):
+        spectra = [rng.exponential(size=d), np.arange(1, d + 1) ** -2.0, np.ones(d) + 1e-9 * rng.random(d)]
+        spectra.append(np.where(rng.random(d) < 0.5, 0.0, rng.exponential(size=d)))
+        for lam in spectra:
+            got = sb.isoscore_of_trace(np.array([lam.sum()]), np.array([lam @ lam]), d)[0]
+            assert got == pytest.approx(geometry.isoscore_of_variances(lam), rel=1e-12, abs=1e-14)
+        ends = sb.isoscore_of_trace(np.array([3.0 * d, 2.0, 0.0]), np.array([9.0 * d, 4.0, 0.0]), d)
+        np.testing.assert_array_equal(ends[:2], [1.0, 0.0])
+        assert np.isnan(ends[2])
+
+
+@pytest.mark.parametrize("n", [D, D + 1, 40])
+@pytest.mark.parametrize("scale", [1.0, 3.0])
+def test_a_replicates_isoscore_needs_no_eigenvalues(n, scale, monkeypatch):
+    """Replicates of n vectors (n = d: the centred covariance of rank d - 1, one eigenvalue 0 up to rounding, which
+    the eigenvalues' path clips), flat or strongly anisotropic: the trace path equals isoscore_of_variances of the
+    clipped eigenvalues to 1e-12, NaN at the same replicates, and calls no eigendecomposition."""
+    rng = np.random.default_rng(n)
+    x = rng.normal(size=(n, D)) * scale ** -np.arange(D) + 0.3
+    site = sb.SiteSample(x, np.arange(n) % 4, 4)
+    draws = np.concatenate([np.arange(4)[None], rng.integers(0, 4, size=(30, 4))])
+    m = site.moments(bootstrap.unit_counts(draws, 4))
+    eigen = np.full(len(draws), np.nan)
+    ok = (m.count >= D) & (m.spread >= geometry.SPREAD_TOLERANCE)
+    eigen[ok] = geometry.isoscore_of_variances(
+        sb._covariance_eigenvalues(sb.Moments(m.gram[ok], m.total[ok], m.count[ok]))
+    )
+    assert ok.any() and (not ok.all() or n == 40)
+
+    def refused(*args, **kw):
+        raise AssertionError("IsoScore's replicates need no eigendecomposition")
+
+    monkeypatch.setattr(np.linalg, "eigvalsh", refused)
+    got = sb.isoscore(m)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(eigen))
+    np.testing.assert_allclose(got[ok], eigen[ok], rtol=1e-12, atol=1e-14)
+
+
 def test_a_model_alone_gets_example_level_intervals_and_step_tests(model):
     table = sb.bootstrap_table([model], SETTINGS)
     intervals = table.filter(pl.col("against").is_null())

@@ -7,8 +7,9 @@ The units are the evaluation sequences (extract.json's `n_sequences`): a replica
 and keeps every sampled token of each drawn sequence, as often as it is drawn. A measure of the sampled vectors is a
 function of their spectrum, so each sequence's Gram matrix, sum and count of its sampled (finite) vectors give any
 replicate's spectrum from its counts, without the vectors. The estimate is the value the checkpoint's metrics job wrote
-to metrics.parquet; the replicates use the same formulas on the replicate's moments, equal to metrics' functions on the
-drawn vectors up to rounding (tests/measures/test_sample_bootstrap.py).
+to metrics.parquet; the replicates use the same formulas on the replicate's moments (IsoScore's in the covariance's
+trace and Frobenius norm, no eigendecomposition), equal to metrics' functions on the drawn vectors up to rounding
+(tests/measures/test_sample_bootstrap.py). The measures of a site share each replicate's moments.
 """
 
 from __future__ import annotations
@@ -106,13 +107,29 @@ def _has_spread(m: Moments) -> np.ndarray:
 
 
 def isoscore(m: Moments) -> np.ndarray:
-    """geometry.isoscore from the covariance's eigenvalues; NaN where metrics.sample_rows gives NaN."""
+    """geometry.isoscore of each replicate, from its scatter matrix's trace and Frobenius norm, which are all IsoScore
+    needs of the covariance's eigenvalues (isoscore_of_trace): no eigendecomposition. geometry.isoscore clips the
+    eigenvalues at 0; these sums do not: where rounding makes one slightly negative (a covariance of rank < d, at
+    n = d vectors) the two differ by that rounding, ~1e-16 of the largest eigenvalue. NaN where metrics.sample_rows
+    gives NaN."""
     d = m.gram.shape[1]
     out = np.full(len(m.count), np.nan)
     ok = _has_spread(m) & (m.count >= d) & (d >= 2)
     if ok.any():
-        out[ok] = geometry.isoscore_of_variances(_covariance_eigenvalues(Moments(m.gram[ok], m.total[ok], m.count[ok])))
+        scatter = Moments(m.gram[ok], m.total[ok], m.count[ok]).scatter  # the covariance times n - 1: the same score
+        out[ok] = isoscore_of_trace(np.trace(scatter, axis1=1, axis2=2), np.einsum("bij,bij->b", scatter, scatter), d)
     return out
+
+
+def isoscore_of_trace(trace: np.ndarray, squared_norm: np.ndarray, d: int) -> np.ndarray:
+    """geometry.isoscore_of_variances from the eigenvalues' sum t and squared norm F^2 (a matrix's trace and squared
+    Frobenius norm): lam_hat = sqrt(d) lam / F has ||lam_hat||^2 = d and sum lam_hat = sqrt(d) t / F, so
+    delta^2 (d - sqrt(d)) = d - sqrt(d) t / F, k = t^2 / (d F^2) and IsoScore = (t^2 / F^2 - 1) / (d - 1): the
+    eigenvalues' participation ratio t^2 / F^2 (in [1, d]; a rounding past either end is that end), rescaled. NaN
+    where F is 0."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.clip(trace * trace / squared_norm, 1.0, d)
+        return np.where(squared_norm > 0, (ratio - 1.0) / (d - 1.0), np.nan)
 
 
 def top_eig_share(m: Moments) -> np.ndarray:
