@@ -98,12 +98,17 @@ def test_the_sink_threshold_is_the_bootstraps_where_it_resamples_sink1_eps(run, 
     config.write_text(yaml.safe_dump(yaml.safe_load(config.read_text()) | {"sinks": {"epsilon": 0.5}}))
     done = dry_run(command(run["workdir"], config, "-n", "-p", TARGET, "--forcerun", "bootstrap_model"), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert ("--sink-epsilon 0.5" in done.stdout + done.stderr) == sink1_eps
+    command_line = [line for line in done.stdout.splitlines() if f"--out {TARGET}" in line]  # not the metrics job's
+    assert len(command_line) == 1 and ("--sink-epsilon 0.5" in command_line[0]) == sink1_eps
+
+
+#: a new step's jobs: its model run, its metrics (with the weight measures they read) and its model's bootstrap
+NEW_STEP = {"fetch": 1, "extract": 1, "weights": 1, "logit_lens": 1, "metrics": 1, "bootstrap_model": 1}
 
 
 def test_a_new_step_reruns_its_model_job_and_no_other_checkpoint(run):
     config = write_config(run["root"] / "steps.yaml", steps=(0, 4, 8, 32))
-    assert planned(run["workdir"], config) == {"fetch": 1, "extract": 1, "metrics": 1, "bootstrap_model": 1}
+    assert planned(run["workdir"], config) == NEW_STEP
 
 
 def test_a_group_is_a_job_of_its_own(run):
@@ -224,7 +229,21 @@ def test_the_settings_and_a_step_rerun_what_they_enter(compared):
         bootstrap={"groups": GROUPS, "comparisons": COMPARISONS},
         seeds=True,
     )
-    assert plan_of(compared, config) == {"fetch": 1, "extract": 1, "metrics": 1, "bootstrap_model": 1}
+    assert plan_of(compared, config) == NEW_STEP
+
+
+def test_a_metrics_rerun_reruns_the_groups_and_comparisons_it_enters(compared):
+    """Their estimates are metrics.parquet's values: editing metrics' code reruns every checkpoint's metrics, then
+    both models', both groups' and the comparison's jobs."""
+    source = PACKAGE / "measures" / "metrics.py"
+    stat, touched = source.stat(), time.time_ns()
+    try:
+        os.utime(source, ns=(stat.st_atime_ns, touched))
+        plan = plan_of(compared, compared["config"], *OUTPUTS, "--max-checksum-file-size", "0")
+    finally:
+        if source.stat().st_mtime_ns == touched:
+            os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert plan == {"metrics": 6, "bootstrap_model": 2, "bootstrap_group": 2, "bootstrap_compare": 1}
 
 
 @pytest.mark.parametrize(
