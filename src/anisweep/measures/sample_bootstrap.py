@@ -253,6 +253,11 @@ def read_checkpoint(folder: str | Path, measures: Sequence[str]) -> Checkpoint:
     folder = Path(folder)
     info = json.loads((folder / "extract.json").read_text())
     n_units = int(info["settings"]["n_sequences"])
+    if not measures:  # the measures built of sums alone: the checkpoint's identity, no vectors
+        first = pl.scan_parquet(folder / "hidden.parquet").select(*IDENTITY_COLUMNS).head(1).collect()
+        if first.is_empty():
+            raise BootstrapInputError(f"{folder / 'hidden.parquet'}: no rows; rerun its extract")
+        return Checkpoint(*first.row(0), n_units, {}, {}, {})
     hidden = read_parquet(folder / "hidden.parquet")
     if hidden.is_empty():
         raise BootstrapInputError(f"{folder / 'hidden.parquet'}: no sampled tokens; nothing to resample")
@@ -273,6 +278,9 @@ def read_checkpoint(folder: str | Path, measures: Sequence[str]) -> Checkpoint:
         first["family"], first["model"], first["seed"], first["step"], first["tokens_seen"], n_units, sites, tokens,
         exact,
     )  # fmt: skip
+
+
+IDENTITY_COLUMNS = ("family", "model", "seed", "step", "tokens_seen")  # Checkpoint's first fields, in order
 
 
 def _groups(hidden: pl.DataFrame) -> list[tuple[tuple[int, str], dict[str, np.ndarray]]]:

@@ -195,9 +195,11 @@ def _qk(layer: int, site: str, stats: dict, heads: list[int], metric: str) -> li
 def _grouped(units: pl.DataFrame) -> dict[tuple[str, int, str], dict[tuple[int | None, str], np.ndarray]]:
     """{(table, layer, site): {(head, stat): (units x width) array}}."""
     out: dict = {}
-    for row in units.iter_rows(named=True):
-        values = np.asarray(row["values"], dtype=np.float64).reshape(-1, row["width"])
-        out.setdefault((row["table"], row["layer"], row["site"]), {})[(row["head"], row["stat"])] = values
+    flat = units["values"].explode().to_numpy().astype(np.float64, copy=False)  # every row's values, end to end
+    ends = np.cumsum(units["values"].list.len().to_numpy())
+    keys = units.select("table", "layer", "site", "head", "stat", "width").rows()
+    for (table, layer, site, head, stat, width), start, end in zip(keys, [0, *ends[:-1].tolist()], ends.tolist()):
+        out.setdefault((table, layer, site), {})[(head, stat)] = flat[start:end].reshape(-1, width)
     return out
 
 

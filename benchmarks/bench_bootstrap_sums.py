@@ -1,0 +1,127 @@
+"""The Multi-Bootstrap of the measures built of sums beside extract, in one process: a MultiBERTs group of 5 seeds x
+29 steps at B = 1,000, the measures of config/multiberts_seeds.yaml (run by hand).
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_bootstrap_sums.py [--repeat 3] [--out benchmarks/out/bootstrap_sums.json]
+    python benchmarks/bench_bootstrap_sums.py --quick    # a tiny shape, seconds: checks the code (tests run it)
+
+Extract of one bert-base checkpoint (random weights, no download) at the schema's default extract settings (64
+sequences of 128 tokens, 4,096 sampled, 32 resampling units) writes its tables, and the same folder again as four
+more seeds (the measures built of sums read units.parquet and hidden.parquet's identity, no metrics); then
+`anisweep.measures.sample_bootstrap.bootstrap_table` resamples that step of the 5 seeds at B = 1,000, --repeat
+times, with the same thread count (one, as a Snakemake job of one thread: set OMP_NUM_THREADS=1 so that numpy's BLAS
+uses one too). Both are process CPU seconds of this process, the bootstrap's the median of the repetitions; the
+group is 29 bootstrap steps against 145 extracts (goal: under 5%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import polars as pl
+import torch
+import transformers
+
+from anisweep.adapters import adapter_for
+from anisweep.extract import tables as extract_tables
+from anisweep.extract.model import ATTENTION_NAME, ExtractSettings, LoadedModel
+from anisweep.extract.recorder import register_attention
+from anisweep.extract.run import run, write_extract
+from anisweep.measures import sample_bootstrap as sb
+
+HERE = Path(__file__).resolve()
+MEASURES = ("avg_cos", "drift_ratio", "norm_std", "entropy_mean", "entropy_norm_mean", "sink_first_mass", "qk_cos")
+FULL = {"config": {}, "n_sequences": 64, "seq_len": 128, "sample_tokens": 4096, "samples": 1000}
+QUICK = {
+    "config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128},
+    "n_sequences": 8,
+    "seq_len": 32,
+    "sample_tokens": 128,
+    "samples": 50,
+}
+SEEDS, STEPS, GOAL = 5, 29, 0.05
+
+
+def extract_step(root: Path, shape: dict) -> float:
+    """Extract one random-weight bert checkpoint into root/seed_0, written again as seeds 1-4; its CPU seconds."""
+    register_attention()
+    config = transformers.BertConfig(**shape["config"])
+    model = transformers.BertForMaskedLM(config).eval()
+    model.set_attn_implementation(ATTENTION_NAME)
+    adapter = adapter_for(config)
+    loaded = LoadedModel(model, adapter.base_model(model), adapter, adapter.geometry(config))
+    n, t = shape["n_sequences"], shape["seq_len"]
+    ids = torch.randint(1000, config.vocab_size, (n, t), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    settings = ExtractSettings(n_sequences=n, seq_len=t, batch_size=8, sample_tokens=shape["sample_tokens"])
+    settings.device = "cpu"
+    started = time.process_time()
+    recorder = run(loaded, batch, settings, progress=False)
+    ident = {"family": "multiberts", "model": "seed_0", "seed": 0, "step": 20000, "tokens_seen": 0}
+    written = extract_tables.tables(recorder, loaded, ident, tokenizer=None)
+    seconds = time.process_time() - started
+    for seed in range(SEEDS):
+        folder = root / f"seed_{seed}"
+        named = {
+            name: df.with_columns(pl.lit(f"seed_{seed}").alias("model")) if "model" in df.columns else df
+            for name, df in written.items()
+        }
+        write_extract(folder, named, {"settings": {"n_sequences": n}})
+    return seconds
+
+
+def bootstrap_step(root: Path, samples: int) -> tuple[float, int]:
+    """(CPU seconds, rows) of one step's bootstrap_table over the 5 seeds."""
+    started = time.process_time()
+    table = sb.bootstrap_table(
+        [[root / f"seed_{seed}"] for seed in range(SEEDS)], sb.Settings(samples=samples, measures=MEASURES), group="g"
+    )
+    return time.process_time() - started, table.height
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=HERE.parent / "out" / "bootstrap_sums.json")
+    a = ap.parse_args(argv)
+    shape = QUICK if a.quick else FULL
+    torch.set_num_threads(1)
+    root = Path(tempfile.mkdtemp(prefix="bench-sums-"))
+    try:
+        extract_s = extract_step(root, shape)
+        runs = [bootstrap_step(root, shape["samples"]) for _ in range(a.repeat)]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    step_s = statistics.median(s for s, _ in runs)
+    out = {
+        "shape": "bert-tiny" if a.quick else "bert-base",
+        "settings": {k: v for k, v in shape.items() if k != "config"},
+        "measures": list(MEASURES),
+        "rows_per_step": runs[0][1],
+        "extract_cpu_s": extract_s,
+        "bootstrap_step_cpu_s": [s for s, _ in runs],
+        "group_bootstrap_cpu_s": step_s * STEPS,
+        "group_extract_cpu_s": extract_s * SEEDS * STEPS,
+        "share": step_s / (extract_s * SEEDS),
+        "goal": GOAL,
+    }
+    print(
+        f"{out['shape']}: extract {extract_s:.1f} CPU-s a checkpoint; bootstrap of one step of {SEEDS} seeds at B = "
+        f"{shape['samples']}: {step_s:.2f} CPU-s (median of {a.repeat}), {runs[0][1]} rows; the group ({SEEDS} x "
+        f"{STEPS}): {out['group_bootstrap_cpu_s']:.0f} CPU-s against {out['group_extract_cpu_s']:.0f}, "
+        f"{out['share']:.1%} (goal {GOAL:.0%})"
+    )
+    if not a.quick:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()
