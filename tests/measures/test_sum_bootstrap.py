@@ -132,6 +132,10 @@ def test_a_group_of_two_seeds_resamples_the_sums_on_the_sequences_drawn(tmp_path
     table = sb.bootstrap_table([[folder] for folder, _ in folders], settings, group="g")
     intervals = table.filter(pl.col("against").is_null())
     assert set(intervals["metric"]) == {"isoscore", "avg_cos", "entropy_mean", "sink1_eps"}
+    # without a measure of the sampled vectors no vector is read, and the sums' rows are the same
+    sums_alone = sb.Settings(samples=40, seed=3, measures=("avg_cos", "entropy_mean", "sink1_eps"))
+    alone = sb.bootstrap_table([[folder] for folder, _ in folders], sums_alone, group="g")
+    assert alone.equals(table.filter(pl.col("metric") != "isoscore"))
     per_seed = [metric_values(tables) for _, tables in folders]
     draws = list(bootstrap.draws(5, 2, samples=40, seed=3))
     counts, seeds = draws[0].counts, draws[0].base
