@@ -37,11 +37,13 @@ def _assert_tables_equal(a: pl.DataFrame, b: pl.DataFrame, name: str) -> None:
     assert a.height == b.height, name
     for column in a.columns:
         x, y = a[column], b[column]
-        if x.dtype in (pl.Float32, pl.Float64) or isinstance(x.dtype, pl.List):
-            xs = np.array(x.to_list(), dtype=np.float64) if x.null_count() == 0 else None
-            if xs is not None:
-                np.testing.assert_allclose(xs, np.array(y.to_list(), np.float64), rtol=1e-5, atol=1e-7, err_msg=name)
-                continue
+        if isinstance(x.dtype, pl.List) and x.null_count() == 0:  # lists of any lengths: the lengths, then values
+            assert x.list.len().to_list() == y.list.len().to_list(), f"{name}.{column}"
+            x, y = x.explode(), y.explode()
+        if x.dtype in (pl.Float32, pl.Float64) and x.null_count() == 0:
+            xs, ys = x.to_numpy().astype(np.float64), y.to_numpy().astype(np.float64)
+            np.testing.assert_allclose(xs, ys, rtol=1e-5, atol=1e-7, err_msg=f"{name}.{column}")
+            continue
         assert x.to_list() == y.to_list(), f"{name}.{column}"
 
 
