@@ -32,11 +32,18 @@ def outlier_cost(a, shape: str, t: int) -> dict:
     --processes fresh processes (a process's ratio differs from the next one's by up to 0.1 on a 2-core machine):
     each ratio is the median over all their repetitions, the drop the median of the paired differences."""
     print(f"[{shape} {a.batch}x{t}] outlier statistics' cost, {a.processes} processes ...", flush=True)
-    variants = ["plain", "extract", "extract_without_outliers"]
-    runs = [spawn_speed(a, shape, t, variants, a.repeat or 11) for _ in range(a.processes)]
-    with_, without = pooled(runs, "extract"), pooled(runs, "extract_without_outliers")
+    row, with_, without = with_and_without(a, shape, t, "extract_without_outliers")
     drops = [w - x for w, x in zip(without["speed_ratios"], with_["speed_ratios"])]
-    return {
+    return row | {"drop": statistics.median(drops), "drops": drops}
+
+
+def with_and_without(a, shape: str, t: int, without_variant: str) -> tuple[dict, dict, dict]:
+    """extract and `without_variant` interleaved with the plain forward in each of --processes fresh `speed`
+    processes: (the row's shared figures, extract's pooled figures, the variant's)."""
+    variants = ["plain", "extract", without_variant]
+    runs = [spawn_speed(a, shape, t, variants, a.repeat or 11) for _ in range(a.processes)]
+    with_, without = pooled(runs, "extract"), pooled(runs, without_variant)
+    row = {
         "shape": shape,
         "batch": a.batch,
         "seq_len": t,
@@ -44,10 +51,9 @@ def outlier_cost(a, shape: str, t: int) -> dict:
         "without": without["speed_ratio"],
         "with_per_process": with_["per_process"],
         "without_per_process": without["per_process"],
-        "drop": statistics.median(drops),
-        "drops": drops,
         "added_seconds": statistics.median(w - x for w, x in zip(with_["seconds"], without["seconds"])),
     }
+    return row, with_, without
 
 
 def pooled(runs: list[dict], variant: str) -> dict:

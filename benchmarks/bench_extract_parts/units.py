@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import statistics
 
-from .outliers import pooled
-from .speed import spawn_speed
+from .outliers import with_and_without
 
 TABLE_HEAD = (
     "| model | batch x seq | extract vs plain | each process | without the units' sums | cost (median of pairs) |"
@@ -30,18 +29,5 @@ def units_cost(a, shape: str, t: int) -> dict:
     """extract's speed ratio to the plain forward with and without the units' sums, interleaved in each of
     --processes fresh processes; the cost is the median of the paired relative differences of extract's seconds."""
     print(f"[{shape} {a.batch}x{t}] the units' sums' cost, {a.processes} processes ...", flush=True)
-    variants = ["plain", "extract", "extract_without_units"]
-    runs = [spawn_speed(a, shape, t, variants, a.repeat or 11) for _ in range(a.processes)]
-    with_, without = pooled(runs, "extract"), pooled(runs, "extract_without_units")
-    pairs = list(zip(with_["seconds"], without["seconds"]))
-    return {
-        "shape": shape,
-        "batch": a.batch,
-        "seq_len": t,
-        "with": with_["speed_ratio"],
-        "without": without["speed_ratio"],
-        "with_per_process": with_["per_process"],
-        "without_per_process": without["per_process"],
-        "cost": statistics.median(w / x - 1 for w, x in pairs),
-        "added_seconds": statistics.median(w - x for w, x in pairs),
-    }
+    row, with_, without = with_and_without(a, shape, t, "extract_without_units")
+    return row | {"cost": statistics.median(w / x - 1 for w, x in zip(with_["seconds"], without["seconds"]))}
