@@ -35,3 +35,10 @@ def merged_m2(n_a, sum_a, m2_a, n_b, sum_b, m2_b):
     by the same ops in the same order, without the mean it does not need."""
     delta = sum_b / safe(n_b) - sum_a / safe(n_a)
     return m2_a + m2_b + delta * delta * (n_a * (n_b / safe(n_a + n_b)))
+
+
+def pooled_m2(n, total, m2):
+    """M2 of several parts together, each given by its count, its sum and its M2 about its own mean (1-d arrays or
+    tensors, one entry a part): sum M2_i + sum n_i (mean_i - mean)^2, without cancellation."""
+    mean = total.sum() / safe(n.sum())
+    return m2.sum() + (n * (total / safe(n) - mean) ** 2).sum()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from anisweep.moments import merge, merged_m2, safe
+from anisweep.moments import merge, merged_m2, pooled_m2, safe
 
 
 @dataclass(frozen=True)
@@ -157,8 +157,7 @@ class VectorStats:
         if self.units is None:
             return self._norm_m2
         n, _, sum_norm, m2, _ = self.seq_table.cpu().unbind(dim=1)
-        mean = sum_norm.sum() / safe(n.sum())
-        return m2.sum() + (n * (sum_norm / safe(n) - mean).square()).sum()
+        return pooled_m2(n, sum_norm, m2)
 
     @property
     def sum_x_sq(self) -> torch.Tensor:

@@ -9,6 +9,7 @@ import polars as pl
 
 from anisweep.extract.recorder import Recorder
 from anisweep.extract.streaming import AttentionStats, Units, VectorStats
+from anisweep.moments import pooled_m2
 from anisweep.tables import EXTRACT_SCHEMAS
 
 
@@ -20,13 +21,9 @@ def _by_unit(per_seq: np.ndarray, units: Units) -> np.ndarray:
 
 
 def merged_m2(n: np.ndarray, total: np.ndarray, m2: np.ndarray, units: Units) -> np.ndarray:
-    """Each unit's M2 from its sequences' counts, sums and M2s (each about its own mean): sum M2_s + sum n_s
-    (mean_s - mean_u)^2, without cancellation."""
-    n_u, total_u = _by_unit(n, units), _by_unit(total, units)
+    """Each unit's M2 from its sequences' counts, sums and M2s (each about its own mean; moments.pooled_m2)."""
     unit = np.arange(units.n_sequences) // units.size
-    mean_s = total / np.maximum(n, 1)
-    mean_u = total_u / np.maximum(n_u, 1)
-    return _by_unit(m2 + n * (mean_s - mean_u[unit]) ** 2, units)
+    return np.array([pooled_m2(n[unit == u], total[unit == u], m2[unit == u]) for u in range(units.n_units)])
 
 
 def _row(table: str, layer: int, site: str, head: int | None, stat: str, values: np.ndarray) -> dict:

@@ -68,13 +68,9 @@ def _avg_cos(s: np.ndarray) -> np.ndarray:
     return _ratio(np.einsum("...i,...i->...", unit, unit) - m, np.where(m >= 2, m * (m - 1.0), 0.0))
 
 
-def _drift_norm(s: np.ndarray) -> np.ndarray:
-    """[n, sum_x...]: ||mean x|| (geometry.drift_from_sums)."""
-    return _ratio(np.linalg.norm(s[..., 1:], axis=-1), s[..., 0])
-
-
-def _drift_ratio(s: np.ndarray) -> np.ndarray:
-    """[sum_norm, sum_x...]: ||mean x|| / mean ||x||."""
+def _sum_norm_over(s: np.ndarray) -> np.ndarray:
+    """[c, sum_x...]: ||sum x|| / c; c = n gives drift_norm, ||mean x||, and c = sum ||x|| drift_ratio, ||mean x|| /
+    mean ||x|| (geometry.drift_from_sums)."""
     return _ratio(np.linalg.norm(s[..., 1:], axis=-1), s[..., 0])
 
 
@@ -94,9 +90,9 @@ def _hidden(layer: int, site: str, stats: dict[str, np.ndarray], metric: str) ->
     if metric == "avg_cos":
         return SumMeasure(metric, layer, site, None, column(n, n_zero, stats["sum_unit"]), _avg_cos)
     if metric == "drift_norm":
-        return SumMeasure(metric, layer, site, None, column(n, stats["sum_x"]), _drift_norm)
+        return SumMeasure(metric, layer, site, None, column(n, stats["sum_x"]), _sum_norm_over)
     if metric == "drift_ratio":
-        return SumMeasure(metric, layer, site, None, column(sum_norm, stats["sum_x"]), _drift_ratio)
+        return SumMeasure(metric, layer, site, None, column(sum_norm, stats["sum_x"]), _sum_norm_over)
     if metric == "norm_mean":
         return SumMeasure(metric, layer, site, None, column(n, sum_norm), lambda s: _ratio(s[..., 1], s[..., 0]))
     centre = float(sum_norm.sum() / max(n.sum(), 1.0))
