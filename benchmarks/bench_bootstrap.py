@@ -17,8 +17,8 @@ them. Extract of one bert-base checkpoint (random weights, no download) at the s
 with the extract job's threads (resources.extract_threads, 2): loading the saved model, the run with every
 statistic, its tables. The group: 29 bootstrap steps against 5 x 29 extracts, in job-seconds (wall seconds of each
 job) and core-seconds (x the job's threads). `profile`: where one step's time goes (cProfile at the smaller B).
-`prototype`: cheaper ways to the same replicate values on one site, their time and their largest difference from
-today's path. Results: printed, and written to --out (JSON) and a Markdown table beside it (.md).
+IsoScore's replicates are products computed once per site (anisweep.measures.unit_products), RankMe's an
+eigendecomposition each. Results: printed, and written to --out (JSON) and a Markdown table beside it (.md).
 """
 
 from __future__ import annotations
@@ -193,157 +193,6 @@ def profile_worker(a) -> dict:
     return {"samples": a.samples, "total_s": total, "read_s": read_s, "parts": parts}
 
 
-class TraceIsoScore:
-    """IsoScore of each replicate from the trace and the Frobenius norm of its scatter matrix S: with lam the
-    eigenvalues, lam_hat = sqrt(d) lam / ||lam|| has ||lam_hat||^2 = d, so ||lam_hat - 1||^2 = 2d - 2 sqrt(d)
-    tr(S) / ||S||_F, and IsoScore is a function of that (geometry.isoscore_of_variances). With counts c per
-    sequence, G = sum_u c_u G_u and t = sum_u c_u T_u (T_u, G_u: sequence u's sum and Gram matrix of its vectors,
-    shifted by the sample's mean, which leaves S as it is), ||S||_F^2 = ||G||_F^2 - 2 t'Gt / n + (t't)^2 / n^2,
-    ||G||_F^2 = c' K c with K_uv = ||X_u' X_v||_F^2, and t'Gt = sum_i w_i (x_i . t)^2 with x_i . t = (P c)_i,
-    P_iv = x_i . T_v: per replicate O(units^2 + rows x units), no d x d matrix. The same mask of where the value is
-    defined as sample_bootstrap.isoscore (at least d vectors with spread)."""
-
-    def __init__(self, x: np.ndarray, unit: np.ndarray, n_units: int):
-        from anisweep.measures import geometry
-
-        self.tolerance = geometry.SPREAD_TOLERANCE
-        self.d = x.shape[1]
-        self.unit = unit
-        self.centre = x.mean(axis=0)
-        xc = x - self.centre
-        onehot = np.zeros((n_units, len(x)))
-        onehot[unit, np.arange(len(x))] = 1.0
-        self.sizes = onehot.sum(axis=1)
-        self.sums = onehot @ xc  # T (units, d)
-        self.traces = onehot @ np.einsum("ij,ij->i", xc, xc)  # tr G_u
-        self.raw_traces = onehot @ np.einsum("ij,ij->i", x, x)  # of the unshifted vectors, for the spread's mask
-        self.k = np.zeros((n_units, n_units))
-        for u in range(n_units):  # K_uv = sum_{i in u, j in v} (x_i . x_j)^2, one sequence's rows at a time
-            rows = unit == u
-            if rows.any():
-                self.k[u] = onehot @ ((xc @ xc[rows].T) ** 2).sum(axis=1)
-        self.p = xc @ self.sums.T  # (rows, units)
-
-    def of_counts(self, counts: np.ndarray) -> np.ndarray:
-        n = counts @ self.sizes
-        w = counts[:, self.unit]
-        t = counts @ self.sums
-        tt = np.einsum("bd,bd->b", t, t)
-        safe = np.maximum(n, 1.0)
-        trace_s = counts @ self.traces - tt / safe
-        gg = np.einsum("bu,uv,bv->b", counts, self.k, counts)
-        tgt = np.einsum("br,br->b", w, (counts @ self.p.T) ** 2)
-        frob = np.sqrt(np.maximum(gg - 2.0 * tgt / safe + tt**2 / safe**2, 0.0))
-        d, sd = self.d, np.sqrt(self.d)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            spread = trace_s / (counts @ self.raw_traces)
-            delta2 = (2.0 * d - 2.0 * sd * trace_s / frob) / (2.0 * (d - sd))
-            k = (d - delta2 * (d - sd)) ** 2 / d**2
-            out = (d * k - 1.0) / (d - 1.0)
-        ok = (n >= 2) & (n >= d) & (np.nan_to_num(spread, nan=-1.0) >= self.tolerance) & (frob > 0)
-        return np.where(ok, out, np.nan)
-
-
-def prototype_worker(a) -> dict:
-    """One seed's first site: today's path (each measure its own moments, each replicate's Gram matrix from all
-    the weighted vectors) against sharing one Gram matrix between the measures, summing only the drawn rows
-    (symmetric rank-k update), and the per-sequence Gram matrices (the path below MAX_UNIT_GRAM_ELEMENTS); and where
-    today's replicates fall against the full sample's value."""
-    from anisweep.measures import bootstrap
-    from anisweep.measures.sample_bootstrap import Moments, isoscore, rankme, read_checkpoint
-
-    checkpoint = read_checkpoint(a.folders[0], MEASURES)
-    site = checkpoint.sites[sorted(checkpoint.sites)[0]]
-    units = next(bootstrap.draws(site.n_units, 1, samples=a.samples, seed=0)).units
-    counts = bootstrap.unit_counts(units, site.n_units)
-    x, unit = site.x, site.unit
-
-    def today():
-        return np.stack([isoscore(site.moments(counts)), rankme(site.moments(counts))])
-
-    def shared():
-        m = site.moments(counts)
-        return np.stack([isoscore(m), rankme(m)])
-
-    def drawn_rows():
-        weights = counts[:, unit]
-        grams = []
-        for w in weights:
-            rows = np.flatnonzero(w)
-            xs = x[rows] * np.sqrt(w[rows])[:, None]
-            grams.append(xs.T @ xs)
-        m = Moments(np.stack(grams), weights @ x, weights.sum(axis=1))
-        return np.stack([isoscore(m), rankme(m)])
-
-    def unit_grams():
-        d = x.shape[1]
-        grams = np.zeros((site.n_units, d, d))
-        for u in np.unique(unit):
-            xu = x[unit == u]
-            grams[u] = xu.T @ xu
-        weights = counts[:, unit]
-        m = Moments(np.tensordot(counts, grams, axes=([1], [0])), weights @ x, weights.sum(axis=1))
-        return np.stack([isoscore(m), rankme(m)])
-
-    def isoscore_by_traces():
-        """IsoScore from tr(S) and ||S||_F alone (its formula needs no more of the spectrum), with per-sequence
-        products computed once: no eigendecomposition and no d x d matrix per replicate."""
-        prepared = TraceIsoScore(x, unit, site.n_units)
-        return np.stack([prepared.of_counts(counts), rankme(site.moments(counts))])
-
-    def eigvalsh_only():
-        m = site.moments(counts)
-        np.linalg.eigvalsh(m.gram)
-        np.linalg.eigvalsh(m.scatter)
-
-    def gram_only():
-        site.moments(counts)
-
-    out = {"samples": a.samples, "d": x.shape[1], "rows": x.shape[0], "n_units": site.n_units}
-    reference = None
-    variants = [("today", today), ("shared", shared), ("drawn_rows", drawn_rows), ("unit_grams", unit_grams)]
-    for name, fn in [*variants, ("isoscore_by_traces", isoscore_by_traces)]:
-        times = []
-        for _ in range(a.repeat):
-            started = time.perf_counter()
-            got = fn()
-            times.append(time.perf_counter() - started)
-        reference = got if reference is None else reference
-        with np.errstate(invalid="ignore", divide="ignore"):
-            rel = np.nanmax(np.abs(got - reference) / np.abs(reference))
-        out[name] = {
-            "seconds": statistics.median(times),
-            "max_rel_diff": float(rel),
-            "identical": bool(np.array_equal(got, reference, equal_nan=True)),
-        }
-    for name, fn in [("one_gram", gram_only), ("two_eigvalsh", eigvalsh_only)]:
-        times = []
-        for _ in range(a.repeat):
-            started = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - started)
-        out[name] = {"seconds": statistics.median(times)}
-    out["two_eigvalsh"]["seconds"] -= out["one_gram"]["seconds"]
-    started = time.perf_counter()
-    prepared = TraceIsoScore(x, unit, site.n_units)
-    out["isoscore_by_traces"]["prepare_s"] = time.perf_counter() - started
-    started = time.perf_counter()
-    iso = prepared.of_counts(counts)
-    out["isoscore_by_traces"]["isoscore_only_s"] = time.perf_counter() - started
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out["isoscore_by_traces"]["isoscore_max_rel_diff"] = float(np.nanmax(np.abs(iso / reference[0] - 1)))
-    out["unit_grams"]["memory_mb"] = site.n_units * x.shape[1] ** 2 * 8 / 2**20
-    key = sorted(checkpoint.sites)[0]
-    for row, metric in enumerate(MEASURES):  # where the replicates fall against the full sample's value
-        exact = checkpoint.exact[(metric, *key)]
-        out[f"{metric}_replicates"] = {
-            "estimate": exact,
-            "replicate_mean": float(np.mean(reference[row])),
-            "share_below_estimate": float(np.mean(reference[row] < exact)),
-        }
-    return out
-
-
 def extract_worker(a) -> dict:
     """One checkpoint of the shape at the benchmark's extract settings: load the saved model, run, tables."""
     import torch
@@ -391,7 +240,6 @@ def extract_worker(a) -> dict:
 WORKERS = {
     "bootstrap": bootstrap_worker,
     "profile": profile_worker,
-    "prototype": prototype_worker,
     "extract": extract_worker,
 }
 
@@ -538,8 +386,6 @@ def drive(a) -> dict:
             jobs.append((("extract",), "extract", threads, extract))
         if not a.no_profile:
             jobs.append((("profile",), "profile", 1, {"folders": folders, "samples": min(samples)}))
-            options = {"folders": folders, "samples": a.prototype_samples, "repeat": repeat}
-            jobs.append((("prototype",), "prototype", 1, options))
         with ThreadPoolExecutor(a.parallel) as pool:  # --parallel > 1: CPU seconds still hold, wall time does not
             rows = list(pool.map(lambda job: (job[0], spawn(job[1], job[2], **job[3])), jobs))
         for where, row in rows:
@@ -555,11 +401,7 @@ def drive(a) -> dict:
     result["parallel"] = a.parallel
     with_projections(result)
     print(result["markdown"])
-    print(
-        json.dumps(
-            {k: result[k] for k in ("projection", "projection_cpu", "profile", "prototype") if k in result}, indent=1
-        )
-    )
+    print(json.dumps({k: result[k] for k in ("projection", "projection_cpu", "profile") if k in result}, indent=1))
     return result
 
 
@@ -576,8 +418,7 @@ def main(argv=None):
         help="extract settings: the schema's defaults, or config/multiberts.yaml's",
     )
     ap.add_argument("--seeds", type=int, help="seeds of the group (default 5)")
-    ap.add_argument("--prototype-samples", type=int, default=8, help="replicates of the prototypes' comparison")
-    ap.add_argument("--no-profile", action="store_true", help="leave out the profile and the prototypes")
+    ap.add_argument("--no-profile", action="store_true", help="leave out the profile")
     ap.add_argument("--inputs", help="a folder for the synthetic inputs, kept and reused (default: a temporary one)")
     ap.add_argument("--parallel", type=int, default=1, help="workers at once (wall times then mean little)")
     ap.add_argument("--extract-threads", type=int, default=EXTRACT_THREADS, help="extract's threads (the job's: 2)")

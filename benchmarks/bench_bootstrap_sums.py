@@ -1,12 +1,13 @@
-"""The Multi-Bootstrap of the measures built of sums beside extract, in one process: a MultiBERTs group of 5 seeds x
-29 steps at B = 1,000, the measures of config/multiberts_seeds.yaml (run by hand).
+"""The Multi-Bootstrap of config/multiberts_seeds.yaml's measures (those built of sums, and IsoScore of the sampled
+vectors) beside extract, in one process: a MultiBERTs group of 5 seeds x 29 steps at B = 1,000 (run by hand).
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_bootstrap_sums.py [--repeat 3] [--out benchmarks/out/bootstrap_sums.json]
+    OMP_NUM_THREADS=1 python benchmarks/bench_bootstrap_sums.py [--repeat 3] [--settings default|multiberts]
     python benchmarks/bench_bootstrap_sums.py --quick    # a tiny shape, seconds: checks the code (tests run it)
 
 Extract of one bert-base checkpoint (random weights, no download) at the schema's default extract settings (64
-sequences of 128 tokens, 4,096 sampled, 32 resampling units) writes its tables, and the same folder again as four
-more seeds (the measures built of sums read units.parquet and hidden.parquet's identity, no metrics); then
+sequences of 128 tokens, 4,096 sampled, 32 resampling units) or config/multiberts_seeds.yaml's (`--settings
+multiberts`: 128 sequences of 512 tokens, 8,192 sampled, 32 units) writes its tables and metrics.parquet's rows of
+the sampled vectors (IsoScore's estimate; not timed), and the same folder again as four more seeds; then
 `anisweep.measures.sample_bootstrap.bootstrap_table` resamples that step of the 5 seeds at B = 1,000, --repeat
 times, with the same thread count (one, as a Snakemake job of one thread: set OMP_NUM_THREADS=1 so that numpy's BLAS
 uses one too). Both are process CPU seconds of this process, the bootstrap's the median of the repetitions; the
@@ -32,11 +33,17 @@ from anisweep.extract import tables as extract_tables
 from anisweep.extract.model import ATTENTION_NAME, ExtractSettings, LoadedModel
 from anisweep.extract.recorder import register_attention
 from anisweep.extract.run import run, write_extract
+from anisweep.measures import metrics
 from anisweep.measures import sample_bootstrap as sb
+from anisweep.tables import metric_rows
 
 HERE = Path(__file__).resolve()
-MEASURES = ("avg_cos", "drift_ratio", "norm_std", "entropy_mean", "entropy_norm_mean", "sink_first_mass", "qk_cos")
+MEASURES = (
+    "isoscore", "avg_cos", "drift_ratio", "norm_std", "entropy_mean", "entropy_norm_mean", "sink_first_mass", "qk_cos",
+)  # fmt: skip
 FULL = {"config": {}, "n_sequences": 64, "seq_len": 128, "sample_tokens": 4096, "samples": 1000}
+MULTIBERTS = {**FULL, "n_sequences": 128, "seq_len": 512, "sample_tokens": 8192}
+UNITS = 32
 QUICK = {
     "config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128},
     "n_sequences": 8,
@@ -58,7 +65,9 @@ def extract_step(root: Path, shape: dict) -> float:
     n, t = shape["n_sequences"], shape["seq_len"]
     ids = torch.randint(1000, config.vocab_size, (n, t), generator=torch.Generator().manual_seed(0))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    settings = ExtractSettings(n_sequences=n, seq_len=t, batch_size=8, sample_tokens=shape["sample_tokens"])
+    settings = ExtractSettings(
+        n_sequences=n, seq_len=t, batch_size=8, sample_tokens=shape["sample_tokens"], units=UNITS
+    )
     settings.device = "cpu"
     started = time.process_time()
     recorder = run(loaded, batch, settings, progress=False)
@@ -71,7 +80,11 @@ def extract_step(root: Path, shape: dict) -> float:
             name: df.with_columns(pl.lit(f"seed_{seed}").alias("model")) if "model" in df.columns else df
             for name, df in written.items()
         }
-        write_extract(folder, named, {"settings": {"n_sequences": n}})
+        write_extract(folder, named, {"settings": {"n_sequences": n, "units": UNITS}})
+        hidden = named["hidden"]
+        metric_rows(ident | {"model": f"seed_{seed}"}, metrics.sample_rows(hidden), "sample_geometry").write_parquet(
+            folder / "metrics.parquet"
+        )
     return seconds
 
 
@@ -88,9 +101,10 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=HERE.parent / "out" / "bootstrap_sums.json")
+    ap.add_argument("--settings", choices=["default", "multiberts"], default="default", help="extract's settings")
+    ap.add_argument("--out", type=Path, help="default benchmarks/out/bootstrap_sums[_multiberts].json")
     a = ap.parse_args(argv)
-    shape = QUICK if a.quick else FULL
+    shape = QUICK if a.quick else MULTIBERTS if a.settings == "multiberts" else FULL
     torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp(prefix="bench-sums-"))
     try:
@@ -101,6 +115,7 @@ def main(argv=None) -> dict:
     step_s = statistics.median(s for s, _ in runs)
     out = {
         "shape": "bert-tiny" if a.quick else "bert-base",
+        "extract_settings": a.settings,
         "settings": {k: v for k, v in shape.items() if k != "config"},
         "measures": list(MEASURES),
         "rows_per_step": runs[0][1],
@@ -118,8 +133,9 @@ def main(argv=None) -> dict:
         f"{out['share']:.1%} (goal {GOAL:.0%})"
     )
     if not a.quick:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(out, indent=1))
+        path = a.out or HERE.parent / "out" / f"bootstrap_sums{'' if a.settings == 'default' else '_multiberts'}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=1))
     return out
 
 

@@ -143,11 +143,12 @@ def components(sample_tokens: int, qk_tokens: int, d_model: int, n_layers: int, 
 
 
 def unit_floats(d_model: int, n_layers: int, n_heads: int) -> int:
-    """A resampling unit's floats in units.parquet of a GPT-NeoX-shaped model (docs/results.md): 2 d_model + 4 per
-    hidden-state site (layers + 3), 3 per layer and 6 per head of attention, 2 + (2 d_head + 2) per head and rope."""
+    """A resampling unit's floats in units.parquet of a GPT-NeoX-shaped model (docs/results.md): 3 d_model + 4 per
+    sampled hidden-state site (layers + 3; the rogue dimensions' sum u_j^2 the third d_model), 3 per layer and 6 per
+    head of attention, 2 + (2 d_head + 2) per head and rope."""
     d_head = d_model // n_heads
     return (
-        (n_layers + 3) * (2 * d_model + 4)
+        (n_layers + 3) * (3 * d_model + 4)
         + n_layers * (3 + 6 * n_heads)
         + n_layers * 2 * (2 + n_heads * (2 * d_head + 2))
     )

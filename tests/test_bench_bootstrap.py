@@ -73,7 +73,4 @@ def test_quick_mode_runs_every_part(tmp_path):
     assert set(result["projection_cpu"]) == set(p)
     assert p["step_s_at_target"] > 0 and p["extract_s"] > 0 and p["peak_mb"] > 0
     assert any("eigvalsh" in name for name in result["profile"]["parts"])
-    prototype = result["prototype"]
-    assert prototype["shared"]["identical"]  # one Gram matrix for both measures: the same values, bit for bit
-    assert prototype["drawn_rows"]["max_rel_diff"] < 1e-6 and prototype["unit_grams"]["max_rel_diff"] < 1e-6
     assert out.with_suffix(".md").read_text() == result["markdown"]

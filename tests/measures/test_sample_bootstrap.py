@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from anisweep.measures import bootstrap, geometry, metrics, spectra, spectral
+from anisweep.measures import bootstrap, geometry, metrics, spectra, spectral, unit_products
 from anisweep.measures import sample_bootstrap as sb
 from anisweep.tables import IDENTITY, metric_rows, read_parquet
 
@@ -134,14 +134,22 @@ def test_a_missing_metrics_table_or_row_names_the_file_and_the_fix(model):
         sb.bootstrap_table([model], SETTINGS)
 
 
+def checkpoint_vectors(folder: Path, layer: int, site: str) -> np.ndarray:
+    """hidden.parquet's vectors at (layer, site), float64, in the table's order."""
+    hidden = read_parquet(folder / "hidden.parquet").filter((pl.col("layer") == layer) & (pl.col("site") == site))
+    return np.asarray(hidden["vector"].to_list(), dtype=np.float64)
+
+
 @pytest.mark.parametrize("metric", sb.MEASURES)
 @pytest.mark.parametrize("unit_grams", [True, False], ids=["unit-grams", "weighted-rows"])
 def test_a_replicate_is_the_measure_of_the_drawn_sequences_vectors(model, metric, unit_grams, monkeypatch):
     """Every sampled vector of a drawn sequence, as often as it is drawn: the value equals the metric computed from
     those vectors themselves (the full sample, and random draws), up to rounding; with the per-sequence Gram
-    matrices and without them (a site too large to hold them)."""
+    matrices and without them (a site too large to hold them; IsoScore's K from each unit's products with every
+    row)."""
     if not unit_grams:
         monkeypatch.setattr(sb, "MAX_UNIT_GRAM_ELEMENTS", 0)
+        monkeypatch.setattr(unit_products, "MAX_UNIT_GRAM_ELEMENTS", 0)
     checkpoint = sb.read_checkpoint(model[1], sb.MEASURES)
     site = checkpoint.sites[(1, "resid")]
     direct = {
@@ -151,17 +159,19 @@ def test_a_replicate_is_the_measure_of_the_drawn_sequences_vectors(model, metric
     }[metric]
     rng = np.random.default_rng(1)
     draws = np.concatenate([np.arange(N_SEQUENCES)[None], rng.integers(0, N_SEQUENCES, size=(5, N_SEQUENCES))])
-    got = site.values(sb.OF_MOMENTS[metric], draws)
+    got = site.values(metric, draws)
+    vectors = checkpoint_vectors(model[1], 1, "resid")
+    rtol = 2e-5 if metric == "isoscore" else 1e-10  # IsoScore's products are float32 matrix products (unit_products)
     for value, units in zip(got, draws):
-        x = site.x[bootstrap.rows_of_units(site.unit, units)]
-        assert value == pytest.approx(direct(x), rel=1e-10, abs=1e-12)
-    assert got[0] == pytest.approx(checkpoint.exact[(metric, 1, "resid")], rel=1e-12)
+        x = vectors[bootstrap.rows_of_units(site.unit, units)]
+        assert value == pytest.approx(direct(x), rel=rtol, abs=1e-12)
+    assert got[0] == pytest.approx(checkpoint.exact[(metric, 1, "resid")], rel=rtol / 100)
 
 
 @pytest.mark.parametrize("unit_grams", [True, False], ids=["unit-grams", "weighted-rows"])
 def test_the_measures_of_a_site_share_each_replicates_moments(model, unit_grams, monkeypatch):
-    """Each measure alone and all three at once give the same table, bit for bit, and the three build each
-    replicate's moments once: as many Gram matrices as one measure alone (in several chunks of replicates)."""
+    """Each measure alone and all three at once give the same table, bit for bit; the two of the replicates' moments
+    build them once: as many Gram matrices as one measure alone (in several chunks of replicates); IsoScore none."""
     if not unit_grams:
         monkeypatch.setattr(sb, "MAX_UNIT_GRAM_ELEMENTS", 0)
     monkeypatch.setattr(sb, "CHUNK_ELEMENTS", 40 * D * D)  # 300 replicates in 8 chunks
@@ -175,7 +185,7 @@ def test_the_measures_of_a_site_share_each_replicates_moments(model, unit_grams,
     for metric in sb.MEASURES:
         calls.clear()
         alone = sb.bootstrap_table([model], sb.Settings(samples=300, measures=(metric,)))
-        assert calls == built  # the same replicates' moments, built once for the three
+        assert calls == ([] if metric == "isoscore" else built)  # the same replicates' moments, built once for two
         assert_frame_equal(together.filter(pl.col("metric") == metric), alone, check_exact=True)
     assert len(built) == len(model) * len(SITES) * 8 and sum(built) == len(model) * len(SITES) * 300
 
@@ -188,38 +198,71 @@ def test_isoscore_from_the_trace_and_norm_is_the_eigenvalues_formula():
         spectra = [rng.exponential(size=d), np.arange(1, d + 1) ** -2.0, np.ones(d) + 1e-9 * rng.random(d)]
         spectra.append(np.where(rng.random(d) < 0.5, 0.0, rng.exponential(size=d)))
         for lam in spectra:
-            got = sb.isoscore_of_trace(np.array([lam.sum()]), np.array([lam @ lam]), d)[0]
+            got = unit_products.isoscore_of_trace(np.array([lam.sum()]), np.array([lam @ lam]), d)[0]
             assert got == pytest.approx(geometry.isoscore_of_variances(lam), rel=1e-12, abs=1e-14)
-        ends = sb.isoscore_of_trace(np.array([3.0 * d, 2.0, 0.0]), np.array([9.0 * d, 4.0, 0.0]), d)
+        ends = unit_products.isoscore_of_trace(np.array([3.0 * d, 2.0, 0.0]), np.array([9.0 * d, 4.0, 0.0]), d)
         np.testing.assert_array_equal(ends[:2], [1.0, 0.0])
         assert np.isnan(ends[2])
 
 
 @pytest.mark.parametrize("n", [D, D + 1, 40])
 @pytest.mark.parametrize("scale", [1.0, 3.0])
-def test_a_replicates_isoscore_needs_no_eigenvalues(n, scale, monkeypatch):
-    """Replicates of n vectors (n = d: the centred covariance of rank d - 1, one eigenvalue 0 up to rounding, which
-    the eigenvalues' path clips), flat or strongly anisotropic: the trace path equals isoscore_of_variances of the
-    clipped eigenvalues to 1e-12, NaN at the same replicates, and calls no eigendecomposition."""
+@pytest.mark.parametrize("offset", [0.3, 1e4])
+@pytest.mark.parametrize("unit_grams", [True, False], ids=["unit-grams", "row-products"])
+def test_a_replicates_isoscore_needs_no_eigenvalues(n, scale, offset, unit_grams, monkeypatch):
+    """Replicates of n float32 vectors (as hidden.parquet stores them; n = d: the centred covariance of rank d - 1,
+    one eigenvalue 0 up to rounding, which the eigenvalues' path clips), flat or strongly anisotropic, about a small
+    or a large mean: IsoScore from the units' products (float32 matrix products) equals isoscore_of_variances of the
+    drawn vectors' clipped float64 covariance eigenvalues, NaN at the same replicates, and calls no
+    eigendecomposition. Equal as participation ratios t^2 / F^2 = 1 + IsoScore (d - 1) to 2e-5 (7e-6 at most here;
+    3e-8 with float64 products): IsoScore is that ratio minus 1, which near 1 (these strongly anisotropic clouds in 6
+    dimensions) multiplies the float32 products' relative rounding by up to ~40."""
+    if not unit_grams:
+        monkeypatch.setattr(unit_products, "MAX_UNIT_GRAM_ELEMENTS", 0)
     rng = np.random.default_rng(n)
-    x = rng.normal(size=(n, D)) * scale ** -np.arange(D) + 0.3
-    site = sb.SiteSample(x, np.arange(n) % 4, 4)
+    x = (rng.normal(size=(n, D)) * scale ** -np.arange(D) + offset).astype(np.float32).astype(np.float64)
+    unit = np.arange(n) % 4
     draws = np.concatenate([np.arange(4)[None], rng.integers(0, 4, size=(30, 4))])
-    m = site.moments(bootstrap.unit_counts(draws, 4))
     eigen = np.full(len(draws), np.nan)
-    ok = (m.count >= D) & (m.spread >= geometry.SPREAD_TOLERANCE)
-    eigen[ok] = geometry.isoscore_of_variances(
-        sb._covariance_eigenvalues(sb.Moments(m.gram[ok], m.total[ok], m.count[ok]))
-    )
+    for i, units in enumerate(draws):
+        drawn = x[bootstrap.rows_of_units(unit, units)]
+        if len(drawn) >= D and geometry.has_spread(drawn):
+            eigen[i] = geometry.isoscore_of_variances(geometry.cov_eigvals(drawn))
+    ok = np.isfinite(eigen)
     assert ok.any() and (not ok.all() or n == 40)
+    products = unit_products.UnitProducts.of(x, unit, 4)
 
     def refused(*args, **kw):
         raise AssertionError("IsoScore's replicates need no eigendecomposition")
 
     monkeypatch.setattr(np.linalg, "eigvalsh", refused)
-    got = sb.isoscore(m)
+    monkeypatch.setattr(np.linalg, "eigh", refused)
+    got = products.isoscore(bootstrap.unit_counts(draws, 4))
     np.testing.assert_array_equal(np.isnan(got), np.isnan(eigen))
-    np.testing.assert_allclose(got[ok], eigen[ok], rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(1 + got[ok] * (D - 1), 1 + eigen[ok] * (D - 1), rtol=2e-5)
+
+
+def test_the_sampled_vectors_are_drawn_by_extracts_units(tmp_path):
+    """With extract.units below n_sequences, the sampled tokens are resampled by extract's units (consecutive
+    sequences in groups of ceil(n_sequences / units), as units.parquet's sums): n_units is theirs, and a replicate's
+    IsoScore is that of the vectors of the sequences of its drawn units."""
+    folder = write_checkpoint(tmp_path / "step0", "toy-a", 0)
+    (folder / "extract.json").write_text(json.dumps({"settings": {"n_sequences": N_SEQUENCES, "units": 5}}))
+    checkpoint = sb.read_checkpoint(folder, ("isoscore",))
+    assert checkpoint.n_units == 4  # 12 sequences in units of ceil(12 / 5) = 3
+    site = checkpoint.sites[(1, "resid")]
+    hidden = read_parquet(folder / "hidden.parquet").filter((pl.col("layer") == 1) & (pl.col("site") == "resid"))
+    seq = hidden["seq"].to_numpy()
+    x = checkpoint_vectors(folder, 1, "resid")
+    np.testing.assert_array_equal(site.unit, seq // 3)
+    assert site.x is None  # IsoScore alone keeps products, not the vectors
+    draws = np.array([[0, 1, 2, 3], [0, 0, 3, 3], [2, 1, 1, 0]])
+    got = site.values("isoscore", draws)
+    for value, units in zip(got, draws):
+        drawn = np.concatenate([x[seq // 3 == u] for u in units])
+        assert value == pytest.approx(geometry.isoscore(drawn), rel=2e-5)
+    table = sb.bootstrap_table([[folder]], sb.Settings(samples=50, measures=("isoscore",)))
+    assert set(table["n_units"]) == {4}
 
 
 def test_a_model_alone_gets_example_level_intervals_and_step_tests(model):

@@ -13,7 +13,7 @@ import torch
 import transformers
 
 from anisweep.extract.streaming import Units
-from anisweep.measures import metrics, sinks, sum_bootstrap
+from anisweep.measures import metrics, rogue, sinks, sum_bootstrap
 
 from conftest import bert_config, neox_config, padded_batch, run_extract, saved
 
@@ -30,6 +30,7 @@ def model_path(request, tmp_path_factory):
 def metric_values(tables) -> dict:
     rows = metrics.stats_rows(tables["hidden_stats"]) + metrics.attention_rows(tables["attention"])
     rows += metrics.qk_rows(tables["qk"]) + sinks.sink_rows(tables["sinks"], tables["sink_keys"], tables["attention"])
+    rows += rogue.rogue_rows(tables["hidden_stats"], {})  # the shares, from the streamed statistics alone
     return {(r["metric"], r["layer"], r["site"], r.get("head")): r["value"] for r in rows}
 
 
@@ -169,15 +170,18 @@ def another_seed(model_path, folder):
 
 
 def test_a_units_floats_are_what_docs_results_counts(model_path):
-    """docs/results.md's size of a unit: 2 d_model + 4 floats per hidden-state site, 3 per layer and 6 per head for
-    attention, 2 + (2 d_head + 2) per head for each layer's q/k rope."""
+    """docs/results.md's size of a unit: 2 d_model + 4 floats per hidden-state site and d_model more at the sampled
+    sites (the rogue dimensions' sum u_j^2), 3 per layer and 6 per head for attention, 2 + (2 d_head + 2) per head for
+    each layer's q/k rope."""
     tables, parts = run_extract(model_path, padded_batch(), units=32)
     g = parts.geometry
     units = tables["units"]
     per_unit = int(units["width"].sum())
     ropes = units.filter(pl.col("table") == "qk")["site"].n_unique()
     sites = tables["hidden_stats"].height
-    expected = sites * (2 * g.d_model + 4) + g.n_layers * (3 + 6 * g.n_heads)
+    sampled = tables["hidden_stats"].filter(pl.col("site").is_in(rogue.ROGUE_SITES)).height
+    assert 0 < sampled < sites
+    expected = sites * (2 * g.d_model + 4) + sampled * g.d_model + g.n_layers * (3 + 6 * g.n_heads)
     expected += g.n_layers * ropes * (2 + g.n_heads * (2 * g.d_head + 2))
     assert per_unit == expected
     assert all(len(v) == 5 * w for v, w in zip(units["values"], units["width"]))  # 5 sequences, each its own unit

@@ -107,6 +107,7 @@ class VectorStats:
             self.seq_table = torch.zeros(units.n_sequences, len(self.SEQ_SCALARS) + 1, **f64)
             self.seq_scalars = self.seq_table[:, : len(self.SEQ_SCALARS)]
             self.unit_sums = torch.zeros(units.n_units, len(self.UNIT_VECTORS), d, **f64)
+            self.unit_sum_sq: torch.Tensor | None = None  # (units, d) sum u_j^2, where the outlier statistics are
         else:
             self.vector_sums = torch.zeros(len(self.UNIT_VECTORS), d, **f64)  # sum x, sum x/||x||
             self.counts = torch.zeros(3, dtype=torch.int64, device=device)  # n, n_nonfinite, n_zero
@@ -258,6 +259,7 @@ class VectorStats:
             token_max = outlier_sums.pop("token_max")
             if member is not None:
                 part["per_seq"]["sums"] = outlier_sums.pop("per_seq")
+                part["per_seq"]["unit_sq"] = outlier_sums.pop("per_seq_unit_sq")
             _, first = _sequences(batch_valid)
             return part | outlier_sums | _largest(x, keep, token_max, rows, width, first, n_seqs)
         inverse = torch.where(keep, 1.0 / norms.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
@@ -294,6 +296,10 @@ class VectorStats:
         self.seq_table[first : first + n_seqs] = part["per_seq"]["scalars"]
         units = self.units.of_sequences(first, n_seqs, self.unit_sums.device)
         self.unit_sums.index_add_(0, units, part["per_seq"]["sums"])
+        if "unit_sq" in part["per_seq"]:  # the outlier statistics' sites: per dimension sum u_j^2 of each unit
+            if self.unit_sum_sq is None:
+                self.unit_sum_sq = torch.zeros_like(self.unit_sums[:, 0])
+            self.unit_sum_sq.index_add_(0, units, part["per_seq"]["unit_sq"])
 
     @property
     def has_outliers(self) -> bool:
@@ -347,7 +353,8 @@ def _outlier_sums(x: torch.Tensor, keep: torch.Tensor, member: torch.Tensor | No
     token_max = x.new_empty(len(x))
     abs_max = x.new_zeros(x.shape[-1])
     sums = norms.new_zeros(4, x.shape[-1])  # sum d, sum d^2 of x's deviations; the same of u's
-    per_seq = None if member is None else norms.new_zeros(member.shape[0], 2, x.shape[-1])  # sum d of x's, u's
+    # each sequence's sum d of x's and u's deviations, and sum d^2 of u's (rogue dimensions under reweighting)
+    per_seq = None if member is None else norms.new_zeros(member.shape[0], 3, x.shape[-1])
     for rows in chunks:
         chunk = x[rows]
         magnitude = torch.abs(chunk, out=magnitudes[: len(chunk)])
@@ -366,16 +373,22 @@ def _outlier_sums(x: torch.Tensor, keep: torch.Tensor, member: torch.Tensor | No
         deviation = torch.addcmul(below, value, inverse[:, None], out=value)  # u - u's shift
         if per_seq is None:
             sums[2] += weight @ deviation
+            sums[3] += weight @ deviation.square_()
         else:
-            per_seq[:, 1] += (member[:, rows] * weight) @ deviation
-        sums[3] += weight @ deviation.square_()
+            weights = member[:, rows] * weight
+            per_seq[:, 1] += weights @ deviation
+            per_seq[:, 2] += weights @ deviation.square_()
     out = {}
     sums = sums.view(2, 2, -1)  # [x, u] x [sum d, sum d^2]
     shifts = torch.stack([shift, unit_shift])
     if per_seq is not None:  # the batch's sums of the deviations are its sequences'; theirs are then made about 0
-        sums[:, 0] = per_seq.sum(dim=0)
+        total = per_seq.sum(dim=0)
+        sums[:, 0], sums[1, 1] = total[:2], total[2]
         counts = member @ torch.stack([kept, has_unit], dim=1)  # (sequences, 2): n, n_unit
-        out["per_seq"] = per_seq.addcmul_(counts[:, :, None], shifts[None])
+        # sum u^2 = sum d^2 + 2 shift . sum d + n_unit shift^2, per dimension, before sum d is made about 0
+        unit_sq = per_seq[:, 2].addcmul_(per_seq[:, 1], 2.0 * unit_shift).addcmul_(counts[:, 1:], unit_shift.square())
+        out["per_seq"] = per_seq[:, :2].addcmul_(counts[:, :, None], shifts[None])
+        out["per_seq_unit_sq"] = unit_sq
     counts = torch.stack([n.double(), has_unit.sum()])[:, None]  # n, n_unit
     m2 = sums[:, 1] - sums[:, 0].square() / safe(counts)
     return norms, {

@@ -9,6 +9,7 @@ import polars as pl
 
 from anisweep.extract.recorder import Recorder
 from anisweep.extract.streaming import AttentionStats, Units, VectorStats
+from anisweep.measures.rogue import ROGUE_SITES
 from anisweep.moments import pooled_m2
 from anisweep.tables import EXTRACT_SCHEMAS
 
@@ -53,6 +54,8 @@ def _hidden_rows(recorder: Recorder, units: Units) -> list[dict]:
         }
         vectors = s.unit_sums.cpu().numpy()
         per_unit |= {name: vectors[:, i] for i, name in enumerate(VectorStats.UNIT_VECTORS)}
+        if s.unit_sum_sq is not None and site in ROGUE_SITES:  # the rogue dimensions' shares under reweighting
+            per_unit["sum_unit_sq"] = s.unit_sum_sq.cpu().numpy()
         rows += [_row("hidden_stats", layer, site, None, stat, values) for stat, values in per_unit.items()]
     return rows
 

@@ -24,14 +24,16 @@ def vectors_by_group(
     keys: Sequence[str],
     columns: Sequence[str],
     groups: list[tuple[tuple, np.ndarray]] | None = None,
+    dtype: type = np.float64,
 ) -> list[tuple[tuple, dict[str, np.ndarray]]]:
-    """[(key, {column: the group's vectors as one float64 array (rows, width)})] for each distinct value of `keys`,
+    """[(key, {column: the group's vectors as one `dtype` array (rows, width)})] for each distinct value of `keys`,
     in sorted order of the key, each group's rows in the table's order (`groups`: group_rows of the same keys, where
     the caller has them)."""
     groups = group_rows(df, keys) if groups is None else groups
     split = {column: _split(df[column], [rows for _, rows in groups]) for column in columns}
     return [
-        (key, {column: split[column][i].astype(np.float64) for column in columns}) for i, (key, _) in enumerate(groups)
+        (key, {column: split[column][i].astype(dtype, copy=False) for column in columns})
+        for i, (key, _) in enumerate(groups)
     ]
 
 
@@ -40,4 +42,11 @@ def _split(column: pl.Series, rows: list[np.ndarray]) -> list[np.ndarray]:
         whole = vectors(column)
     except ValueError:  # vectors of several widths (a model whose width changes with depth): group by group
         return [vectors(column.gather(index)) for index in rows]
-    return [whole[index] for index in rows]
+    return [_rows_of(whole, index) for index in rows]
+
+
+def _rows_of(whole: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """whole[index]: a view where the rows are one run (a table written group after group), else a copy."""
+    if len(index) and index[-1] - index[0] + 1 == len(index) and np.all(np.diff(index) == 1):
+        return whole[index[0] : index[-1] + 1]
+    return whole[index]

@@ -3,13 +3,15 @@
 sequences, and the paired tests of each step against the previous and the final step (docs/measures.md, Uncertainty
 over seeds and sequences).
 
-The units are the evaluation sequences (extract.json's `n_sequences`): a replicate draws that many with replacement
-and keeps every sampled token of each drawn sequence, as often as it is drawn. A measure of the sampled vectors is a
-function of their spectrum, so each sequence's Gram matrix, sum and count of its sampled (finite) vectors give any
-replicate's spectrum from its counts, without the vectors. The estimate is the value the checkpoint's metrics job wrote
-to metrics.parquet; the replicates use the same formulas on the replicate's moments (IsoScore's in the covariance's
-trace and Frobenius norm, no eigendecomposition), equal to metrics' functions on the drawn vectors up to rounding
-(tests/measures/test_sample_bootstrap.py). The measures of a site share each replicate's moments.
+The units are extract's resampling units (extract.json's `n_sequences` and `units`: each sequence, or consecutive
+groups of them, as units.parquet's sums): a replicate draws that many with replacement and keeps every sampled token of
+each drawn unit, as often as it is drawn. A measure of the sampled vectors is a function of their spectrum, so each
+unit's Gram matrix, sum and count of its sampled (finite) vectors give any replicate's spectrum from its counts,
+without the vectors; IsoScore, a function of the covariance's trace and Frobenius norm, needs only products computed
+once per site (unit_products), no d x d matrix per replicate. The estimate is the value the checkpoint's metrics job
+wrote to metrics.parquet; the replicates use the same formulas on the replicate's moments, equal to metrics' functions
+on the drawn vectors up to rounding (tests/measures/test_sample_bootstrap.py). The measures of a site share each
+replicate's moments.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import polars as pl
 
 from anisweep.measures import bootstrap, geometry, spectral, sum_bootstrap
 from anisweep.measures.grouped import group_rows, vectors_by_group
+from anisweep.measures.unit_products import UnitProducts
 from anisweep.tables import METRIC_PARAMETERS, read_parquet
 
 #: the measures this module resamples, each a metric of metrics.parquet, and those the config asks for by default
@@ -106,32 +109,6 @@ def _has_spread(m: Moments) -> np.ndarray:
     return (m.count >= 2) & (np.nan_to_num(spread, nan=-1.0) >= geometry.SPREAD_TOLERANCE)
 
 
-def isoscore(m: Moments) -> np.ndarray:
-    """geometry.isoscore of each replicate, from its scatter matrix's trace and Frobenius norm, which are all IsoScore
-    needs of the covariance's eigenvalues (isoscore_of_trace): no eigendecomposition. geometry.isoscore clips the
-    eigenvalues at 0; these sums do not: where rounding makes one slightly negative (a covariance of rank < d, at
-    n = d vectors) the two differ by that rounding, ~1e-16 of the largest eigenvalue. NaN where metrics.sample_rows
-    gives NaN."""
-    d = m.gram.shape[1]
-    out = np.full(len(m.count), np.nan)
-    ok = _has_spread(m) & (m.count >= d) & (d >= 2)
-    if ok.any():
-        scatter = Moments(m.gram[ok], m.total[ok], m.count[ok]).scatter  # the covariance times n - 1: the same score
-        out[ok] = isoscore_of_trace(np.trace(scatter, axis1=1, axis2=2), np.einsum("bij,bij->b", scatter, scatter), d)
-    return out
-
-
-def isoscore_of_trace(trace: np.ndarray, squared_norm: np.ndarray, d: int) -> np.ndarray:
-    """geometry.isoscore_of_variances from the eigenvalues' sum t and squared norm F^2 (a matrix's trace and squared
-    Frobenius norm): lam_hat = sqrt(d) lam / F has ||lam_hat||^2 = d and sum lam_hat = sqrt(d) t / F, so
-    delta^2 (d - sqrt(d)) = d - sqrt(d) t / F, k = t^2 / (d F^2) and IsoScore = (t^2 / F^2 - 1) / (d - 1): the
-    eigenvalues' participation ratio t^2 / F^2 (in [1, d]; a rounding past either end is that end), rescaled. NaN
-    where F is 0."""
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = np.clip(trace * trace / squared_norm, 1.0, d)
-        return np.where(squared_norm > 0, (ratio - 1.0) / (d - 1.0), np.nan)
-
-
 def top_eig_share(m: Moments) -> np.ndarray:
     """geometry.top_eig_share from the covariance's eigenvalues; NaN where metrics.sample_rows gives NaN."""
     out = np.full(len(m.count), np.nan)
@@ -155,24 +132,30 @@ def rankme(m: Moments) -> np.ndarray:
     )
 
 
-OF_MOMENTS: dict[str, Callable[[Moments], np.ndarray]] = {
-    "isoscore": isoscore,
-    "top_eig_share": top_eig_share,
-    "rankme": rankme,
-}
+#: the measures computed from each replicate's moments; IsoScore's replicates need no d x d matrix (unit_products)
+OF_MOMENTS: dict[str, Callable[[Moments], np.ndarray]] = {"top_eig_share": top_eig_share, "rankme": rankme}
 
 
 @dataclass(frozen=True)
 class SiteSample:
-    """One checkpoint's sampled vectors at one (layer, site): the finite vectors (table order) and each one's
-    sequence (its unit), summed per sequence where that fits MAX_UNIT_GRAM_ELEMENTS."""
+    """One checkpoint's sampled vectors at one (layer, site): the finite vectors (table order; None where no measure
+    of the replicates' moments is resampled), each one's resampling unit, and IsoScore's per-unit products where
+    IsoScore is resampled (UnitProducts). The per-unit Gram matrices are kept where they fit MAX_UNIT_GRAM_ELEMENTS."""
 
-    x: np.ndarray
+    x: np.ndarray | None
     unit: np.ndarray
     n_units: int
+    products: UnitProducts | None = None
+
+    @classmethod
+    def of(cls, x: np.ndarray, unit: np.ndarray, n_units: int, measures: Sequence[str]) -> SiteSample:
+        """What `measures` need of the vectors x (rows, d) and their units."""
+        products = UnitProducts.of(x, unit, n_units) if "isoscore" in measures else None
+        kept = x.astype(np.float64) if any(m in OF_MOMENTS for m in measures) else None
+        return cls(kept, unit, n_units, products)
 
     def moments(self, counts: np.ndarray) -> Moments:
-        """The replicates' moments for (b, n_units) counts of each sequence."""
+        """The replicates' moments for (b, n_units) counts of each unit."""
         weights = counts[:, self.unit]  # (b, rows)
         count = weights.sum(axis=1)
         total = weights @ self.x
@@ -197,21 +180,33 @@ class SiteSample:
             object.__setattr__(self, "_grams", cached)
         return cached
 
-    def values(self, measure: Callable[[Moments], np.ndarray], units: np.ndarray) -> np.ndarray:
-        """The measure on each row of `units` (draws x n_units sequence indices), in chunks of CHUNK_ELEMENTS."""
-        return self._of_moments({"": measure}, units)[""]
+    def values(self, metric: str, units: np.ndarray) -> np.ndarray:
+        """`metric` on each row of `units` (draws x n_units unit indices)."""
+        return self.shared_values(metric, (), units)
 
     def shared_values(self, metric: str, metrics: Sequence[str], units: np.ndarray) -> np.ndarray:
-        """`metric` on each row of `units`, every one of `metrics` computed from the same replicates' moments and
-        kept until it is asked for on the same draws: the measures of a site build each Gram matrix once."""
+        """`metric` on each row of `units`; the measures of the replicates' moments among `metrics` are computed
+        from the same moments and kept until they are asked for on the same draws: a site builds each replicate's
+        Gram matrix once."""
+        if metric == "isoscore":
+            return self._isoscores(units)
         pending = self.__dict__.setdefault("_pending", {})
         key = (units.shape, hashlib.blake2b(np.ascontiguousarray(units).tobytes(), digest_size=16).digest())
         if metric not in pending.get(key, {}):
-            pending[key] = self._of_moments({m: OF_MOMENTS[m] for m in dict.fromkeys((metric, *metrics))}, units)
+            wanted = [m for m in dict.fromkeys((metric, *metrics)) if m in OF_MOMENTS]
+            pending[key] = self._of_moments({m: OF_MOMENTS[m] for m in wanted}, units)
         got = pending[key].pop(metric)
         if not pending[key]:
             del pending[key]
         return got
+
+    def _isoscores(self, units: np.ndarray) -> np.ndarray:
+        chunk = max(1, CHUNK_ELEMENTS // max(1, self.n_units * self.n_units))
+        got = [
+            self.products.isoscore(bootstrap.unit_counts(units[start : start + chunk], self.n_units))
+            for start in range(0, len(units), chunk)
+        ]
+        return np.concatenate(got) if got else np.zeros(0)
 
     def _of_moments(self, measures: dict[str, Callable[[Moments], np.ndarray]], units: np.ndarray) -> dict:
         d = self.x.shape[1]
@@ -252,7 +247,8 @@ def read_checkpoint(folder: str | Path, measures: Sequence[str]) -> Checkpoint:
     its metrics job wrote to metrics.parquet."""
     folder = Path(folder)
     info = json.loads((folder / "extract.json").read_text())
-    n_units = int(info["settings"]["n_sequences"])
+    size = unit_size(info["settings"])
+    n_units = -(-int(info["settings"]["n_sequences"]) // size)
     if not measures:  # the measures built of sums alone: the checkpoint's identity, no vectors
         first = pl.scan_parquet(folder / "hidden.parquet").select(*IDENTITY_COLUMNS).head(1).collect()
         if first.is_empty():
@@ -261,16 +257,17 @@ def read_checkpoint(folder: str | Path, measures: Sequence[str]) -> Checkpoint:
     hidden = read_parquet(folder / "hidden.parquet")
     if hidden.is_empty():
         raise BootstrapInputError(f"{folder / 'hidden.parquet'}: no sampled tokens; nothing to resample")
-    if int(hidden["seq"].max()) >= n_units or int(hidden["seq"].min()) < 0:
+    n_sequences = int(info["settings"]["n_sequences"])
+    if int(hidden["seq"].max()) >= n_sequences or int(hidden["seq"].min()) < 0:
         raise BootstrapInputError(
-            f"{folder / 'hidden.parquet'}: sequence indices outside 0..{n_units - 1} of extract.json's "
+            f"{folder / 'hidden.parquet'}: sequence indices outside 0..{n_sequences - 1} of extract.json's "
             "n_sequences; the two files are of different runs: rerun its extract"
         )
     sites, tokens = {}, {}
     for (layer, site), group in _groups(hidden):
         x = group["x"]
         finite = np.isfinite(x).all(axis=1)
-        sites[(layer, site)] = SiteSample(x[finite], group["seq"][finite], n_units)
+        sites[(layer, site)] = SiteSample.of(x[finite], group["seq"][finite] // size, n_units, measures)
         tokens[(layer, site)] = group["tokens"]
     exact = metric_values(folder / "metrics.parquet", measures, sorted(sites))
     first = hidden.row(0, named=True)
@@ -283,11 +280,19 @@ def read_checkpoint(folder: str | Path, measures: Sequence[str]) -> Checkpoint:
 IDENTITY_COLUMNS = ("family", "model", "seed", "step", "tokens_seen")  # Checkpoint's first fields, in order
 
 
+def unit_size(settings: dict) -> int:
+    """Sequences per resampling unit, by extract's rule (extract.streaming.Units: consecutive sequences in groups of
+    ceil(n_sequences / units)), so that the sampled vectors are drawn by the same units as units.parquet's sums;
+    each sequence its own unit where extract kept no units (`units` 0, or results older than units.parquet)."""
+    units = int(settings.get("units") or 0)
+    return -(-int(settings["n_sequences"]) // units) if units > 0 else 1
+
+
 def _groups(hidden: pl.DataFrame) -> list[tuple[tuple[int, str], dict[str, np.ndarray]]]:
-    """Each (layer, site)'s vectors (float64, table order, as metrics.sample_rows reads them), sequences and
-    (seq, position, token_id) rows."""
+    """Each (layer, site)'s vectors (float32, as stored; table order, as metrics.sample_rows reads them), sequences
+    and (seq, position, token_id) rows."""
     groups = group_rows(hidden, ("layer", "site"))
-    grouped = vectors_by_group(hidden, ("layer", "site"), ("vector",), groups)
+    grouped = vectors_by_group(hidden, ("layer", "site"), ("vector",), groups, dtype=np.float32)  # as stored
     seq = hidden["seq"].to_numpy()
     tokens = hidden.select("seq", "position", "token_id").to_numpy()
     return [

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from anisweep.measures import rogue
 from anisweep.measures.sinks import EPSILON
 from anisweep.tables import read_parquet
 
@@ -27,7 +28,9 @@ HIDDEN_MEASURES = ("avg_cos", "drift_norm", "drift_ratio", "norm_mean", "norm_st
 ATTENTION_MEASURES = ("entropy_mean", "entropy_norm_mean", "p_max_mean", "p_median_mean", "p_min_mean")
 SINK_MEASURES = ("sink_first_mass", "sink1_eps")
 QK_MEASURES = ("qk_cos", "qk_mean_score", "q_norm_mean", "k_norm_mean", "qk_cos_abs_mean")
-MEASURES = HIDDEN_MEASURES + ATTENTION_MEASURES + SINK_MEASURES + QK_MEASURES
+#: at the sites with the outlier statistics (rogue.ROGUE_SITES), whose units keep sum u_j^2 per dimension
+ROGUE_MEASURES = ("rogue_top1_share", "rogue_top3_share", "rogue_top10_share", "rogue_dims_90")
+MEASURES = HIDDEN_MEASURES + ROGUE_MEASURES + ATTENTION_MEASURES + SINK_MEASURES + QK_MEASURES
 
 
 class UnitsError(ValueError):
@@ -84,6 +87,30 @@ def _norm_std(s: np.ndarray) -> np.ndarray:
     return np.sqrt(_ratio(m2, n))
 
 
+def _rogue(metric: str) -> Callable[[np.ndarray], np.ndarray]:
+    """[n, n_zero, sum u (d), sum u^2 (d)] to rogue.summary's `metric`: each dimension's term of avg_cos, c_j =
+    ((sum u_j)^2 - sum u_j^2) / (m (m - 1)) over the m nonzero vectors (rogue.contributions, whose M2 is
+    sum u_j^2 - (sum u_j)^2 / m), largest first; NaN where avg_cos = sum c_j is not positive or m < 2."""
+
+    def of_sums(s: np.ndarray) -> np.ndarray:
+        m = s[..., 0] - s[..., 1]
+        d = (s.shape[-1] - 2) // 2
+        total_u, squares = s[..., 2 : 2 + d], s[..., 2 + d :]
+        pairs = np.where(m >= 2, m * (m - 1.0), np.nan)[..., None]
+        c = -np.sort(-(total_u * total_u - squares) / pairs, axis=-1)  # descending
+        total = c.sum(axis=-1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cumulative = np.cumsum(c, axis=-1) / np.where(total > 0, total, np.nan)[..., None]
+        if metric == "rogue_dims_90":
+            reached = cumulative >= rogue.SHARE_TARGET - 1e-12
+            first = np.where(reached.any(axis=-1), reached.argmax(axis=-1) + 1.0, float(d))
+            return np.where(np.isfinite(cumulative[..., 0]), first, np.nan)
+        k = int(metric.removeprefix("rogue_top").removesuffix("_share"))
+        return cumulative[..., min(k, d) - 1]
+
+    return of_sums
+
+
 def _hidden(layer: int, site: str, stats: dict[str, np.ndarray], metric: str) -> SumMeasure:
     n, n_zero, sum_norm = stats["n"], stats["n_zero"], stats["sum_norm"]
     column = lambda *parts: np.concatenate(parts, axis=1)  # noqa: E731
@@ -93,6 +120,9 @@ def _hidden(layer: int, site: str, stats: dict[str, np.ndarray], metric: str) ->
         return SumMeasure(metric, layer, site, None, column(n, stats["sum_x"]), _sum_norm_over)
     if metric == "drift_ratio":
         return SumMeasure(metric, layer, site, None, column(sum_norm, stats["sum_x"]), _sum_norm_over)
+    if metric in ROGUE_MEASURES:
+        per_unit = column(n, n_zero, stats["sum_unit"], stats["sum_unit_sq"])
+        return SumMeasure(metric, layer, site, None, per_unit, _rogue(metric))
     if metric == "norm_mean":
         return SumMeasure(metric, layer, site, None, column(n, sum_norm), lambda s: _ratio(s[..., 1], s[..., 0]))
     centre = float(sum_norm.sum() / max(n.sum(), 1.0))
@@ -215,13 +245,20 @@ def measures_of(
         if sinks is None:
             raise UnitsError("sink1_eps reads each sequence's first-key importance: give the checkpoint's sinks table")
         _with_sink_shares(grouped, sinks, epsilon)
+    rogue_sites = [key for key, stats in grouped.items() if (None, "sum_unit_sq") in stats]
+    if set(metrics) & set(ROGUE_MEASURES) and not rogue_sites:
+        raise UnitsError(
+            "the rogue dimensions' shares need each unit's sum of squared unit vectors, which units.parquet keeps at "
+            "the sampled sites; this one was written by older extract code: rerun this checkpoint's extract"
+        )
     out: list[SumMeasure] = []
     for (table, layer, site), stats in sorted(grouped.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
         heads = sorted({head for head, _ in stats if head is not None})
         for metric in metrics:
-            if table == "hidden_stats" and metric in HIDDEN_MEASURES:
+            if table == "hidden_stats" and metric in HIDDEN_MEASURES + ROGUE_MEASURES:
                 flat = {stat: values for (_, stat), values in stats.items()}
-                out.append(_hidden(layer, site, flat, metric))
+                if metric in HIDDEN_MEASURES or "sum_unit_sq" in flat:
+                    out.append(_hidden(layer, site, flat, metric))
             elif table == "attention" and metric in ATTENTION_MEASURES + SINK_MEASURES and heads:
                 out += _attention(layer, stats, heads, metric)
             elif table == "qk" and metric in QK_MEASURES and heads:
