@@ -39,7 +39,8 @@ from anisweep.tables import metric_rows
 
 HERE = Path(__file__).resolve()
 MEASURES = (
-    "isoscore", "avg_cos", "drift_ratio", "norm_std", "entropy_mean", "entropy_norm_mean", "sink_first_mass", "qk_cos",
+    "isoscore", "avg_cos", "drift_ratio", "norm_std", "rogue_top1_share", "entropy_mean", "entropy_norm_mean",
+    "sink_first_mass", "qk_cos",
 )  # fmt: skip
 FULL = {"config": {}, "n_sequences": 64, "seq_len": 128, "sample_tokens": 4096, "samples": 1000}
 MULTIBERTS = {**FULL, "n_sequences": 128, "seq_len": 512, "sample_tokens": 8192}

@@ -97,16 +97,19 @@ def _rogue(metric: str) -> Callable[[np.ndarray], np.ndarray]:
         d = (s.shape[-1] - 2) // 2
         total_u, squares = s[..., 2 : 2 + d], s[..., 2 + d :]
         pairs = np.where(m >= 2, m * (m - 1.0), np.nan)[..., None]
-        c = -np.sort(-(total_u * total_u - squares) / pairs, axis=-1)  # descending
+        c = (total_u * total_u - squares) / pairs
         total = c.sum(axis=-1)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            cumulative = np.cumsum(c, axis=-1) / np.where(total > 0, total, np.nan)[..., None]
+        positive = np.where(total > 0, total, np.nan)
         if metric == "rogue_dims_90":
+            with np.errstate(invalid="ignore", divide="ignore"):
+                cumulative = np.cumsum(-np.sort(-c, axis=-1), axis=-1) / positive[..., None]
             reached = cumulative >= rogue.SHARE_TARGET - 1e-12
             first = np.where(reached.any(axis=-1), reached.argmax(axis=-1) + 1.0, float(d))
             return np.where(np.isfinite(cumulative[..., 0]), first, np.nan)
-        k = int(metric.removeprefix("rogue_top").removesuffix("_share"))
-        return cumulative[..., min(k, d) - 1]
+        k = min(int(metric.removeprefix("rogue_top").removesuffix("_share")), d)
+        largest = -np.partition(-c, k - 1, axis=-1)[..., :k]  # the k largest c_j, in any order
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return largest.sum(axis=-1) / positive
 
     return of_sums
 
