@@ -242,7 +242,7 @@ class VectorStats:
         elif per_sequence:
             member = _membership(torch.div(rows, width, rounding_mode="floor"), n_seqs, torch.float64)
         if outliers:  # with each norm to float64 rounding, which the unit vectors' M2 needs
-            norms, outlier_sums = _outlier_sums(x, keep, member)
+            norms, outlier_sums = _outlier_sums(x, keep, member, rows, width)
         kept_norms = torch.where(keep, norms.double(), 0.0)
         part = {"norm_range": _norm_range(kept_norms, keep), "n_seqs": n_seqs}
         if member is not None:
@@ -324,7 +324,13 @@ def _sequence_norm_sums(
     return torch.cat([sums, (member @ deviation.square())[:, None], n_valid[:, None].double()], dim=1)
 
 
-def _outlier_sums(x: torch.Tensor, keep: torch.Tensor, member: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+def _outlier_sums(
+    x: torch.Tensor,
+    keep: torch.Tensor,
+    member: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
+    width: int = 1,
+) -> tuple[torch.Tensor, dict]:
     """(each token's norm, in float64; per dimension the sums of x_j and of the unit vectors' u_j over the kept
     tokens, zero vectors having no u, and the M2 of each about its own batch mean; max_j |x_j| of each token and
     max |x_j| of each dimension), in one pass over the mini-batch, a chunk of rows at a time (_row_chunks).
@@ -335,7 +341,9 @@ def _outlier_sums(x: torch.Tensor, keep: torch.Tensor, member: torch.Tensor | No
     rounding where the raw moments about 0 would cancel (a dimension whose mean is 1e4 times its spread).
 
     `member` ((sequences, rows) float64, VectorStats.partial's per_sequence): each sequence's sums of x and of u too
-    (`per_seq`, (sequences, 2, d)), of which the sums over every row are then the sums."""
+    (`per_seq`, (sequences, 2, d)), and of u^2 (`per_seq_unit_sq`), of which the sums over every row are then the
+    sums; each chunk's products only with the sequences its rows are in (`rows`: the kept rows' flat index where x
+    was cut down to them, `width` the positions per sequence)."""
     n = keep.sum()
     kept = keep.to(x.dtype)
     shift = ((kept @ x) / safe(n).to(x.dtype)).double()  # float32 sums: a shift, not the mean, needs no more
@@ -343,6 +351,7 @@ def _outlier_sums(x: torch.Tensor, keep: torch.Tensor, member: torch.Tensor | No
     unit_shift = shift / (norm + (norm == 0))  # u's shift
     below = -unit_shift
     kept = kept.double()
+    cut = rows
     chunks = _row_chunks(x)
     rows_max = chunks[0].stop - chunks[0].start if chunks else 0
     magnitudes = x.new_empty(rows_max, x.shape[-1])
@@ -356,6 +365,7 @@ def _outlier_sums(x: torch.Tensor, keep: torch.Tensor, member: torch.Tensor | No
     # each sequence's sum d of x's and u's deviations, and sum d^2 of u's (rogue dimensions under reweighting)
     per_seq = None if member is None else norms.new_zeros(member.shape[0], 3, x.shape[-1])
     for rows in chunks:
+        seqs = None if per_seq is None else _sequences_of(rows, cut, width, len(x))
         chunk = x[rows]
         magnitude = torch.abs(chunk, out=magnitudes[: len(chunk)])
         torch.amax(magnitude, dim=-1, out=token_max[rows])
@@ -366,7 +376,7 @@ def _outlier_sums(x: torch.Tensor, keep: torch.Tensor, member: torch.Tensor | No
         if per_seq is None:
             sums[0] += kept[rows] @ deviation
         else:
-            per_seq[:, 0] += (member[:, rows] * kept[rows]) @ deviation
+            per_seq[seqs, 0] += (member[seqs, rows] * kept[rows]) @ deviation
         sums[1] += kept[rows] @ deviation.square_()
         weight = has_unit[rows].copy_(keep[rows] & (norm > 0))
         inverse = weight / torch.where(weight > 0, norm, 1.0)
@@ -375,9 +385,9 @@ def _outlier_sums(x: torch.Tensor, keep: torch.Tensor, member: torch.Tensor | No
             sums[2] += weight @ deviation
             sums[3] += weight @ deviation.square_()
         else:
-            weights = member[:, rows] * weight
-            per_seq[:, 1] += weights @ deviation
-            per_seq[:, 2] += weights @ deviation.square_()
+            weights = member[seqs, rows] * weight
+            per_seq[seqs, 1] += weights @ deviation
+            per_seq[seqs, 2] += weights @ deviation.square_()
     out = {}
     sums = sums.view(2, 2, -1)  # [x, u] x [sum d, sum d^2]
     shifts = torch.stack([shift, unit_shift])
@@ -404,6 +414,15 @@ def _outlier_sums(x: torch.Tensor, keep: torch.Tensor, member: torch.Tensor | No
 #: reused, where a float64 copy of a whole mini-batch costs about as much in page faults as in arithmetic (the
 #: statistics took twice as long that way). A GPU takes the mini-batch at once.
 CPU_CHUNK_ELEMENTS = 1 << 18
+
+
+def _sequences_of(chunk: slice, rows: torch.Tensor | None, width: int, n_rows: int) -> slice:
+    """The sequences a chunk of x's rows is in (the rows in order: the batch's, or the kept ones' flat `rows`): its
+    first row's to its last row's. Read from a host tensor only where x was cut (the CPU's branch)."""
+    last = min(chunk.stop, n_rows) - 1
+    if rows is None:
+        return slice(chunk.start // width, last // width + 1)
+    return slice(int(rows[chunk.start]) // width, int(rows[last]) // width + 1)
 
 
 def _row_chunks(x: torch.Tensor) -> list[slice]:
