@@ -10,17 +10,14 @@ import polars as pl
 import pytest
 from test_sample_bootstrap import N_SEQUENCES, tokens, write_checkpoint
 
-from anisweep.measures import bootstrap, geometry, spectra, spectral
+from anisweep.measures import bootstrap
 from anisweep.measures import group_bootstrap as gb
 from anisweep.measures import sample_bootstrap as sb
 
 STEPS = (0, 8)
-SETTINGS = sb.Settings(samples=120, measures=sb.MEASURES, seed=3)
-DIRECT = {
-    "isoscore": geometry.isoscore,
-    "top_eig_share": geometry.top_eig_share,
-    "rankme": lambda x: spectral.rankme(spectra.spectrum(x)[0]),
-}
+MEASURES = ("isoscore", "top_eig_share", "rankme")  # defined on these 6-dimensional clouds (alpha_req needs 22)
+SETTINGS = sb.Settings(samples=120, measures=MEASURES, seed=3)
+from test_sample_bootstrap import DIRECT  # noqa: E402  (each measure as metrics computes it)
 
 
 def group(root, name: str, n_seeds: int, scale: float, first_seed: int = 0) -> list[list]:
@@ -51,9 +48,7 @@ def capture(monkeypatch, module, name: str) -> list:
 
 def loop_order() -> list[tuple[str, int, str, int]]:
     """(metric, layer, site, step) in the order comparison_table computes them: step by step, site by site."""
-    return [
-        (m, layer, site, step) for step in STEPS for layer, site in ((0, "resid"), (1, "resid")) for m in sb.MEASURES
-    ]
+    return [(m, layer, site, step) for step in STEPS for layer, site in ((0, "resid"), (1, "resid")) for m in MEASURES]
 
 
 @pytest.mark.parametrize("design", ["paired", "unpaired"])
@@ -66,7 +61,7 @@ def test_each_row_is_bootstrap_compare_on_the_same_measures(groups, design, monk
     table_deltas = {key: args[1] for key, args in zip(loop_order(), rows)}
     compared = capture(monkeypatch, bootstrap, "difference")
     for step_index, step in enumerate(STEPS):
-        sides = [[sb.read_checkpoint(seed[step_index], sb.MEASURES) for seed in groups[g]] for g in ("a", "b")]
+        sides = [[sb.read_checkpoint(seed[step_index], MEASURES) for seed in groups[g]] for g in ("a", "b")]
         for r in table.filter(pl.col("step") == step).iter_rows(named=True):
             key = (r["metric"], r["layer"], r["site"])
             # labelled by position, the same on both sides, as a paired compare requires
@@ -108,7 +103,7 @@ def test_a_replicate_is_the_drawn_seeds_measures_of_the_drawn_sequences(groups, 
     metric, layer, site, step = loop_order()[0]
     deltas = rows[0][1]
     assert table.filter(pl.col("metric") == metric, pl.col("layer") == layer, pl.col("step") == step).height == 1
-    sides = [[sb.read_checkpoint(seed[0], sb.MEASURES) for seed in groups[g]] for g in ("a", "b")]
+    sides = [[sb.read_checkpoint(seed[0], MEASURES) for seed in groups[g]] for g in ("a", "b")]
     for r in range(5):
         means = []
         for cps, drawn in ((sides[0], block.base[r]), (sides[1], block.other[r])):

@@ -16,6 +16,7 @@ replicate's moments.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -31,7 +32,7 @@ from anisweep.measures.unit_products import UnitProducts
 from anisweep.tables import METRIC_PARAMETERS, read_parquet
 
 #: the measures this module resamples, each a metric of metrics.parquet, and those the config asks for by default
-MEASURES = ("isoscore", "top_eig_share", "rankme")
+MEASURES = ("isoscore", "top_eig_share", "rankme", "rankme_cov", "alpha_req", "prop_effective_rank")
 DEFAULT_MEASURES = ("isoscore", "rankme")
 #: at most this many float64s of per-sequence Gram matrices are held per site (256 MiB): past it, each replicate's
 #: Gram matrix is summed from the weighted vectors instead (slower, no more memory than the vectors)
@@ -89,6 +90,17 @@ class Moments:
         n = np.maximum(self.count, 1.0)[:, None, None]
         return self.gram - self.total[:, :, None] * self.total[:, None, :] / n
 
+    @functools.cached_property
+    def gram_eigenvalues(self) -> np.ndarray:
+        """(b, d) the Gram matrix's eigenvalues, descending, clipped at 0: the squared uncentred singular values."""
+        return np.clip(np.linalg.eigvalsh(self.gram)[:, ::-1], 0.0, None)
+
+    @functools.cached_property
+    def covariance_eigenvalues(self) -> np.ndarray:
+        """(b, d) eigenvalues of the covariance (ddof 1), descending, clipped at 0, as geometry.cov_eigvals."""
+        n = np.maximum(self.count - 1.0, 1.0)[:, None, None]
+        return np.clip(np.linalg.eigvalsh(self.scatter / n)[:, ::-1], 0.0, None)
+
     @property
     def spread(self) -> np.ndarray:
         """geometry.relative_spread: the scatter's trace over the Gram matrix's (NaN where the latter is 0)."""
@@ -97,10 +109,37 @@ class Moments:
             return np.where(whole > 0, np.trace(self.scatter, axis1=1, axis2=2) / whole, np.nan)
 
 
-def _covariance_eigenvalues(m: Moments) -> np.ndarray:
-    """(b, d) eigenvalues of the covariance (ddof 1), descending, clipped at 0, as geometry.cov_eigvals."""
-    n = np.maximum(m.count - 1.0, 1.0)[:, None, None]
-    return np.clip(np.linalg.eigvalsh(m.scatter / n)[:, ::-1], 0.0, None)
+def _spectrum_rank(lam: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """The eigenvalues as an SVD of the n drawn vectors gives them: min(n, d) of them (spectral's functions count
+    them), those at eigvalsh's rounding of the largest (d x eps of it: an SVD's exact zeros of a rank-deficient
+    draw) set to 0. (b, d) with NaN past each row's min(n, d)."""
+    d = lam.shape[1]
+    out = np.where(lam > lam[:, :1] * d * np.finfo(np.float64).eps, lam, 0.0)
+    return np.where(np.arange(d)[None, :] < np.minimum(n, d)[:, None], out, np.nan)
+
+
+def _per_replicate(fn: Callable[[np.ndarray], float], spectra: np.ndarray, usable: np.ndarray) -> np.ndarray:
+    """fn of each row's spectrum (its NaN tail dropped), NaN where not `usable`."""
+    return np.array([fn(s[np.isfinite(s)]) if ok else np.nan for s, ok in zip(spectra, usable)], dtype=np.float64)
+
+
+def rankme_cov(m: Moments) -> np.ndarray:
+    """spectral.rankme of the covariance's eigenvalues (spectral.sample_spectral_values' `rankme_cov`)."""
+    lam = _spectrum_rank(m.covariance_eigenvalues, m.count)
+    return _per_replicate(spectral.rankme, lam, m.count >= 2)
+
+
+def alpha_req(m: Moments) -> np.ndarray:
+    """spectral.alpha_req of the covariance's eigenvalues: the power-law exponent over ranks 12 to 100 (fewer where
+    fewer are positive)."""
+    lam = _spectrum_rank(m.covariance_eigenvalues, m.count)
+    return _per_replicate(lambda s: spectral.alpha_req(s)[0], lam, m.count >= 2)
+
+
+def prop_effective_rank(m: Moments) -> np.ndarray:
+    """spectral.proportional_effective_rank of the uncentred singular values."""
+    squared = _spectrum_rank(m.gram_eigenvalues, m.count)
+    return _per_replicate(spectral.proportional_effective_rank, np.sqrt(squared), m.count >= 1)
 
 
 def _has_spread(m: Moments) -> np.ndarray:
@@ -111,29 +150,27 @@ def _has_spread(m: Moments) -> np.ndarray:
 
 def top_eig_share(m: Moments) -> np.ndarray:
     """geometry.top_eig_share from the covariance's eigenvalues; NaN where metrics.sample_rows gives NaN."""
-    out = np.full(len(m.count), np.nan)
-    ok = _has_spread(m)
-    if ok.any():
-        lam = _covariance_eigenvalues(Moments(m.gram[ok], m.total[ok], m.count[ok]))
-        trace = lam.sum(axis=1)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out[ok] = np.where(trace > 0, lam[:, 0] / trace, np.nan)
-    return out
+    lam = m.covariance_eigenvalues
+    trace = lam.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(_has_spread(m) & (trace > 0), lam[:, 0] / np.where(trace > 0, trace, 1.0), np.nan)
 
 
 def rankme(m: Moments) -> np.ndarray:
     """spectral.rankme of the uncentred singular values (the square roots of the Gram matrix's eigenvalues, the
     min(n, d) largest, as the SVD of n vectors gives them)."""
-    d = m.gram.shape[1]
-    singular = np.sqrt(np.clip(np.linalg.eigvalsh(m.gram)[:, ::-1], 0.0, None))
-    return np.array(
-        [spectral.rankme(s[: int(min(n, d))]) if n >= 1 else np.nan for s, n in zip(singular, m.count)],
-        dtype=np.float64,
-    )
+    squared = _spectrum_rank(m.gram_eigenvalues, m.count)
+    return _per_replicate(spectral.rankme, np.sqrt(squared), m.count >= 1)
 
 
 #: the measures computed from each replicate's moments; IsoScore's replicates need no d x d matrix (unit_products)
-OF_MOMENTS: dict[str, Callable[[Moments], np.ndarray]] = {"top_eig_share": top_eig_share, "rankme": rankme}
+OF_MOMENTS: dict[str, Callable[[Moments], np.ndarray]] = {
+    "top_eig_share": top_eig_share,
+    "rankme": rankme,
+    "rankme_cov": rankme_cov,
+    "alpha_req": alpha_req,
+    "prop_effective_rank": prop_effective_rank,
+}
 
 
 @dataclass(frozen=True)
