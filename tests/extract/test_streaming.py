@@ -316,3 +316,32 @@ def test_top_tokens_name_their_sequence_in_the_evaluation_batch(wait_free, units
     top = stats.top_tokens()
     assert (top["seq"][0], top["position"][0], top["dim"][0], top["value"][0]) == (3, 2, 1, 100.0)
     assert set(top["seq"]) <= set(range(5))
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["whole-sequences", "cut-rows"])
+@pytest.mark.parametrize("chunk_rows", [3, 7, 64])
+def test_each_units_sums_are_its_own_rows_in_any_chunking(padded, chunk_rows, monkeypatch):
+    """At the sampled sites each unit's sums of x, of u = x / ||x|| and of u^2 (the rogue dimensions' `unit_sum_sq`)
+    are those of its own valid rows, in float64, whatever the chunks' rows: chunks of whole sequences (a batch with
+    no row cut, each sequence's rows one block) and chunks across sequences (rows cut: padding), several a batch."""
+    import anisweep.extract.streaming as streaming
+
+    d, width = 6, 8
+    monkeypatch.setattr(streaming, "CPU_CHUNK_ELEMENTS", chunk_rows * d)
+    x = torch.randn(5, width, d, generator=torch.Generator().manual_seed(1)) * 3 + 2
+    valid = torch.ones(5, width, dtype=torch.bool)
+    if padded:
+        valid[1, 5:] = False
+        valid[3, :2] = False
+    units = Units.of(5, 3)  # units of 2, 2 and 1 sequences
+    stats = VectorStats(d, units=units)
+    for rows in (slice(0, 3), slice(3, 5)):
+        stats.add(VectorStats.partial(x[rows], valid[rows], wait_free=False, outliers=True, per_sequence=True))
+    xs = x.double()
+    for u in range(units.n_units):
+        seqs = range(u * units.size, min(5, (u + 1) * units.size))
+        rows = torch.cat([xs[s][valid[s]] for s in seqs])
+        unit_vectors = rows / rows.norm(dim=1, keepdim=True)
+        np.testing.assert_allclose(stats.unit_sums[u, 0], rows.sum(0), rtol=1e-12)
+        np.testing.assert_allclose(stats.unit_sums[u, 1], unit_vectors.sum(0), rtol=1e-12)
+        np.testing.assert_allclose(stats.unit_sum_sq[u], unit_vectors.square().sum(0), rtol=1e-12)

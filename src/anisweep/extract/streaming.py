@@ -352,7 +352,8 @@ def _outlier_sums(
     below = -unit_shift
     kept = kept.double()
     cut = rows
-    chunks = _row_chunks(x)
+    whole = member is not None and rows is None  # every row of whole sequences: chunks of whole sequences
+    chunks = _row_chunks(x, width if whole else 1)
     rows_max = chunks[0].stop - chunks[0].start if chunks else 0
     magnitudes = x.new_empty(rows_max, x.shape[-1])
     values = x.new_empty(rows_max, x.shape[-1], dtype=torch.float64)
@@ -375,6 +376,8 @@ def _outlier_sums(
         deviation = torch.sub(value, shift, out=deviations[: len(chunk)])
         if per_seq is None:
             sums[0] += kept[rows] @ deviation
+        elif whole:  # each sequence's rows its own block: one small product per sequence, no membership
+            per_seq[seqs, 0] += _by_sequence(kept[rows], deviation, width)
         else:
             per_seq[seqs, 0] += (member[seqs, rows] * kept[rows]) @ deviation
         sums[1] += kept[rows] @ deviation.square_()
@@ -384,6 +387,9 @@ def _outlier_sums(
         if per_seq is None:
             sums[2] += weight @ deviation
             sums[3] += weight @ deviation.square_()
+        elif whole:
+            per_seq[seqs, 1] += _by_sequence(weight, deviation, width)
+            per_seq[seqs, 2] += _by_sequence(weight, deviation.square_(), width)
         else:
             weights = member[seqs, rows] * weight
             per_seq[seqs, 1] += weights @ deviation
@@ -416,6 +422,12 @@ def _outlier_sums(
 CPU_CHUNK_ELEMENTS = 1 << 18
 
 
+def _by_sequence(weights: torch.Tensor, values: torch.Tensor, width: int) -> torch.Tensor:
+    """(sequences, d): each sequence's weighted sum of its `width` rows of values (rows, d)."""
+    n = len(values) // width
+    return torch.bmm(weights.view(n, 1, width), values.view(n, width, -1)).squeeze(1)
+
+
 def _sequences_of(chunk: slice, rows: torch.Tensor | None, width: int, n_rows: int) -> slice:
     """The sequences a chunk of x's rows is in (the rows in order: the batch's, or the kept ones' flat `rows`): its
     first row's to its last row's. Read from a host tensor only where x was cut (the CPU's branch)."""
@@ -425,8 +437,11 @@ def _sequences_of(chunk: slice, rows: torch.Tensor | None, width: int, n_rows: i
     return slice(int(rows[chunk.start]) // width, int(rows[last]) // width + 1)
 
 
-def _row_chunks(x: torch.Tensor) -> list[slice]:
+def _row_chunks(x: torch.Tensor, multiple: int = 1) -> list[slice]:
+    """Slices of about CPU_CHUNK_ELEMENTS values of x's rows on a CPU (all of them elsewhere), each a `multiple` of
+    rows long but the last (whole sequences, where each sequence's sums are taken)."""
     step = max(1, len(x) if x.device.type != "cpu" else CPU_CHUNK_ELEMENTS // max(1, x.shape[-1]))
+    step = max(multiple, step - step % multiple)
     return [slice(start, start + step) for start in range(0, len(x), step)]
 
 
