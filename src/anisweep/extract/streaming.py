@@ -106,8 +106,8 @@ class VectorStats:
         if units is not None:  # SEQ_SCALARS and the valid tokens (those not kept: non-finite) of each sequence
             self.seq_table = torch.zeros(units.n_sequences, len(self.SEQ_SCALARS) + 1, **f64)
             self.seq_scalars = self.seq_table[:, : len(self.SEQ_SCALARS)]
+            # (units, UNIT_VECTORS, d); where the outlier statistics are taken a third row, each unit's sum u_j^2
             self.unit_sums = torch.zeros(units.n_units, len(self.UNIT_VECTORS), d, **f64)
-            self.unit_sum_sq: torch.Tensor | None = None  # (units, d) sum u_j^2, where the outlier statistics are
         else:
             self.vector_sums = torch.zeros(len(self.UNIT_VECTORS), d, **f64)  # sum x, sum x/||x||
             self.counts = torch.zeros(3, dtype=torch.int64, device=device)  # n, n_nonfinite, n_zero
@@ -143,7 +143,15 @@ class VectorStats:
     m2_unit = property(lambda self: self.m2[1])
 
     def _vector_sums(self) -> torch.Tensor:
-        return self.vector_sums if self.units is None else self.unit_sums.sum(dim=0)
+        return self.vector_sums if self.units is None else self.unit_sums[:, : len(self.UNIT_VECTORS)].sum(dim=0)
+
+    @property
+    def unit_sum_sq(self) -> torch.Tensor | None:
+        """(units, d) each unit's per-dimension sum of u_j^2 (the rogue dimensions), where the outlier statistics
+        were taken with units; else None."""
+        if self.units is None or self.unit_sums.shape[1] == len(self.UNIT_VECTORS):
+            return None
+        return self.unit_sums[:, len(self.UNIT_VECTORS)]
 
     @property
     def sum_norm_sq(self) -> float:
@@ -258,8 +266,7 @@ class VectorStats:
         if outliers:
             token_max = outlier_sums.pop("token_max")
             if member is not None:
-                part["per_seq"]["sums"] = outlier_sums.pop("per_seq")
-                part["per_seq"]["unit_sq"] = outlier_sums.pop("per_seq_unit_sq")
+                part["per_seq"]["sums"] = outlier_sums.pop("per_seq")  # and sum u^2: UNIT_VECTORS and one more
             _, first = _sequences(batch_valid)
             return part | outlier_sums | _largest(x, keep, token_max, rows, width, first, n_seqs)
         inverse = torch.where(keep, 1.0 / norms.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
@@ -295,11 +302,12 @@ class VectorStats:
         first, n_seqs = self.n_seqs, part["n_seqs"]
         self.seq_table[first : first + n_seqs] = part["per_seq"]["scalars"]
         units = self.units.of_sequences(first, n_seqs, self.unit_sums.device)
-        self.unit_sums.index_add_(0, units, part["per_seq"]["sums"])
-        if "unit_sq" in part["per_seq"]:  # the outlier statistics' sites: per dimension sum u_j^2 of each unit
-            if self.unit_sum_sq is None:
-                self.unit_sum_sq = torch.zeros_like(self.unit_sums[:, 0])
-            self.unit_sum_sq.index_add_(0, units, part["per_seq"]["unit_sq"])
+        sums = part["per_seq"]["sums"]
+        if sums.shape[1] != self.unit_sums.shape[1]:  # the outlier statistics' sites: each unit's sum u_j^2 too
+            if first:
+                raise ValueError("VectorStats with units: a site's parts must all take the outlier statistics, or none")
+            self.unit_sums = sums.new_zeros(self.unit_sums.shape[0], *sums.shape[1:])
+        self.unit_sums.index_add_(0, units, sums)
 
     @property
     def has_outliers(self) -> bool:
@@ -396,19 +404,20 @@ def _outlier_sums(
             per_seq[seqs, 2] += weights @ deviation.square_()
     out = {}
     sums = sums.view(2, 2, -1)  # [x, u] x [sum d, sum d^2]
+    first, second = sums[:, 0], sums[:, 1]
     shifts = torch.stack([shift, unit_shift])
     if per_seq is not None:  # the batch's sums of the deviations are its sequences'; theirs are then made about 0
         total = per_seq.sum(dim=0)
-        sums[:, 0], sums[1, 1] = total[:2], total[2]
+        first, second = total[:2], torch.stack([sums[0, 1], total[2]])
         counts = member @ torch.stack([kept, has_unit], dim=1)  # (sequences, 2): n, n_unit
         # sum u^2 = sum d^2 + 2 shift . sum d + n_unit shift^2, per dimension, before sum d is made about 0
-        unit_sq = per_seq[:, 2].addcmul_(per_seq[:, 1], 2.0 * unit_shift).addcmul_(counts[:, 1:], unit_shift.square())
-        out["per_seq"] = per_seq[:, :2].addcmul_(counts[:, :, None], shifts[None])
-        out["per_seq_unit_sq"] = unit_sq
+        per_seq[:, 2].addcmul_(per_seq[:, 1], unit_shift, value=2.0).addcmul_(counts[:, 1:], unit_shift.square())
+        per_seq[:, :2].addcmul_(counts[:, :, None], shifts[None])
+        out["per_seq"] = per_seq  # (sequences, 3, d): sum x, sum u, sum u^2
     counts = torch.stack([n.double(), has_unit.sum()])[:, None]  # n, n_unit
-    m2 = sums[:, 1] - sums[:, 0].square() / safe(counts)
+    m2 = second - first.square() / safe(counts)
     return norms, {
-        "sums": torch.addcmul(sums[:, 0], counts, shifts),  # sum x, sum u
+        "sums": torch.addcmul(first, counts, shifts),  # sum x, sum u
         "m2": m2.clamp_min_(0.0),
         "m2_counts": counts,
         "token_max": token_max,

@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from anisweep.measures import rogue
 from anisweep.measures.sinks import EPSILON
 from anisweep.tables import read_parquet
 
@@ -92,6 +91,8 @@ def _rogue(metric: str) -> Callable[[np.ndarray], np.ndarray]:
     ((sum u_j)^2 - sum u_j^2) / (m (m - 1)) over the m nonzero vectors (rogue.contributions, whose M2 is
     sum u_j^2 - (sum u_j)^2 / m), largest first; NaN where avg_cos = sum c_j is not positive or m < 2."""
 
+    from anisweep.measures.rogue import SHARE_TARGET  # not at import: the workflow's planning reads MEASURES here
+
     def of_sums(s: np.ndarray) -> np.ndarray:
         m = s[..., 0] - s[..., 1]
         d = (s.shape[-1] - 2) // 2
@@ -103,7 +104,7 @@ def _rogue(metric: str) -> Callable[[np.ndarray], np.ndarray]:
         if metric == "rogue_dims_90":
             with np.errstate(invalid="ignore", divide="ignore"):
                 cumulative = np.cumsum(-np.sort(-c, axis=-1), axis=-1) / positive[..., None]
-            reached = cumulative >= rogue.SHARE_TARGET - 1e-12
+            reached = cumulative >= SHARE_TARGET - 1e-12
             first = np.where(reached.any(axis=-1), reached.argmax(axis=-1) + 1.0, float(d))
             return np.where(np.isfinite(cumulative[..., 0]), first, np.nan)
         k = min(int(metric.removeprefix("rogue_top").removesuffix("_share")), d)

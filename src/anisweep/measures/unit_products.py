@@ -3,7 +3,7 @@ d x d matrix per replicate, so the Multi-Bootstrap of IsoScore costs about one p
 (anisweep.measures.sample_bootstrap; docs/measures.md, Uncertainty over seeds and sequences).
 
 IsoScore is a function of the covariance's trace and squared Frobenius norm alone
-(sample_bootstrap.isoscore_of_trace). With the vectors shifted by the sample's mean (which leaves every scatter
+(isoscore_of_trace, below). With the vectors shifted by the sample's mean (which leaves every scatter
 matrix as it is), unit u's count n_u, sum T_u and Gram matrix G_u, a replicate drawing unit u c_u times has
 n = c.n, t = sum_u c_u T_u, G = sum_u c_u G_u and the scatter S = G - t t' / n, so
 
@@ -22,8 +22,8 @@ import numpy as np
 
 from anisweep.measures import geometry
 
-#: at most this many float64s of the units' Gram matrices are held at once (256 MiB): past it, K is summed from
-#: the products of the vectors with each unit's vectors (rows^2 x d operations instead of rows x d^2)
+#: at most this many entries of the units' Gram matrices (float32: 128 MiB) are held at once: past it, K is summed
+#: from the products of the vectors with each unit's vectors (rows^2 x d operations instead of rows x d^2)
 MAX_UNIT_GRAM_ELEMENTS = 1 << 25
 
 
