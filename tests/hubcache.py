@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -162,6 +163,14 @@ _CORPUS = [
     "attention is all you need said the paper in 2017",
     "isotropy anisotropy drift query key value head layer norm",
 ]
+
+
+def write_eval_corpus(path: Path) -> Path:
+    """An evaluation text of the sentences the tiny tokenizers were built from (real tokens, no unknown one): 200
+    paragraphs of three of them each, drawn with a fixed seed."""
+    rng = random.Random(0)
+    path.write_text("\n\n".join(" ".join(rng.choices(_CORPUS, k=3)) for _ in range(200)) + "\n")
+    return path
 
 
 def tiny_neox_tokenizer():

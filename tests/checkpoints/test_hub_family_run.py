@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,18 +21,12 @@ import pytest
 import yaml
 
 from conftest import job_stats, snakemake_command
-from hubcache import build_hub_cache, save_tiny_bert, save_tiny_pythia
+from hubcache import build_hub_cache, save_tiny_bert, save_tiny_pythia, write_eval_corpus
 
 # Snakemake runs on the offline hub; its Snakemake runs share one warm worker
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_worker")]
 
 EXTRACT = {"n_sequences": 8, "seq_len": 32, "batch_size": 4, "sample_tokens": 64, "device": "cpu", "seed": 0}
-SENTENCES = [  # the tiny tokenizers were built from these (tests/hubcache.py): real tokens, no [UNK]
-    "the cat sat on the mat and the dog sat on the log",
-    "a model of the world is a map of the territory",
-    "attention is all you need said the paper in 2017",
-    "isotropy anisotropy drift query key value head layer norm",
-]
 RUN = {"family": "hub", "name": "me/tiny-run", "revision": "step{step}", "steps": "all"}
 BERT = {"family": "hub", "name": "me/tiny-bert", "steps": "final"}
 PUSHES = {
@@ -69,9 +62,7 @@ def world(tmp_path_factory):
     commits = build_hub_cache(hf_home, "me/tiny-run", {"step0": a, "step100": b, "step200": c, "main": c})
     build_hub_cache(hf_home, "me/tiny-bert", {"main": bert})
     build_hub_cache(hf_home, "me/trainer-pushes", {"main": trainer_files({10: a, 20: b}, a)})
-    rng = random.Random(0)
-    corpus = root / "eval.txt"
-    corpus.write_text("\n\n".join(" ".join(rng.choices(SENTENCES, k=3)) for _ in range(200)) + "\n")
+    corpus = write_eval_corpus(root / "eval.txt")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
     env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
     return {"root": root, "hf_home": hf_home, "commits": commits, "corpus": corpus, "env": env, "models": m}

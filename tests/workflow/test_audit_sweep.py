@@ -14,7 +14,6 @@ the test sees what was downloaded, and that the audit named every defect before 
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 from pathlib import Path
 
@@ -24,19 +23,13 @@ import yaml
 from fakehub import FakeHub, read_folder
 
 from conftest import job_stats, snakemake_command
-from hubcache import save_tiny_pythia
+from hubcache import save_tiny_pythia, write_eval_corpus
 
 # fetch, extract and metrics of three tiny checkpoints through Snakemake; its Snakemake runs share one warm worker
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_worker")]
 
 REPO = "EleutherAI/pythia-70m"
 STEPS = [0, 1, 2, 4, 8, 16, 143000]
-SENTENCES = [  # the tiny tokenizer was built from these (tests/hubcache.py): real tokens
-    "the cat sat on the mat and the dog sat on the log",
-    "a model of the world is a map of the territory",
-    "attention is all you need said the paper in 2017",
-    "isotropy anisotropy drift query key value head layer norm",
-]
 EXTRACT = {"n_sequences": 8, "seq_len": 32, "batch_size": 4, "sample_tokens": 64, "device": "cpu", "seed": 0}
 FIRST = "model-00001-of-00003.safetensors"
 LAST = "model-00003-of-00003.safetensors"
@@ -64,9 +57,7 @@ def planted(models: Path) -> dict[str, dict[str, bytes]]:
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("auditsweep")
     hub = FakeHub({REPO: planted(root / "models")})
-    corpus = root / "eval.txt"
-    rng = random.Random(0)
-    corpus.write_text("\n\n".join(" ".join(rng.choices(SENTENCES, k=3)) for _ in range(200)) + "\n")
+    corpus = write_eval_corpus(root / "eval.txt")
     config = {
         "models": [{"family": "pythia", "name": "pythia-70m", "steps": STEPS}],
         "corpus": {"source": "text", "paths": [str(corpus)]},

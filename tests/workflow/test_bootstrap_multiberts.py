@@ -9,7 +9,6 @@ tests."""
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 from pathlib import Path
 
@@ -19,17 +18,11 @@ import pytest
 import yaml
 
 from conftest import snakemake_command
-from hubcache import build_hub_cache, save_tiny_bert
+from hubcache import build_hub_cache, save_tiny_bert, write_eval_corpus
 
 # a whole (small) DAG: fetch, extract, metrics, bootstrap; its Snakemake runs share one warm worker
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_worker")]
 
-SENTENCES = [
-    "the cat sat on the mat and the dog sat on the log",
-    "a model of the world is a map of the territory",
-    "attention is all you need said the paper in 2017",
-    "isotropy anisotropy drift query key value head layer norm",
-]
 SEEDS = ("seed_0", "seed_1", "seed_2")
 SHARED = (0, 20000, 40000)
 OWN = {"seed_2": (60000,)}  # a step only one seed has: the group leaves it out
@@ -46,9 +39,7 @@ def run_group(root: Path) -> Path:
             k = step // 1000
             folder = save_tiny_bert(root / "models" / f"{name}_{k}", seed=100 * s + k)
             build_hub_cache(hf_home, f"google/multiberts-seed_{s}-step_{k}k", {"main": folder})
-    corpus = root / "eval.txt"
-    rng = random.Random(0)
-    corpus.write_text("\n\n".join(" ".join(rng.choices(SENTENCES, k=3)) for _ in range(200)) + "\n")
+    corpus = write_eval_corpus(root / "eval.txt")
     config = {
         "models": [
             {"family": "multiberts", "name": name, "steps": sorted((*SHARED, *OWN.get(name, ())))} for name in SEEDS

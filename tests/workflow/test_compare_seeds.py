@@ -6,7 +6,6 @@ CKA computed directly from the two checkpoints' hidden.parquet, and the figure i
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 
 import numpy as np
@@ -18,17 +17,11 @@ from anisweep.measures.cka import linear_cka
 from anisweep.tables import read_parquet
 
 from conftest import snakemake_command
-from hubcache import build_hub_cache, save_tiny_bert
+from hubcache import build_hub_cache, save_tiny_bert, write_eval_corpus
 
 # a whole (small) DAG: fetch, extract, compare; its Snakemake runs share one warm worker
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_worker")]
 
-SENTENCES = [
-    "the cat sat on the mat and the dog sat on the log",
-    "a model of the world is a map of the territory",
-    "attention is all you need said the paper in 2017",
-    "isotropy anisotropy drift query key value head layer norm",
-]
 STEPS = (20, 40)
 
 
@@ -40,9 +33,7 @@ def seeds_run(tmp_path_factory):
         for k in STEPS:
             folder = save_tiny_bert(root / "models" / f"seed{seed}_{k}", seed=10 * seed + k)
             build_hub_cache(hf_home, f"google/multiberts-seed_{seed}-step_{k}k", {"main": folder})
-    corpus = root / "eval.txt"
-    rng = random.Random(0)
-    corpus.write_text("\n\n".join(" ".join(rng.choices(SENTENCES, k=3)) for _ in range(200)) + "\n")
+    corpus = write_eval_corpus(root / "eval.txt")
     steps = [1000 * k for k in STEPS]
     config = {
         "models": [{"family": "multiberts", "name": f"seed_{s}", "steps": steps} for s in (0, 1)],

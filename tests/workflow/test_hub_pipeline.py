@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -33,7 +32,15 @@ from anisweep.measures.sweep import aggregate, find_duplicates
 from anisweep.tables import METRIC_SCHEMA, extract_columns, write_atomic
 
 from conftest import snakemake_command
-from hubcache import build_hub_cache, offline_hub, repo_cache_dir, save_tiny_bert, save_tiny_decoder, save_tiny_pythia
+from hubcache import (
+    build_hub_cache,
+    offline_hub,
+    repo_cache_dir,
+    save_tiny_bert,
+    save_tiny_decoder,
+    save_tiny_pythia,
+    write_eval_corpus,
+)
 
 pytestmark = pytest.mark.usefixtures("shared_worker")  # the Snakemake runs share one warm worker
 
@@ -60,12 +67,6 @@ EXTRACT = {
 
 # The sentences the tiny tokenizers were built from (tests/hubcache.py), so that both tokenize the corpus into
 # real tokens, not [UNK]s.
-SENTENCES = [
-    "the cat sat on the mat and the dog sat on the log",
-    "a model of the world is a map of the territory",
-    "attention is all you need said the paper in 2017",
-    "isotropy anisotropy drift query key value head layer norm",
-]
 
 
 def sha256(path: Path) -> str:
@@ -156,9 +157,7 @@ def world(tmp_path_factory):
         if not (steps_run / f"step{step}" / "tokenizer_config.json").exists():
             shutil.copy(bert_a / "tokenizer_config.json", steps_run / f"step{step}")
 
-    rng = random.Random(0)
-    corpus = root / "eval.txt"
-    corpus.write_text("\n\n".join(" ".join(rng.choices(SENTENCES, k=3)) for _ in range(200)) + "\n")
+    corpus = write_eval_corpus(root / "eval.txt")
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
     env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
