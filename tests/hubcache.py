@@ -129,6 +129,14 @@ def build_hub_cache(
     return out
 
 
+def offline_env(hf_home: Path) -> dict[str, str]:
+    """This process's environment for a subprocess (a Snakemake run) that reads the Hugging Face cache at
+    ``hf_home`` offline: every other HF_ and TRANSFORMERS_ setting left out."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
+    return env
+
+
 def offline_hub(monkeypatch, hf_home: Path) -> Path:
     """Point huggingface_hub (and transformers) at ``hf_home`` and switch them offline, for this test only.
 

@@ -11,7 +11,6 @@ pushed beside the others, an entry's keys.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 import yaml
 
 from conftest import job_stats, snakemake_command
-from hubcache import build_hub_cache, save_tiny_bert, save_tiny_pythia, write_eval_corpus
+from hubcache import build_hub_cache, offline_env, save_tiny_bert, save_tiny_pythia, write_eval_corpus
 
 # Snakemake runs on the offline hub; its Snakemake runs share one warm worker
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_worker")]
@@ -63,8 +62,7 @@ def world(tmp_path_factory):
     build_hub_cache(hf_home, "me/tiny-bert", {"main": bert})
     build_hub_cache(hf_home, "me/trainer-pushes", {"main": trainer_files({10: a, 20: b}, a)})
     corpus = write_eval_corpus(root / "eval.txt")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
-    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
+    env = offline_env(hf_home)
     return {"root": root, "hf_home": hf_home, "commits": commits, "corpus": corpus, "env": env, "models": m}
 
 

@@ -8,7 +8,6 @@ tests."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 import yaml
 
 from conftest import snakemake_command
-from hubcache import build_hub_cache, save_tiny_bert, write_eval_corpus
+from hubcache import build_hub_cache, offline_env, save_tiny_bert, write_eval_corpus
 
 # a whole (small) DAG: fetch, extract, metrics, bootstrap; its Snakemake runs share one warm worker
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_worker")]
@@ -57,8 +56,7 @@ def run_group(root: Path) -> Path:
     configfile.write_text(yaml.safe_dump(config))
     workdir = root / "work"
     workdir.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
-    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
+    env = offline_env(hf_home)
     metrics = [f"results/multiberts/{name}/step{step}/metrics.parquet" for name in SEEDS for step in SHARED]
     command = snakemake_command(
         workdir, "--configfile", str(configfile), "--cores", "2", "results/bootstrap/multiberts.parquet", *metrics

@@ -5,7 +5,6 @@ CKA computed directly from the two checkpoints' hidden.parquet, and the figure i
 
 from __future__ import annotations
 
-import os
 import subprocess
 
 import numpy as np
@@ -17,7 +16,7 @@ from anisweep.measures.cka import linear_cka
 from anisweep.tables import read_parquet
 
 from conftest import snakemake_command
-from hubcache import build_hub_cache, save_tiny_bert, write_eval_corpus
+from hubcache import build_hub_cache, offline_env, save_tiny_bert, write_eval_corpus
 
 # a whole (small) DAG: fetch, extract, compare; its Snakemake runs share one warm worker
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_worker")]
@@ -50,8 +49,7 @@ def seeds_run(tmp_path_factory):
     configfile.write_text(yaml.safe_dump(config))
     workdir = root / "work"
     workdir.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
-    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
+    env = offline_env(hf_home)
     targets = ["results/multiberts/seed_0/compare.parquet", "results/multiberts/seed_0/figures/compare_seeds.png"]
     command = snakemake_command(workdir, "--configfile", str(configfile), "--cores", "2", *targets)
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)

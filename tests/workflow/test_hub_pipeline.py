@@ -34,6 +34,7 @@ from anisweep.tables import METRIC_SCHEMA, extract_columns, write_atomic
 from conftest import snakemake_command
 from hubcache import (
     build_hub_cache,
+    offline_env,
     offline_hub,
     repo_cache_dir,
     save_tiny_bert,
@@ -159,8 +160,7 @@ def world(tmp_path_factory):
 
     corpus = write_eval_corpus(root / "eval.txt")
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
-    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
+    env = offline_env(hf_home)
     return {
         "root": root,
         "hf_home": hf_home,

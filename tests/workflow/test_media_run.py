@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import yaml
 from PIL import Image
 
 from conftest import job_stats, snakemake_command
-from hubcache import build_hub_cache
+from hubcache import build_hub_cache, offline_env
 
 # two whole workflows; its Snakemake runs share one warm worker
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_worker")]
@@ -116,8 +115,7 @@ def world(tmp_path_factory):
     build_hub_cache(hf_home, WAV2VEC2, {"main": tiny_wav2vec2(root / "models" / "wav2vec2")})
     for repo, (cls, config) in SURVEY.items():
         build_hub_cache(hf_home, repo, {"main": tiny_image_model(root / "models" / repo, cls, config)})
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
-    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
+    env = offline_env(hf_home)
     return {"root": root, "env": env}
 
 

@@ -18,7 +18,7 @@ from anisweep import config as anisweep_config
 from anisweep.plots.survey import FIGURES
 
 from conftest import canine_config, snakemake_command, t5_config
-from hubcache import build_hub_cache, save_tiny_bert, save_tiny_decoder, tiny_neox_tokenizer
+from hubcache import build_hub_cache, offline_env, save_tiny_bert, save_tiny_decoder, tiny_neox_tokenizer
 
 pytestmark = pytest.mark.slow  # the whole workflow over seven models
 
@@ -104,8 +104,7 @@ def survey(tmp_path_factory):
     }
     configfile = root / "survey.yaml"
     configfile.write_text(yaml.safe_dump(config, sort_keys=False))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
-    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
+    env = offline_env(hf_home)
     workdir = root / "work"
     # what the tests read: each model's sweep and the survey figures, not the per-model figures
     targets = [f"results/hub/{entry['name']}/sweep.parquet" for entry in SURVEY["models"]]
