@@ -349,8 +349,8 @@ def _outlier_sums(
     rounding where the raw moments about 0 would cancel (a dimension whose mean is 1e4 times its spread).
 
     `member` ((sequences, rows) float64, VectorStats.partial's per_sequence): each sequence's sums of x and of u too
-    (`per_seq`, (sequences, 2, d)), and of u^2 (`per_seq_unit_sq`), of which the sums over every row are then the
-    sums; each chunk's products only with the sequences its rows are in (`rows`: the kept rows' flat index where x
+    and of u^2 (`per_seq`, (sequences, 3, d)), of which the sums over every row are then the sums; each chunk's
+    products only with the sequences its rows are in (`rows`: the kept rows' flat index where x
     was cut down to them, `width` the positions per sequence)."""
     n = keep.sum()
     kept = keep.to(x.dtype)
