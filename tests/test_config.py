@@ -47,10 +47,10 @@ def test_families_of_the_schema_are_the_catalogue_registry():
 
 
 def test_the_bootstrap_measures_of_the_schema_are_those_resampled():
-    from anisweep.measures import sample_bootstrap, sum_bootstrap
+    from anisweep.measures import pair_bootstrap, sample_bootstrap, sum_bootstrap
 
     measures = schema_properties("bootstrap")["measures"]["items"]["enum"]
-    assert measures == list(sample_bootstrap.MEASURES + sum_bootstrap.MEASURES)
+    assert measures == list(sample_bootstrap.MEASURES + pair_bootstrap.MEASURES + sum_bootstrap.MEASURES)
 
 
 def test_defaults_fill_nested_sections_without_touching_given_values():

@@ -259,7 +259,8 @@ def changes_in(table: pl.DataFrame | pl.LazyFrame, *, against: str = "previous")
     """The step tests of bootstrap tables (rows of `scan(root, "bootstrap")`, or one model's or group's table) whose
     interval of the difference leaves out 0: each step where a measure moved, beyond its interval, from the previous
     step (`against="final"`: where it still differs from the final step). `difference` is the value at `step` minus
-    the value at `ref_step`, `direction` "rise" or "fall"; a test whose interval is undefined (NaN) is left out."""
+    the value at `ref_step`, `direction` "rise" or "fall"; a test whose interval is undefined (NaN) is left out, as
+    are the intervals of the comparisons of two steps (CKA, SVCCA, PWCCA: rows with a ref_step and no p)."""
     if against not in ("previous", "final"):
         raise ValueError(f"against {against!r}: 'previous' (each step against the one before) or 'final'")
     frame = table.lazy()
@@ -274,7 +275,7 @@ def changes_in(table: pl.DataFrame | pl.LazyFrame, *, against: str = "previous")
     kept = [c for c in (*IDENTITY, *_CHANGE_COLUMNS) if c in names or c == "group"]
     statistics = [c for c in _CHANGE_STATISTICS if c in names]
     return (
-        frame.filter((pl.col("against") == against) & beyond)
+        frame.filter((pl.col("against") == against) & pl.col("p").is_not_null() & beyond)  # p: a test's, not a pair's
         .select(
             *kept,
             pl.col("estimate").alias("difference"),

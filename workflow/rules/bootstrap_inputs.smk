@@ -5,11 +5,17 @@ from anisweep.measures import sum_bootstrap
 
 BOOTSTRAP = config["bootstrap"]
 # what changes the tables: the intervals' level, B, the draws' seed and the measures (their order does not: sorted),
-# and sink1_eps's epsilon where it is resampled
+# sink1_eps's epsilon where it is resampled, and SVCCA's variance and the CCA measures' width limit where they are
 BOOTSTRAP_ARGS = (
     f"--level {BOOTSTRAP['level']} --samples {BOOTSTRAP['samples']} --seed {BOOTSTRAP['seed']} "
     f"--measures {' '.join(sorted(BOOTSTRAP['measures']))}"
     + (f" --sink-epsilon {config['sinks']['epsilon']}" if "sink1_eps" in BOOTSTRAP["measures"] else "")
+    + (f" --svcca-variance {config['compare']['svcca_variance']}" if "svcca" in BOOTSTRAP["measures"] else "")
+    + (
+        f" --cca-max-width {config['compare']['cca_max_width'] or 0}"
+        if {"svcca", "pwcca"} & set(BOOTSTRAP["measures"])
+        else ""
+    )
 )
 # what a bootstrap job reads of each checkpoint beside hidden.parquet and extract.json: each resampling unit's sums
 # where a measure built of them is resampled, and the sequences' first-key importances for sink1_eps

@@ -26,7 +26,7 @@ def _settings_of(args):
 
     return Settings(
         level=args.level, samples=args.samples, seed=args.seed, measures=tuple(args.measures),
-        sink_epsilon=args.sink_epsilon,
+        sink_epsilon=args.sink_epsilon, svcca_variance=args.svcca_variance, cca_max_width=args.cca_max_width or None,
     )  # fmt: skip
 
 
@@ -38,10 +38,17 @@ def _settings(p) -> None:
         "--measures",
         nargs="+",
         default=["isoscore", "rankme"],
-        help="of the sampled vectors (anisweep.measures.sample_bootstrap.MEASURES: isoscore, rankme, alpha_req, ...) "
-        "and built of sums (anisweep.measures.sum_bootstrap.MEASURES: avg_cos, entropy_mean, qk_cos, ...)",
+        help="of the sampled vectors (anisweep.measures.sample_bootstrap.MEASURES: isoscore, rankme, alpha_req, ...), "
+        "the comparisons of two steps (pair_bootstrap.MEASURES: cka, svcca, pwcca) and built of sums (anisweep.measures.sum_bootstrap.MEASURES: avg_cos, entropy_mean, qk_cos, ...)",
     )
     p.add_argument("--sink-epsilon", type=float, default=0.3, help="sink1_eps's threshold (config sinks.epsilon)")
+    p.add_argument(
+        "--svcca-variance", type=float, default=0.99, help="SVCCA's share of variance (compare.svcca_variance)"
+    )
+    p.add_argument(
+        "--cca-max-width", type=int, default=1024,
+        help="SVCCA and PWCCA only at layers at most this wide (compare.cca_max_width; 0: every width)",
+    )  # fmt: skip
     p.add_argument("--out", required=True)
 
 

@@ -407,22 +407,25 @@ def builtin_rows(
         if settings.cka_debiased:
             value = cka_of(products, True) if n >= 4 else None
             rows.append(_row("cka", "cka_debiased", value, None if value is not None else "fewer than 4 tokens"))
-    cca = {"svcca": lambda: svcca_of(products, settings.svcca_variance), "pwcca": lambda: pwcca_of(products)}
-    for name, function in cca.items():
-        if name not in cca_measures:
-            continue
-        if n <= d:
-            rows.append(_row(name, name, None, f"CCA needs more sampled tokens ({n}) than dimensions ({d})"))
-        elif not len(products.principal_x[0]) or not len(products.principal_y[0]):
-            rows.append(_row(name, name, None, "a representation without spread above the rounding of its values"))
-        else:
-            try:
-                rows.append(_row(name, name, function()))
-            except IllConditioned as error:
-                rows.append(_row(name, name, None, str(error)))
-            except np.linalg.LinAlgError as error:
-                rows.append(_row(name, name, None, f"linear algebra failed: {error}"))
+    for name in cca_measures:
+        value, reason = cca_value(name, products, settings)
+        rows.append(_row(name, name, value, reason))
     return rows
+
+
+def cca_value(name: str, products: CrossProducts, settings: Settings) -> tuple[float | None, str | None]:
+    """SVCCA or PWCCA (`name`) of one pair's cross-products, or None and why it cannot be computed."""
+    n, d = products.n, max(len(products.xx), len(products.yy))
+    if n <= d:
+        return None, f"CCA needs more sampled tokens ({n}) than dimensions ({d})"
+    if not len(products.principal_x[0]) or not len(products.principal_y[0]):
+        return None, "a representation without spread above the rounding of its values"
+    try:
+        return (svcca_of(products, settings.svcca_variance) if name == "svcca" else pwcca_of(products)), None
+    except IllConditioned as error:
+        return None, str(error)
+    except np.linalg.LinAlgError as error:
+        return None, f"linear algebra failed: {error}"
 
 
 def cka_of(products: CrossProducts, debiased: bool) -> float:

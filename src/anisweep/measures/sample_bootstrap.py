@@ -16,6 +16,7 @@ replicate's moments.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -26,9 +27,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from anisweep.measures import bootstrap, geometry, spectral, sum_bootstrap
+from anisweep.measures import bootstrap, compare, geometry, pair_bootstrap, spectral, sum_bootstrap
 from anisweep.measures.grouped import group_rows, vectors_by_group
+from anisweep.measures.pair_bootstrap import Pair, PairSide, pair_measure
 from anisweep.measures.unit_products import UnitProducts
+from anisweep.sample_storage import precision_of
 from anisweep.tables import METRIC_PARAMETERS, read_parquet
 
 #: the measures this module resamples, each a metric of metrics.parquet, and those the config asks for by default
@@ -177,17 +180,19 @@ OF_MOMENTS: dict[str, Callable[[Moments], np.ndarray]] = {
 class SiteSample:
     """One checkpoint's sampled vectors at one (layer, site): the finite vectors (table order; None where no measure
     of the replicates' moments is resampled), each one's resampling unit, and IsoScore's per-unit products where
-    IsoScore is resampled (UnitProducts). The per-unit Gram matrices are kept where they fit MAX_UNIT_GRAM_ELEMENTS."""
+    IsoScore or CKA is resampled (UnitProducts), and the comparisons' view of every sampled row where they are
+    resampled (pair_bootstrap.PairSide). The per-unit Gram matrices are kept where they fit MAX_UNIT_GRAM_ELEMENTS."""
 
     x: np.ndarray | None
     unit: np.ndarray
     n_units: int
     products: UnitProducts | None = None
+    pair: PairSide | None = None
 
     @classmethod
     def of(cls, x: np.ndarray, unit: np.ndarray, n_units: int, measures: Sequence[str]) -> SiteSample:
         """What `measures` need of the vectors x (rows, d) and their units."""
-        products = UnitProducts.of(x, unit, n_units) if "isoscore" in measures else None
+        products = UnitProducts.of(x, unit, n_units) if {"isoscore", "cka"} & set(measures) else None
         kept = x.astype(np.float64) if any(m in OF_MOMENTS for m in measures) else None
         return cls(kept, unit, n_units, products)
 
@@ -280,8 +285,9 @@ class Checkpoint:
 
 
 def read_checkpoint(folder: str | Path, measures: Sequence[str]) -> Checkpoint:
-    """A checkpoint's hidden.parquet and extract.json; `exact`: the values of `measures` at each sampled site that
-    its metrics job wrote to metrics.parquet."""
+    """A checkpoint's hidden.parquet and extract.json; `exact`: the values of `measures` (those of metrics.parquet)
+    at each sampled site that its metrics job wrote there. Where `measures` holds comparisons (pair_bootstrap), each
+    site keeps its every sampled row for them, with the rounding bound of extract's dtype and the sample's storage."""
     folder = Path(folder)
     info = json.loads((folder / "extract.json").read_text())
     size = unit_size(info["settings"])
@@ -291,7 +297,11 @@ def read_checkpoint(folder: str | Path, measures: Sequence[str]) -> Checkpoint:
         if first.is_empty():
             raise BootstrapInputError(f"{folder / 'hidden.parquet'}: no rows; rerun its extract")
         return Checkpoint(*first.row(0), n_units, {}, {}, {})
-    hidden = read_parquet(folder / "hidden.parquet")
+    path = folder / "hidden.parquet"
+    hidden = read_parquet(path)
+    compared = [m for m in measures if m in pair_bootstrap.MEASURES]
+    storage = precision_of(pl.read_parquet_schema(path), "vector") if compared else "float32"
+    scales = read_parquet(path, columns=["vector_scale"])["vector_scale"] if storage == "int8" else None
     if hidden.is_empty():
         raise BootstrapInputError(f"{folder / 'hidden.parquet'}: no sampled tokens; nothing to resample")
     n_sequences = int(info["settings"]["n_sequences"])
@@ -301,12 +311,19 @@ def read_checkpoint(folder: str | Path, measures: Sequence[str]) -> Checkpoint:
             "n_sequences; the two files are of different runs: rerun its extract"
         )
     sites, tokens = {}, {}
-    for (layer, site), group in _groups(hidden):
-        x = group["x"]
+    for (layer, site), group in _groups(hidden, scales):
+        x, unit = group["x"], group["seq"] // size
         finite = np.isfinite(x).all(axis=1)
-        sites[(layer, site)] = SiteSample.of(x[finite], group["seq"][finite] // size, n_units, measures)
+        sample = SiteSample.of(x[finite], unit[finite], n_units, measures)
+        if compared:
+            side = PairSide.of(
+                x, unit, n_units, dtype=info["settings"].get("dtype"), storage=storage, scales=group.get("scale"),
+                products=sample.products if finite.all() else None, cka="cka" in compared,
+            )  # fmt: skip
+            sample = dataclasses.replace(sample, pair=side)
+        sites[(layer, site)] = sample
         tokens[(layer, site)] = group["tokens"]
-    exact = metric_values(folder / "metrics.parquet", measures, sorted(sites))
+    exact = metric_values(folder / "metrics.parquet", [m for m in measures if m in MEASURES], sorted(sites))
     first = hidden.row(0, named=True)
     return Checkpoint(
         first["family"], first["model"], first["seed"], first["step"], first["tokens_seen"], n_units, sites, tokens,
@@ -325,15 +342,20 @@ def unit_size(settings: dict) -> int:
     return -(-int(settings["n_sequences"]) // units) if units > 0 else 1
 
 
-def _groups(hidden: pl.DataFrame) -> list[tuple[tuple[int, str], dict[str, np.ndarray]]]:
-    """Each (layer, site)'s vectors (float32, as stored; table order, as metrics.sample_rows reads them), sequences
-    and (seq, position, token_id) rows."""
+def _groups(hidden: pl.DataFrame, scales: pl.Series | None = None) -> list[tuple[tuple[int, str], dict]]:
+    """Each (layer, site)'s vectors (float32, as stored; table order, as metrics.sample_rows reads them), sequences,
+    (seq, position, token_id) rows and, given int8's per-vector `scales` (hidden's rows), theirs."""
     groups = group_rows(hidden, ("layer", "site"))
     grouped = vectors_by_group(hidden, ("layer", "site"), ("vector",), groups, dtype=np.float32)  # as stored
     seq = hidden["seq"].to_numpy()
     tokens = hidden.select("seq", "position", "token_id").to_numpy()
+    scales = None if scales is None else scales.to_numpy().astype(np.float64)
     return [
-        (key, {"x": group["vector"], "seq": seq[rows], "tokens": tokens[rows]})
+        (
+            key,
+            {"x": group["vector"], "seq": seq[rows], "tokens": tokens[rows]}
+            | ({} if scales is None else {"scale": scales[rows]}),
+        )
         for (key, group), (_, rows) in zip(grouped, groups)
     ]
 
@@ -377,6 +399,8 @@ class Settings:
     seed: int = 0
     measures: tuple[str, ...] = DEFAULT_MEASURES
     sink_epsilon: float = sum_bootstrap.EPSILON  # sink1_eps's threshold: metrics' (config sinks.epsilon)
+    svcca_variance: float = 0.99  # the comparisons' (config compare.svcca_variance, compare.cca_max_width)
+    cca_max_width: int | None = 1024
 
     @property
     def sampled(self) -> tuple[str, ...]:
@@ -384,12 +408,28 @@ class Settings:
         return tuple(m for m in self.measures if m in MEASURES)
 
     @property
+    def compared(self) -> tuple[str, ...]:
+        """The comparisons of two steps' sampled vectors (pair_bootstrap)."""
+        return tuple(m for m in pair_bootstrap.MEASURES if m in self.measures)
+
+    @property
+    def of_vectors(self) -> tuple[str, ...]:
+        """What a checkpoint's sampled vectors are read for: its own measures and the comparisons."""
+        return self.sampled + self.compared
+
+    @property
+    def comparisons(self) -> compare.Settings:
+        return compare.Settings(
+            measures=self.compared, svcca_variance=self.svcca_variance, cca_max_width=self.cca_max_width
+        )
+
+    @property
     def summed(self) -> tuple[str, ...]:
         """The measures built of sums (units.parquet: anisweep.measures.sum_bootstrap)."""
         return tuple(m for m in self.measures if m in sum_bootstrap.MEASURES)
 
     def __post_init__(self):
-        known = MEASURES + sum_bootstrap.MEASURES
+        known = MEASURES + pair_bootstrap.MEASURES + sum_bootstrap.MEASURES
         unknown = sorted(set(self.measures) - set(known))
         if unknown:
             raise BootstrapInputError(f"measures {unknown}: not resampled here; choose among {list(known)}")
@@ -520,17 +560,25 @@ def step_tests(steps: Sequence[int]) -> list[tuple[int, int, str]]:
 def bootstrap_table(
     seeds: Sequence[Sequence[str | Path]], settings: Settings = Settings(), group: str | None = None
 ) -> pl.DataFrame:
-    """The intervals and step tests of one model (`seeds` one list of its checkpoint folders) or of a group (one list
-    per seed, each seed's folders of the same steps). Reads one step's checkpoints at a time; keeps each measure's
-    replicate scores (B floats per measure, layer, site and step) for the tests."""
+    """The intervals and step tests of one model (`seeds` one list of its checkpoint folders, in step order) or of a
+    group (one list per seed, each seed's folders of the same steps), and where settings.compared asks for them the
+    intervals of each step's comparisons with the previous and the final step. Reads one step's checkpoints at a
+    time (and keeps the previous and the final step's for the comparisons); keeps each measure's replicate scores (B
+    floats per measure, layer, site and step) for the tests."""
     if not seeds or not all(seeds):
         raise BootstrapInputError("no checkpoints to resample: give each seed's checkpoint folders")
     if len({len(folders) for folders in seeds}) != 1:
         raise BootstrapInputError(f"each seed needs the same steps: {[len(f) for f in seeds]} checkpoints per seed")
     blocks, reference, labels = {}, None, None
-    estimates, scores, identity, n_units = {}, {}, {}, {}
+    estimates, scores, identity, n_units, pairs = {}, {}, {}, {}, {}
+    final_folders = [folders[-1] for folders in seeds]
+    finals = [read_checkpoint(folder, settings.of_vectors) for folder in final_folders] if settings.compared else None
+    previous = None
     for step_folders in zip(*seeds):
-        checkpoints = [read_checkpoint(folder, settings.sampled) for folder in step_folders]
+        if finals and list(step_folders) == final_folders:
+            checkpoints = finals
+        else:
+            checkpoints = [read_checkpoint(folder, settings.of_vectors) for folder in step_folders]
         reference = reference or checkpoints[0]
         labels = labels or [c.name for c in checkpoints]
         if [c.name for c in checkpoints] != labels:
@@ -544,15 +592,46 @@ def bootstrap_table(
             raise BootstrapInputError(f"step {step} is given twice")
         identity[step] = checkpoints[0]
         for m in step_measures(checkpoints, step_folders, labels, settings):
-            if m.n_units not in blocks:  # the same draws for every step, layer and measure of as many units
-                blocks[m.n_units] = list(
-                    bootstrap.draws(m.n_units, len(checkpoints), samples=settings.samples, seed=settings.seed)
-                )
-            got, _ = bootstrap.replicates(m.measure, None, blocks[m.n_units])
+            got, _ = bootstrap.replicates(m.measure, None, _draws(blocks, m.n_units, len(checkpoints), settings))
             scores[(*m.key, step)] = got
             estimates[(*m.key, step)] = m.estimate
             n_units[m.key] = m.n_units
-    return _rows(estimates, scores, identity, labels, n_units, settings, group)
+        if settings.compared:
+            if previous is not None and previous[0].step > step:
+                raise BootstrapInputError(
+                    f"step {step} follows step {previous[0].step}: give each seed's checkpoint folders in step order"
+                )
+            for against, refs in (("previous", previous), ("final", finals)):
+                if refs is not None and refs is not checkpoints:
+                    for key, (estimate, got, units) in pair_scores(checkpoints, refs, labels, settings, blocks):
+                        pairs[(*key, step, against)] = (refs[0].step, estimate, got)
+                        n_units[key] = units
+            previous = checkpoints
+    return _rows(estimates, scores, identity, labels, n_units, settings, group, pairs)
+
+
+def _draws(blocks: dict, n_units: int, n_seeds: int, settings: Settings) -> list[bootstrap.Draws]:
+    """The draws of `n_units` units and `n_seeds` seeds: the same for every step, layer and measure of as many units."""
+    if n_units not in blocks:
+        blocks[n_units] = list(bootstrap.draws(n_units, n_seeds, samples=settings.samples, seed=settings.seed))
+    return blocks[n_units]
+
+
+def pair_scores(
+    checkpoints: Sequence[Checkpoint], refs: Sequence[Checkpoint], labels: Sequence[str], settings: Settings, blocks
+):
+    """(key, (estimate, replicate scores, units)) of each comparison (settings.compared) of one step's checkpoints
+    with `refs` (another step's of the same seeds) at every sampled site: the estimate the mean over seeds of
+    compare's values on the whole samples."""
+    for layer, site in sorted(checkpoints[0].sites):
+        seeds = [Pair(c.sites[(layer, site)].pair, r.sites[(layer, site)].pair, settings.comparisons)
+                 for c, r in zip(checkpoints, refs)]  # fmt: skip
+        values = [pair.estimates() for pair in seeds]
+        for metric in values[0]:
+            draws = _draws(blocks, seeds[0].n_units, len(seeds), settings)
+            got, _ = bootstrap.replicates(pair_measure(seeds, labels, metric), None, draws)
+            estimate = float(np.mean([v[metric] for v in values]))
+            yield (metric, layer, site, None), (estimate, got, seeds[0].n_units)
 
 
 def _order(key: tuple) -> tuple:
@@ -561,7 +640,7 @@ def _order(key: tuple) -> tuple:
     return (layer, site, metric, -1 if head is None else head, step)
 
 
-def _rows(estimates, scores, identity, labels, n_units, settings, group) -> pl.DataFrame:
+def _rows(estimates, scores, identity, labels, n_units, settings, group, pairs) -> pl.DataFrame:
     n_seeds = len(labels)
     alone = n_seeds == 1 and group is None
     first = identity[min(identity)]
@@ -599,5 +678,19 @@ def _rows(estimates, scores, identity, labels, n_units, settings, group) -> pl.D
                 | {"against": against, "ref_step": ref_step, "design": "paired"}
                 | _test_row(difference, deltas, settings.level)
             )
+    for (metric, layer, site, head, step, against), (ref_step, estimate, got) in pairs.items():
+        rows.append(
+            common
+            | {
+                "layer": layer,
+                "site": site,
+                "head": head,
+                "metric": metric,
+                "n_units": n_units[(metric, layer, site, head)],
+            }
+            | {"step": step, "tokens_seen": identity[step].tokens_seen, "against": against, "ref_step": ref_step}
+            | {"design": "seeds and units" if n_seeds > 1 else "units"}
+            | _interval_row(estimate, got, settings.level)
+        )
     table = pl.DataFrame(rows, schema=SCHEMA)
     return table.sort("layer", "site", "metric", "head", "against", "step", nulls_last=False)

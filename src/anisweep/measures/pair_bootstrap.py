@@ -1,0 +1,189 @@
+"""The comparative measures of two steps' samples (anisweep.measures.compare: linear CKA, SVCCA, PWCCA), resampled
+by extract's units: each step of a model or a group against the previous and the final step, at every sampled
+(layer, site), a replicate drawing the same units for both steps and every seed. Both samples hold the same tokens
+(the bootstrap checks it), so a drawn unit brings the same rows of both.
+
+- CKA is ||S_xy||^2 / (||S_xx|| ||S_yy||), each squared norm a polynomial in the units' counts (unit_products): a
+  replicate costs O(units^3) once the pair's products are computed (one pass of d1 x d2 products over its sample).
+- SVCCA and PWCCA are compare.svcca_of and pwcca_of on each replicate's centred cross-products sum_u c_u X_u'Y_u, so
+  an eigendecomposition of each side and an SVD per replicate: tens of times extract's cost at a real width.
+
+The estimate is compare's value on the whole sample (compare.builtin_rows, on the same float32 vectors), the mean
+over seeds for a group. The replicates read each side's rounding floor (compare.rounding_bound) from its units' own
+bounds, sqrt(sum_u c_u r_u^2), a bound on the replicate's rounding since rounding is per value. cka_debiased is not
+resampled.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from anisweep.measures import bootstrap, compare
+from anisweep.measures.unit_products import ScatterProducts, UnitProducts, by_unit
+
+MEASURES = ("cka", "svcca", "pwcca")
+#: at most this many float64s of the units' three d x d cross-products are held per pair (256 MiB): past it, each
+#: replicate's are summed from the weighted vectors (slower, no more memory than the vectors)
+MAX_UNIT_GRAM_ELEMENTS = 1 << 25
+
+
+@dataclass(frozen=True)
+class PairSide:
+    """One checkpoint's sample at one (layer, site) as the comparisons read it: its float32 vectors with each unit's
+    rows together (`bounds[u]:bounds[u + 1]`), whether every sampled row was finite (else every comparison is NaN,
+    as compare's), its rounding bound (compare.rounding_bound) whole and per unit, and its UnitProducts for CKA."""
+
+    x: np.ndarray
+    bounds: np.ndarray
+    complete: bool
+    rounding: float
+    unit_rounding: np.ndarray
+    products: UnitProducts | None
+
+    @classmethod
+    def of(
+        cls,
+        x: np.ndarray,
+        unit: np.ndarray,
+        n_units: int,
+        *,
+        dtype: str | None = None,
+        storage: str = "float32",
+        scales: np.ndarray | None = None,
+        products: UnitProducts | None = None,
+        cka: bool = True,
+    ) -> PairSide:
+        """From every sampled row (table order) of the site, each row's unit, extract's dtype and the sample's storage
+        (`scales`: int8's per-vector scales); `products`: the site's UnitProducts where IsoScore built them."""
+        complete = bool(np.isfinite(x).all())
+        if scales is None:
+            unit, (x,) = by_unit(unit, x)
+        else:
+            unit, (x, scales) = by_unit(unit, x, scales)
+        bounds = np.searchsorted(unit, np.arange(n_units + 1))
+        x64 = x.astype(np.float64)
+
+        def rounding(rows: slice) -> float:
+            return compare.rounding_bound(x64[rows], dtype, storage, None if scales is None else scales[rows])
+
+        if not complete:
+            return cls(x, bounds, False, np.nan, np.full(n_units, np.nan), None)
+        per_unit = np.array([rounding(slice(bounds[u], bounds[u + 1])) for u in range(n_units)])
+        if cka and products is None:
+            products = UnitProducts.of(x, unit, n_units)
+        return cls(x, bounds, True, rounding(slice(None)), per_unit, products)
+
+    @property
+    def shifted(self) -> np.ndarray:
+        return self.x - self.products.shift
+
+
+@dataclass
+class Pair:
+    """One seed's checkpoint against its reference at one (layer, site): the comparisons of any draws of units,
+    those of one draw computed together (the CCA measures share each replicate's cross-products)."""
+
+    x: PairSide
+    y: PairSide
+    settings: compare.Settings
+    _pending: dict = field(default_factory=dict)
+
+    @property
+    def n_units(self) -> int:
+        return len(self.x.bounds) - 1
+
+    def estimates(self) -> dict[str, float]:
+        """compare's value of each measure on the whole samples (NaN where compare's is)."""
+        rows = compare.builtin_rows(
+            self.x.x.astype(np.float64), self.y.x.astype(np.float64), self.settings, (self.x.rounding, self.y.rounding)
+        )
+        return {r["metric"]: r["value"] for r in rows}
+
+    def values(self, metric: str, units: np.ndarray) -> np.ndarray:
+        """`metric` on each row of `units` (draws x n_units unit indices); the pair's other measures on the same
+        draws are computed with it and kept until asked for."""
+        key = (units.shape, hashlib.blake2b(np.ascontiguousarray(units).tobytes(), digest_size=16).digest())
+        if metric not in self._pending.get(key, {}):
+            self._pending[key] = self._all(bootstrap.unit_counts(units, self.n_units))
+        got = self._pending[key].pop(metric)
+        if not self._pending[key]:
+            del self._pending[key]
+        return got
+
+    def _all(self, counts: np.ndarray) -> dict[str, np.ndarray]:
+        measures = [m for m in self.settings.measures if m in MEASURES]
+        out = {m: np.full(len(counts), np.nan) for m in measures}
+        if not (self.x.complete and self.y.complete):
+            return out
+        if "cka" in out:
+            out["cka"] = self._cka(counts)
+        cca = [m for m in self.settings.cca_measures(max(self.x.x.shape[1], self.y.x.shape[1])) if m in out]
+        for r, c in enumerate(counts if cca else ()):
+            products = self._replicate_products(c)
+            for name in cca:
+                value = compare.cca_value(name, products, self.settings)[0]
+                out[name][r] = np.nan if value is None else value
+        return out
+
+    def _cka(self, counts: np.ndarray) -> np.ndarray:
+        a, b = self.x.products, self.y.products
+        xy = self._scatter.squared_norm(counts, a.sizes, a.sums, b.sums)
+        xx, yy = a.squared_norm(counts), b.squared_norm(counts)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where((xx > 0) & (yy > 0), xy / np.sqrt(xx * yy), np.nan)
+
+    @functools.cached_property
+    def _scatter(self) -> ScatterProducts:
+        """The products that CKA's numerator ||S_xy||^2 needs (unit_products)."""
+        a, b = self.x.products, self.y.products
+        return ScatterProducts.of(self.x.shifted, self.y.shifted, self.x.bounds, a.sums, b.sums)
+
+    @functools.cached_property
+    def _centred(self) -> tuple[np.ndarray, np.ndarray]:
+        """Both samples (float64) less their means."""
+        x, y = self.x.x.astype(np.float64), self.y.x.astype(np.float64)
+        return x - x.mean(axis=0), y - y.mean(axis=0)
+
+    @functools.cached_property
+    def _unit_sums(self) -> tuple[np.ndarray, np.ndarray]:
+        return tuple(np.add.reduceat(side, self.x.bounds[:-1], axis=0) for side in self._centred)
+
+    @functools.cached_property
+    def _unit_products(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Each unit's X_u'X_u, X_u'Y_u and Y_u'Y_u of the centred samples, where they fit MAX_UNIT_GRAM_ELEMENTS;
+        None past it."""
+        d1, d2 = self.x.x.shape[1], self.y.x.shape[1]
+        if self.n_units * (d1 + d2) ** 2 > MAX_UNIT_GRAM_ELEMENTS:
+            return None
+        x, y = self._centred
+        units = [slice(self.x.bounds[u], self.x.bounds[u + 1]) for u in range(self.n_units)]
+        return tuple(np.stack([a[rows].T @ b[rows] for rows in units]) for a, b in ((x, x), (x, y), (y, y)))
+
+    def _replicate_products(self, counts: np.ndarray) -> compare.CrossProducts:
+        """compare.CrossProducts of the samples with unit u's rows repeated counts[u] times (the rows' norms left
+        out: SVCCA and PWCCA do not read them)."""
+        n = float(counts @ np.diff(self.x.bounds))
+        tx, ty = (sums.T @ counts for sums in self._unit_sums)
+        if self._unit_products is not None:
+            xx, xy, yy = (np.tensordot(counts, g, axes=(0, 0)) for g in self._unit_products)
+        else:
+            x, y = self._centred
+            w = np.repeat(counts, np.diff(self.x.bounds))[:, None]
+            xx, xy, yy = (w * x).T @ x, (w * x).T @ y, (w * y).T @ y
+        return compare.CrossProducts(
+            int(round(n)), self.x.x.astype(np.float64).mean(axis=0) + tx / n,
+            xx - np.outer(tx, tx) / n, xy - np.outer(tx, ty) / n, yy - np.outer(ty, ty) / n,
+            np.zeros(0), np.zeros(0),
+            float(np.sqrt(counts @ np.square(self.x.unit_rounding))),
+            float(np.sqrt(counts @ np.square(self.y.unit_rounding))),
+        )  # fmt: skip
+
+
+def pair_measure(pairs: Sequence[Pair], labels: Sequence[str], metric: str) -> bootstrap.SampleBuilt:
+    """`metric` of one step's pairs (one per seed, in `labels`' order) as a Multi-Bootstrap measure."""
+    return bootstrap.SampleBuilt(labels, pairs[0].n_units, lambda s, units: pairs[s].values(metric, units))
