@@ -81,6 +81,7 @@ rule compare_sweep:
 rule plot_compare:
     input:
         table="results/{family}/{model}/compare.parquet",
+        bootstrap=pair_intervals,
         code=code_inputs("plots.compare", commands="cli.plots"),
     output:
         **model_figures(COMPARE_FIGURES),
@@ -92,7 +93,7 @@ rule plot_compare:
         out_dir="results/{family}/{model}/figures",
     shell:
         figure_command(
-            "plot-compare --table {input.table} --out-dir {params.out_dir}",
+            "plot-compare --table {input.table} --out-dir {params.out_dir} --bootstrap {input.bootstrap}",
             "plot_compare",
             "family",
             "model",

@@ -38,3 +38,12 @@ def compare_inputs(wildcards):
 def model_roles(wildcards):
     """(role, path) of every role the model's pairs play: a table in two roles is listed twice."""
     return compare_plan.roles(PAIRS_OF_MODEL.get((wildcards.family, wildcards.model), []))
+
+
+def pair_intervals(wildcards):
+    """The model's bootstrap.parquet where it holds the intervals of its comparisons (bootstrap.measures names one
+    of cka, svcca, pwcca), for the bands of compare_training.png; none elsewhere."""
+    # called while the DAG is built, after workflow/rules/bootstrap_inputs.smk and plots_inputs.smk are read
+    if not set(BOOTSTRAP["measures"]) & {"cka", "svcca", "pwcca"}:
+        return []
+    return model_intervals(wildcards)

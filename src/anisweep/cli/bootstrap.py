@@ -39,7 +39,8 @@ def _settings(p) -> None:
         nargs="+",
         default=["isoscore", "rankme"],
         help="of the sampled vectors (anisweep.measures.sample_bootstrap.MEASURES: isoscore, rankme, alpha_req, ...), "
-        "the comparisons of two steps (pair_bootstrap.MEASURES: cka, svcca, pwcca) and built of sums (anisweep.measures.sum_bootstrap.MEASURES: avg_cos, entropy_mean, qk_cos, ...)",
+        "the comparisons of two steps (pair_bootstrap.MEASURES: cka, svcca, pwcca) and built of sums "
+        "(anisweep.measures.sum_bootstrap.MEASURES: avg_cos, entropy_mean, qk_cos, ...)",
     )
     p.add_argument("--sink-epsilon", type=float, default=0.3, help="sink1_eps's threshold (config sinks.epsilon)")
     p.add_argument(

@@ -108,9 +108,11 @@ def cmd_plot_phases(args) -> None:
 
 def cmd_plot_compare(args) -> None:
     from anisweep.plots.compare import draw_all
+    from anisweep.plots.intervals import read_pair_intervals
     from anisweep.tables import read_parquet
 
-    draw_all(read_parquet(args.table), args.out_dir, seed_figures=args.seeds)
+    intervals = read_pair_intervals(args.bootstrap)
+    draw_all(read_parquet(args.table), args.out_dir, seed_figures=args.seeds, intervals=intervals)
 
 
 HELP_BOOTSTRAP = "bootstrap.parquet of the model(s): a band around each curve it holds an interval for"
@@ -128,6 +130,7 @@ def add_commands(sub) -> None:
     p.add_argument("--table", required=True)
     p.add_argument("--out-dir", required=True)
     p.add_argument("--seeds", action="store_true", help="the seed comparison's figure (compare_seeds.png) alone")
+    p.add_argument("--bootstrap", nargs="*", default=[], help=HELP_BOOTSTRAP + " (its comparisons' intervals)")
     p.set_defaults(run=cmd_plot_compare)
 
     p = sub.add_parser("plot-family", help="one figure comparing the models of a family")

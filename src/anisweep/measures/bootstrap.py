@@ -205,7 +205,12 @@ def draws(
 def _scores(measure: Measure, block: Draws, seeds: np.ndarray) -> np.ndarray:
     wanted = np.zeros((seeds.shape[0], len(measure.seeds)), dtype=bool)
     np.put_along_axis(wanted, seeds, True, axis=1)
-    values = measure.values(block, wanted)
+    return seed_means(measure.values(block, wanted), seeds)
+
+
+def seed_means(values: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+    """Each replicate's score: the mean of `values` (draws x seeds: each seed's measure on the draw's units) over the
+    draw's seeds (`seeds`, draws x drawn seed positions)."""
     return np.take_along_axis(values, seeds, axis=1).mean(axis=1)
 
 

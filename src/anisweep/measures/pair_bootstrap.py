@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -182,8 +181,3 @@ class Pair:
             float(np.sqrt(counts @ np.square(self.x.unit_rounding))),
             float(np.sqrt(counts @ np.square(self.y.unit_rounding))),
         )  # fmt: skip
-
-
-def pair_measure(pairs: Sequence[Pair], labels: Sequence[str], metric: str) -> bootstrap.SampleBuilt:
-    """`metric` of one step's pairs (one per seed, in `labels`' order) as a Multi-Bootstrap measure."""
-    return bootstrap.SampleBuilt(labels, pairs[0].n_units, lambda s, units: pairs[s].values(metric, units))

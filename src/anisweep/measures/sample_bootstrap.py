@@ -29,7 +29,7 @@ import polars as pl
 
 from anisweep.measures import bootstrap, compare, geometry, pair_bootstrap, spectral, sum_bootstrap
 from anisweep.measures.grouped import group_rows, vectors_by_group
-from anisweep.measures.pair_bootstrap import Pair, PairSide, pair_measure
+from anisweep.measures.pair_bootstrap import Pair, PairSide
 from anisweep.measures.unit_products import UnitProducts
 from anisweep.sample_storage import precision_of
 from anisweep.tables import METRIC_PARAMETERS, read_parquet
@@ -562,23 +562,17 @@ def bootstrap_table(
 ) -> pl.DataFrame:
     """The intervals and step tests of one model (`seeds` one list of its checkpoint folders, in step order) or of a
     group (one list per seed, each seed's folders of the same steps), and where settings.compared asks for them the
-    intervals of each step's comparisons with the previous and the final step. Reads one step's checkpoints at a
-    time (and keeps the previous and the final step's for the comparisons); keeps each measure's replicate scores (B
-    floats per measure, layer, site and step) for the tests."""
+    intervals of each step's comparisons with the previous and the final step (`comparisons`). Reads one step's
+    checkpoints at a time; keeps each measure's replicate scores (B floats per measure, layer, site and step) for the
+    tests."""
     if not seeds or not all(seeds):
         raise BootstrapInputError("no checkpoints to resample: give each seed's checkpoint folders")
     if len({len(folders) for folders in seeds}) != 1:
         raise BootstrapInputError(f"each seed needs the same steps: {[len(f) for f in seeds]} checkpoints per seed")
     blocks, reference, labels = {}, None, None
-    estimates, scores, identity, n_units, pairs = {}, {}, {}, {}, {}
-    final_folders = [folders[-1] for folders in seeds]
-    finals = [read_checkpoint(folder, settings.of_vectors) for folder in final_folders] if settings.compared else None
-    previous = None
+    estimates, scores, identity, n_units = {}, {}, {}, {}
     for step_folders in zip(*seeds):
-        if finals and list(step_folders) == final_folders:
-            checkpoints = finals
-        else:
-            checkpoints = [read_checkpoint(folder, settings.of_vectors) for folder in step_folders]
+        checkpoints = [read_checkpoint(folder, settings.sampled) for folder in step_folders]
         reference = reference or checkpoints[0]
         labels = labels or [c.name for c in checkpoints]
         if [c.name for c in checkpoints] != labels:
@@ -596,17 +590,12 @@ def bootstrap_table(
             scores[(*m.key, step)] = got
             estimates[(*m.key, step)] = m.estimate
             n_units[m.key] = m.n_units
-        if settings.compared:
-            if previous is not None and previous[0].step > step:
-                raise BootstrapInputError(
-                    f"step {step} follows step {previous[0].step}: give each seed's checkpoint folders in step order"
-                )
-            for against, refs in (("previous", previous), ("final", finals)):
-                if refs is not None and refs is not checkpoints:
-                    for key, (estimate, got, units) in pair_scores(checkpoints, refs, labels, settings, blocks):
-                        pairs[(*key, step, against)] = (refs[0].step, estimate, got)
-                        n_units[key] = units
-            previous = checkpoints
+    if settings.compared and list(identity) != sorted(identity):
+        raise BootstrapInputError(
+            f"steps {list(identity)}: give each seed's checkpoint folders in step order for the comparisons of a step "
+            "with the previous one"
+        )
+    pairs = comparisons(seeds, settings, blocks) if settings.compared else {}
     return _rows(estimates, scores, identity, labels, n_units, settings, group, pairs)
 
 
@@ -617,21 +606,42 @@ def _draws(blocks: dict, n_units: int, n_seeds: int, settings: Settings) -> list
     return blocks[n_units]
 
 
-def pair_scores(
-    checkpoints: Sequence[Checkpoint], refs: Sequence[Checkpoint], labels: Sequence[str], settings: Settings, blocks
-):
-    """(key, (estimate, replicate scores, units)) of each comparison (settings.compared) of one step's checkpoints
-    with `refs` (another step's of the same seeds) at every sampled site: the estimate the mean over seeds of
-    compare's values on the whole samples."""
-    for layer, site in sorted(checkpoints[0].sites):
-        seeds = [Pair(c.sites[(layer, site)].pair, r.sites[(layer, site)].pair, settings.comparisons)
-                 for c, r in zip(checkpoints, refs)]  # fmt: skip
-        values = [pair.estimates() for pair in seeds]
-        for metric in values[0]:
-            draws = _draws(blocks, seeds[0].n_units, len(seeds), settings)
-            got, _ = bootstrap.replicates(pair_measure(seeds, labels, metric), None, draws)
-            estimate = float(np.mean([v[metric] for v in values]))
-            yield (metric, layer, site, None), (estimate, got, seeds[0].n_units)
+def comparisons(seeds: Sequence[Sequence[str | Path]], settings: Settings, blocks: dict) -> dict:
+    """{(metric, layer, site, step, against): (ref_step, estimate, replicate scores, units)} of every comparison of
+    settings.compared of each step with the previous and the final step, at every sampled site. Seed by seed, so that
+    three checkpoints' samples of one seed are held at once (the step's, the previous and the final step's): each
+    seed's values on every draw of units, then each replicate's score the mean over its drawn seeds; the estimate the
+    mean over seeds of compare's values on the whole samples."""
+    per_seed = []
+    for folders in seeds:
+        values, final, previous = {}, read_checkpoint(folders[-1], settings.compared), None
+        for folder in folders:
+            current = final if folder == folders[-1] else read_checkpoint(folder, settings.compared)
+            for against, ref in (("previous", previous), ("final", final)):
+                if ref is not None and ref is not current:
+                    values |= _pair_values(current, ref, against, settings, blocks, len(seeds))
+            previous = current
+        per_seed.append(values)
+    out = {}
+    for key, (ref_step, _, _, units) in per_seed[0].items():
+        draws = _draws(blocks, units, len(seeds), settings)
+        by_block = zip(*(seed[key][2] for seed in per_seed))
+        got = np.concatenate([bootstrap.seed_means(np.stack(v, axis=1), d.base) for v, d in zip(by_block, draws)])
+        out[key] = (ref_step, float(np.mean([seed[key][1] for seed in per_seed])), got, units)
+    return out
+
+
+def _pair_values(current: Checkpoint, ref: Checkpoint, against: str, settings: Settings, blocks, n_seeds) -> dict:
+    """{(metric, layer, site, step, against): (ref_step, estimate, [values on each block of draws], units)} of one
+    seed's checkpoint against its reference."""
+    out = {}
+    for layer, site in sorted(current.sites):
+        pair = Pair(current.sites[(layer, site)].pair, ref.sites[(layer, site)].pair, settings.comparisons)
+        draws = _draws(blocks, pair.n_units, n_seeds, settings)
+        for metric, estimate in pair.estimates().items():
+            values = [pair.values(metric, block.units) for block in draws]
+            out[(metric, layer, site, current.step, against)] = (ref.step, estimate, values, pair.n_units)
+    return out
 
 
 def _order(key: tuple) -> tuple:
@@ -678,16 +688,11 @@ def _rows(estimates, scores, identity, labels, n_units, settings, group, pairs) 
                 | {"against": against, "ref_step": ref_step, "design": "paired"}
                 | _test_row(difference, deltas, settings.level)
             )
-    for (metric, layer, site, head, step, against), (ref_step, estimate, got) in pairs.items():
+    for (metric, layer, site, step, against), (ref_step, estimate, got, units) in pairs.items():
+        where = {"layer": layer, "site": site, "head": None, "metric": metric, "n_units": units}
         rows.append(
             common
-            | {
-                "layer": layer,
-                "site": site,
-                "head": head,
-                "metric": metric,
-                "n_units": n_units[(metric, layer, site, head)],
-            }
+            | where
             | {"step": step, "tokens_seen": identity[step].tokens_seen, "against": against, "ref_step": ref_step}
             | {"design": "seeds and units" if n_seeds > 1 else "units"}
             | _interval_row(estimate, got, settings.level)

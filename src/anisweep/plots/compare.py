@@ -1,6 +1,7 @@
 """The figures of a model's comparisons (compare.parquet, anisweep.measures.compare): each measure against the
-reference step over training (a line per layer), the layer-by-layer CKA matrix at the chosen steps, and seed
-against seed over training."""
+reference step over training (a line per layer, with a band where bootstrap.parquet holds the comparison's interval:
+anisweep.measures.pair_bootstrap), the layer-by-layer CKA matrix at the chosen steps, and seed against seed over
+training."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from anisweep.plots.intervals import attach_pairs
 from anisweep.plots.kit import legend_beside, lines_by, panel_grid, save_figure, step_axis
 
 #: the figures of a model whose comparisons are on (config `compare.enabled`)
@@ -19,8 +21,15 @@ ROLE_WORDS = {"final": "against the final step", "previous": "against the previo
 MEASURE_WORDS = {"cka": "linear CKA", "cka_debiased": "linear CKA (unbiased HSIC)", "svcca": "SVCCA", "pwcca": "PWCCA"}
 
 
-def draw_all(table: pl.DataFrame, out_dir: str | Path, site: str = "resid", seed_figures: bool = False) -> None:
-    """COMPARE_FIGURES of a model's compare.parquet into `out_dir`, or with `seed_figures` SEED_FIGURES."""
+def draw_all(
+    table: pl.DataFrame,
+    out_dir: str | Path,
+    site: str = "resid",
+    seed_figures: bool = False,
+    intervals: pl.DataFrame | None = None,
+) -> None:
+    """COMPARE_FIGURES of a model's compare.parquet into `out_dir`, or with `seed_figures` SEED_FIGURES; `intervals`:
+    the comparisons' intervals (intervals.read_pair_intervals), drawn as bands over training."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = table.filter(pl.col("site") == site)
@@ -28,7 +37,11 @@ def draw_all(table: pl.DataFrame, out_dir: str | Path, site: str = "resid", seed
     if seed_figures:
         seeds(rows.filter(role="seed"), out_dir / "compare_seeds.png", title)
         return
-    over_training(rows.filter(pl.col("role").is_in(list(ROLE_WORDS))), out_dir / "compare_training.png", title)
+    over_training(
+        attach_pairs(rows.filter(pl.col("role").is_in(list(ROLE_WORDS))), intervals),
+        out_dir / "compare_training.png",
+        title,
+    )
     layer_matrices(rows.filter(role="layers"), out_dir / "compare_layers.png", title)
 
 

@@ -35,6 +35,34 @@ def read_intervals(paths: Iterable[str | Path]) -> pl.DataFrame | None:
     return table.filter(pl.col("against").is_null(), pl.col("low").is_finite(), pl.col("high").is_finite()).select(keep)
 
 
+def read_pair_intervals(paths: Iterable[str | Path]) -> pl.DataFrame | None:
+    """The intervals of the comparisons of two steps in bootstrap tables (rows with `against` and `ref_step` and no
+    p: anisweep.measures.pair_bootstrap), as `role` (compare.parquet's: final, previous) and `ref_step` beside
+    read_intervals' columns. None where no path is given."""
+    from anisweep.tables import read_parquet
+
+    frames = [read_parquet(path) for path in paths]
+    if not frames:
+        return None
+    table = pl.concat(frames, how="diagonal_relaxed")
+    pairs = table.filter(
+        pl.col("against").is_not_null(), pl.col("p").is_null(), pl.col("low").is_finite(), pl.col("high").is_finite()
+    )
+    keep = ["family", "model", "n_seeds", "design", "level", *WHERE, "ref_step", "estimate", "low", "high"]
+    return pairs.select(*keep, role=pl.col("against"))
+
+
+def attach_pairs(rows: pl.DataFrame, intervals: pl.DataFrame | None) -> pl.DataFrame:
+    """compare.parquet's `rows` with `low`, `high` and `band` where `intervals` (read_pair_intervals) has one for the
+    row's model, role, reference step, metric, layer, site and step; null elsewhere."""
+    if intervals is None:
+        return rows
+    keys = ["family", "model", "role", "ref_step", *WHERE]
+    bands = with_band_label(intervals).select(*keys, "low", "high", "band").unique(keys, keep="first")
+    bands = bands.with_columns(pl.col(k).cast(rows.schema[k]) for k in keys)
+    return rows.join(bands, on=keys, how="left", nulls_equal=True)
+
+
 def band_label(level: float, design: str) -> str:
     """The legend's words for a band: its level and what was resampled."""
     return f"{level:.0%} interval, Multi-Bootstrap {DESIGN_WORDS.get(design, 'over ' + design)}"
