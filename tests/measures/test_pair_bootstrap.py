@@ -34,6 +34,7 @@ def layer_norm(h: np.ndarray) -> np.ndarray:
 def write_checkpoint(folder: Path, step: int, model: str = "toy-a", seed: int = 0) -> Path:
     """A checkpoint with hidden.parquet (rows shuffled, in the same order at every step, as extract writes them) at a
     residual site and a LayerNorm output, the steps of one model drifting from a shared start, and the extract.json
+    compare and the bootstrap read."""
     folder.mkdir(parents=True, exist_ok=True)
     n = N_SEQUENCES * PER_SEQUENCE
     base = np.random.default_rng([seed, 99]).normal(size=(n, D)) @ np.diag(np.arange(1, D + 1.0))
