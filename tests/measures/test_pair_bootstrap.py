@@ -133,6 +133,16 @@ def test_a_group_resamples_each_seeds_pairs_on_the_same_draws(tmp_path):
             for seed in seeds
         ]
         assert r["estimate"] == pytest.approx(np.mean(values), rel=1e-12)
+    # a replicate: the mean over its drawn seeds of each seed's value on its drawn units (bootstrap.draws' first)
+    block = next(bootstrap.draws(4, 2, samples=SETTINGS.samples, seed=SETTINGS.seed))
+    sides = [[sb.read_checkpoint(folder, MEASURES).sites[(0, "resid")].pair for folder in seed] for seed in seeds]
+    pairs = [pair_bootstrap.Pair(a, b, SETTINGS.comparisons) for a, b in sides]
+    expected = [np.mean([pairs[s].values("pwcca", units[None])[0] for s in drawn]) for units, drawn in
+                zip(block.units[:5], block.base[:5])]  # fmt: skip
+    row = table.filter(step=0, layer=0, site="resid", metric="pwcca")
+    assert row.height == 1
+    got = sb.comparisons(seeds, SETTINGS, {})[("pwcca", 0, "resid", 0, "final")][2][:5]
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
 
 
 def test_a_non_finite_sample_makes_its_comparisons_nan_and_leaves_the_rest(model):

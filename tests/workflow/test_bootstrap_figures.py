@@ -89,3 +89,16 @@ def test_a_bootstrap_setting_reruns_the_bootstrap_jobs_and_the_figures_they_feed
 def test_bootstrap_turned_off_redraws_the_figures_without_bands_and_runs_nothing_else(run):
     config = write_config(run["root"] / "off.yaml", enabled=False)
     assert planned(run["workdir"], config) == FIGURE_JOBS
+
+
+@pytest.mark.parametrize("measures", [["isoscore"], ["isoscore", "cka"]], ids=["no-comparison", "cka"])
+def test_compare_training_reads_the_bootstrap_table_where_it_resamples_a_comparison(run, measures):
+    """compare_training.png draws the comparisons' intervals: bootstrap.parquet is its input where bootstrap.measures
+    holds cka, svcca or pwcca, and not elsewhere, so that another measure resampled leaves the figure standing."""
+    config = write_config(run["root"] / "pairs.yaml", measures=measures)
+    figure = "results/toy/toy-neox/figures/compare_training.png"
+    done = dry_run(command(run["workdir"], config, "-n", "-p", figure, "--forcerun", "plot_compare"), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if "plot-compare --table results/toy/toy-neox/" in line]
+    assert len(lines) == 1
+    assert ("--bootstrap results/toy/toy-neox/bootstrap.parquet" in lines[0]) == ("cka" in measures)

@@ -102,6 +102,30 @@ def test_the_sink_threshold_is_the_bootstraps_where_it_resamples_sink1_eps(run, 
     assert len(command_line) == 1 and ("--sink-epsilon 0.5" in command_line[0]) == sink1_eps
 
 
+@pytest.mark.parametrize(
+    ("extra", "flags"),
+    [
+        ([], ()),
+        (["cka"], ()),
+        (["svcca"], ("--svcca-variance 0.9", "--cca-max-width 512")),
+        (["pwcca"], ("--cca-max-width 512",)),
+    ],
+)
+def test_the_cca_settings_are_the_bootstraps_where_it_resamples_svcca_or_pwcca(run, extra, flags):
+    """compare.svcca_variance and compare.cca_max_width are params of the bootstrap jobs only where they resample
+    SVCCA (both) or PWCCA (the width): elsewhere a change of them reruns no bootstrap job (docs/reruns.md)."""
+    config = write_config(run["root"] / "cca.yaml", bootstrap={"measures": [*DEFAULT_MEASURES, *extra]})
+    config.write_text(
+        yaml.safe_dump(yaml.safe_load(config.read_text()) | {"compare": {"svcca_variance": 0.9, "cca_max_width": 512}})
+    )
+    done = dry_run(command(run["workdir"], config, "-n", "-p", TARGET, "--forcerun", "bootstrap_model"), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    command_line = [line for line in done.stdout.splitlines() if f"--out {TARGET}" in line]
+    assert len(command_line) == 1
+    found = tuple(re.findall(r"--(?:svcca-variance|cca-max-width) [0-9.]+", command_line[0]))
+    assert found == flags
+
+
 #: a new step's jobs: its model run, its metrics (with the weight measures they read) and its model's bootstrap
 NEW_STEP = {"fetch": 1, "extract": 1, "weights": 1, "logit_lens": 1, "metrics": 1, "bootstrap_model": 1}
 
@@ -140,6 +164,7 @@ def test_a_group_that_cannot_be_resampled_is_a_config_error(run, groups, message
     ("module", "expected"),
     [
         ("measures/sample_bootstrap.py", {"bootstrap_model": 1}),
+        ("measures/pair_bootstrap.py", {"bootstrap_model": 1}),
         ("measures/metrics.py", {"metrics": 3, "bootstrap_model": 1}),  # the estimates: metrics.parquet's values
         ("plots/sweep.py", {}),
     ],
