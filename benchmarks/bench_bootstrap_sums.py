@@ -11,7 +11,10 @@ the sampled vectors (IsoScore's estimate; not timed), and the same folder again 
 `anisweep.measures.sample_bootstrap.bootstrap_table` resamples that step of the 5 seeds at B = 1,000, --repeat
 times, with the same thread count (one, as a Snakemake job of one thread: set OMP_NUM_THREADS=1 so that numpy's BLAS
 uses one too). Both are process CPU seconds of this process, the bootstrap's the median of the repetitions; the
-group is 29 bootstrap steps against 145 extracts (goal: under 5%).
+group is 29 bootstrap steps against 145 extracts (goal: under 5%). Then the comparisons of two steps: each seed's
+folder written again as a later step, and linear CKA of the two (`cka`: the step against the final and the later one
+against the previous, as an inner step of the grid has both), resampled once for the 5 seeds: its CPU seconds are a
+step's added cost of `cka` in bootstrap.measures.
 """
 
 from __future__ import annotations
@@ -89,6 +92,25 @@ def extract_step(root: Path, shape: dict) -> float:
     return seconds
 
 
+def later_step(root: Path) -> None:
+    """Each seed's folder again as a later step (seed_{s}_later), its tables' step moved."""
+    for seed in range(SEEDS):
+        folder, later = root / f"seed_{seed}", root / f"seed_{seed}_later"
+        shutil.copytree(folder, later)
+        for table in later.glob("*.parquet"):
+            frame = pl.read_parquet(table)
+            if "step" in frame.columns:
+                frame.with_columns(pl.col("step") + 20000).write_parquet(table)
+
+
+def comparison_step(root: Path, samples: int) -> float:
+    """CPU seconds of the comparisons of two steps (CKA, each direction once) over the 5 seeds."""
+    started = time.process_time()
+    folders = [[root / f"seed_{seed}", root / f"seed_{seed}_later"] for seed in range(SEEDS)]
+    sb.bootstrap_table(folders, sb.Settings(samples=samples, measures=("cka",)), group="g")
+    return time.process_time() - started
+
+
 def bootstrap_step(root: Path, samples: int) -> tuple[float, int]:
     """(CPU seconds, rows) of one step's bootstrap_table over the 5 seeds."""
     started = time.process_time()
@@ -111,6 +133,8 @@ def main(argv=None) -> dict:
     try:
         extract_s = extract_step(root, shape)
         runs = [bootstrap_step(root, shape["samples"]) for _ in range(a.repeat)]
+        later_step(root)
+        cka_s = comparison_step(root, shape["samples"])
     finally:
         shutil.rmtree(root, ignore_errors=True)
     step_s = statistics.median(s for s, _ in runs)
@@ -126,12 +150,15 @@ def main(argv=None) -> dict:
         "group_extract_cpu_s": extract_s * SEEDS * STEPS,
         "share": step_s / (extract_s * SEEDS),
         "goal": GOAL,
+        "cka_step_cpu_s": cka_s,
+        "cka_share": cka_s / (extract_s * SEEDS),
     }
     print(
         f"{out['shape']}: extract {extract_s:.1f} CPU-s a checkpoint; bootstrap of one step of {SEEDS} seeds at B = "
         f"{shape['samples']}: {step_s:.2f} CPU-s (median of {a.repeat}), {runs[0][1]} rows; the group ({SEEDS} x "
         f"{STEPS}): {out['group_bootstrap_cpu_s']:.0f} CPU-s against {out['group_extract_cpu_s']:.0f}, "
-        f"{out['share']:.1%} (goal {GOAL:.0%})"
+        f"{out['share']:.1%} (goal {GOAL:.0%}); CKA of each step with the previous and the final step: "
+        f"{cka_s:.2f} CPU-s a step, {out['cka_share']:.1%} more"
     )
     if not a.quick:
         path = a.out or HERE.parent / "out" / f"bootstrap_sums{'' if a.settings == 'default' else '_multiberts'}.json"

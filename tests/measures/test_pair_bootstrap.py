@@ -76,7 +76,8 @@ def test_the_estimates_are_compares_values_and_each_step_meets_the_previous_and_
         expected = compare.compare_pair(folder, ref, compare.Settings(sites=tuple(s for _, s in SITES)))
         for r in expected.iter_rows(named=True):
             got = table.filter(step=step, ref_step=ref_step, layer=r["layer"], site=r["site"], metric=r["metric"])
-            assert got["estimate"].item() == pytest.approx(r["value"], rel=1e-12)
+            tolerance = 1e-6 if r["metric"] == "cka" else 1e-12  # CKA's from the units' float32 products
+            assert got["estimate"].item() == pytest.approx(r["value"], rel=tolerance)
     intervals = table.filter(pl.col("low").is_finite())
     assert intervals.height == table.height  # every pair resolved on these samples
     assert (intervals["low"] <= intervals["high"]).all()
@@ -103,7 +104,7 @@ def test_a_replicate_is_compares_measure_of_the_drawn_tokens_of_both_steps(model
                 rows = bootstrap.rows_of_units(unit, units)
                 x, y = (side.x[rows].astype(np.float64) for side in (x_side, y_side))
                 settings = compare.Settings(measures=(metric,))
-                want = compare.builtin_rows(x, y, settings, (x_side.rounding, y_side.rounding))[0]["value"]
+                want = compare.builtin_rows(x, y, settings, (x_side.rounding(), y_side.rounding()))[0]["value"]
                 assert value == pytest.approx(want, rel=1e-5 if metric == "cka" else 1e-9), (site, metric, units)
 
 
@@ -132,7 +133,7 @@ def test_a_group_resamples_each_seeds_pairs_on_the_same_draws(tmp_path):
             .item()
             for seed in seeds
         ]
-        assert r["estimate"] == pytest.approx(np.mean(values), rel=1e-12)
+        assert r["estimate"] == pytest.approx(np.mean(values), rel=1e-6 if r["metric"] == "cka" else 1e-12)
     # a replicate: the mean over its drawn seeds of each seed's value on its drawn units (bootstrap.draws' first)
     block = next(bootstrap.draws(4, 2, samples=SETTINGS.samples, seed=SETTINGS.seed))
     sides = [[sb.read_checkpoint(folder, MEASURES).sites[(0, "resid")].pair for folder in seed] for seed in seeds]
