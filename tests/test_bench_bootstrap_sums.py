@@ -17,3 +17,6 @@ def test_the_quick_mode_measures_a_step_and_projects_the_group():
     assert out["extract_cpu_s"] > 0 and len(out["bootstrap_step_cpu_s"]) == 1
     assert out["share"] == pytest.approx(out["group_bootstrap_cpu_s"] / out["group_extract_cpu_s"])
     assert out["rows_per_step"] > 0
+    assert out["cka_step_cpu_s"] > 0 and out["cka_share"] == pytest.approx(
+        out["cka_step_cpu_s"] / (out["extract_cpu_s"] * bench_bootstrap_sums.SEEDS)
+    )
