@@ -175,3 +175,30 @@ def test_the_comparisons_are_not_step_changes(model):
 def test_steps_out_of_order_are_refused_for_the_comparisons(model):
     with pytest.raises(sb.BootstrapInputError, match="in step order"):
         sb.bootstrap_table([[model[1], model[0], model[2]]], SETTINGS)
+
+
+def test_two_groups_comparisons_of_two_steps_are_tested_against_each_other(tmp_path):
+    """bootstrap_compare with CKA: a row per step, pair and site; each side's estimate its own group table's, and
+    a group paired with itself differs by exactly 0 in every replicate (p 1)."""
+    from anisweep.measures.group_bootstrap import comparison_table
+
+    def group(name, seeds):
+        return [[write_checkpoint(tmp_path / name / f"s{s}" / f"step{t}", t, f"toy-{name}{s}", s) for t in (0, 10, 30)]
+                for s in seeds]  # fmt: skip
+
+    a, b = group("a", (0, 1)), group("b", (2, 3, 4))
+    settings = sb.Settings(samples=100, measures=("cka",))
+    table = comparison_table(a, b, design="unpaired", settings=settings)
+    assert set(table.select("step", "ref_step", "pair").iter_rows()) == {
+        (0, 30, "final"), (10, 30, "final"), (10, 0, "previous"), (30, 10, "previous")
+    }  # fmt: skip
+    assert table.height == 4 * len(SITES) and set(table["against"]) == {"group"}
+    own = {name: pair_rows(sb.bootstrap_table(g, settings, group=name)) for name, g in (("a", a), ("b", b))}
+    for r in table.iter_rows(named=True):
+        where = dict(step=r["step"], ref_step=r["ref_step"], against=r["pair"], layer=r["layer"], site=r["site"])
+        assert r["base_estimate"] == own["a"].filter(**where)["estimate"].item()
+        assert r["other_estimate"] == own["b"].filter(**where)["estimate"].item()
+        assert r["estimate"] == pytest.approx(r["other_estimate"] - r["base_estimate"], abs=1e-15)
+    same = comparison_table(a, a, design="paired", settings=settings)
+    assert (same["estimate"] == 0).all() and (same["low"] == 0).all() and (same["high"] == 0).all()
+    assert (same["p"] == 1).all()

@@ -5,7 +5,10 @@ its percentile interval and two-sided p-value, from both groups' hidden.parquet 
 Both groups are resampled on the same draws of sequences (bootstrap.draws with both sides' seeds: the units are
 those every model's and group's table of the same `seed` draws). The design is named in each row: `paired` draws one
 set of seed positions for both sides (seed i of the base with seed i of the other: two recipes run from the same
-initial seeds), `unpaired` draws each side's seeds on their own (independent runs).
+initial seeds), `unpaired` draws each side's seeds on their own (independent runs). Where settings.compared names
+comparisons of two steps (CKA, SVCCA, PWCCA: pair_bootstrap), their differences too: each step's comparison with the
+previous and the final step (`pair`, `ref_step`), each side's seeds resampled seed by seed
+(sample_bootstrap.seed_comparisons) on the same draws.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from anisweep.measures.sample_bootstrap import (
     Settings,
     check_same_sample,
     read_checkpoint,
+    seed_comparisons,
+    seed_scores,
     step_measures,
 )
 
@@ -45,6 +50,8 @@ SCHEMA = {
     "head": pl.Int64,
     "metric": pl.String,
     "against": pl.String,
+    "pair": pl.String,
+    "ref_step": pl.Int64,
     "estimate": pl.Float64,
     "base_estimate": pl.Float64,
     "other_estimate": pl.Float64,
@@ -139,7 +146,7 @@ def comparison_table(
     settings = settings or Settings()
     _check_sides(base, other, design)
     blocks, reference, base_labels, other_labels = {}, None, None, None
-    rows = []
+    rows, identities = [], {}
     for base_folders, other_folders in zip(zip(*base), zip(*other)):
         base_cps = [read_checkpoint(folder, settings.sampled) for folder in base_folders]
         other_cps = [read_checkpoint(folder, settings.sampled) for folder in other_folders]
@@ -168,6 +175,9 @@ def comparison_table(
                 )  # fmt: skip
             got_base, got_other = bootstrap.replicates(sides.base, sides.other, blocks[sides.n_units])
             rows.append(identity | _difference_row(sides, got_other - got_base, settings.level))
+        identities[step] = identity
+    if settings.compared:
+        rows += _pair_differences(base, other, identities, reference.n_units, design, settings)
     families = {label.split("/")[0] for label in [*base_labels, *other_labels]}
     common = {
         "comparison": name,
@@ -186,7 +196,30 @@ def comparison_table(
         "design": design,
     }
     table = pl.DataFrame([common | row for row in rows], schema=SCHEMA)
-    return table.sort("layer", "site", "metric", "head", "step", nulls_last=False)
+    return table.sort("layer", "site", "metric", "head", "pair", "step", nulls_last=False)
+
+
+def _pair_differences(base, other, identities: dict, n_units: int, design: str, settings: Settings) -> list[dict]:
+    """The rows of the comparisons of two steps: other - base of each step's comparison with the previous and the
+    final step, each side's seeds' values on the same draws of units, each side's seeds drawn as `design` says."""
+    draws = list(
+        bootstrap.draws(n_units, len(base), len(other), design=design, samples=settings.samples, seed=settings.seed)
+    )
+    def draws_of(units: int) -> list[bootstrap.Draws]:
+        if units != n_units:
+            raise BootstrapInputError(f"a comparison of two steps on {units} units where the groups have {n_units}")
+        return draws
+
+    sides = [[seed_comparisons(folders, settings, draws_of) for folders in group] for group in (base, other)]
+    rows = []
+    for key, (ref_step, _, _, units) in sides[0][0].items():
+        metric, layer, site, step, against = key
+        scores = [seed_scores(values, key, draws, side) for values, side in zip(sides, ("base", "other"))]
+        estimates = [float(np.mean([seed[key][1] for seed in values])) for values in sides]
+        pair = Sides((metric, layer, site, None), None, None, *estimates, units)
+        row = _difference_row(pair, scores[1] - scores[0], settings.level)
+        rows.append(identities[step] | row | {"pair": against, "ref_step": ref_step})
+    return rows
 
 
 def _difference_row(sides: Sides, deltas: np.ndarray, level: float) -> dict:

@@ -608,40 +608,46 @@ def _draws(blocks: dict, n_units: int, n_seeds: int, settings: Settings) -> list
 
 def comparisons(seeds: Sequence[Sequence[str | Path]], settings: Settings, blocks: dict) -> dict:
     """{(metric, layer, site, step, against): (ref_step, estimate, replicate scores, units)} of every comparison of
-    settings.compared of each step with the previous and the final step, at every sampled site. Seed by seed, so that
-    three checkpoints' samples of one seed are held at once (the step's, the previous and the final step's): each
-    seed's values on every draw of units, then each replicate's score the mean over its drawn seeds; the estimate the
-    mean over seeds of compare's values on the whole samples."""
-    per_seed = []
-    for folders in seeds:
-        values, final, previous = {}, read_checkpoint(folders[-1], settings.compared), None
-        for folder in folders:
-            current = final if folder == folders[-1] else read_checkpoint(folder, settings.compared)
-            for against, ref in (("previous", previous), ("final", final)):
-                if ref is not None and ref is not current:
-                    values |= _pair_values(current, ref, against, settings, blocks, len(seeds))
-            previous = current
-        per_seed.append(values)
+    settings.compared of each step with the previous and the final step, at every sampled site: each seed's values on
+    every draw of units (seed_comparisons), then each replicate's score the mean over its drawn seeds; the estimate
+    the mean over seeds of their values on the whole samples."""
+    per_seed = [seed_comparisons(folders, settings, lambda units: _draws(blocks, units, len(seeds), settings))
+                for folders in seeds]  # fmt: skip
     out = {}
     for key, (ref_step, _, _, units) in per_seed[0].items():
         draws = _draws(blocks, units, len(seeds), settings)
-        by_block = zip(*(seed[key][2] for seed in per_seed))
-        got = np.concatenate([bootstrap.seed_means(np.stack(v, axis=1), d.base) for v, d in zip(by_block, draws)])
-        out[key] = (ref_step, float(np.mean([seed[key][1] for seed in per_seed])), got, units)
+        out[key] = (ref_step, float(np.mean([seed[key][1] for seed in per_seed])), seed_scores(per_seed, key, draws))
+        out[key] += (units,)
     return out
 
 
-def _pair_values(current: Checkpoint, ref: Checkpoint, against: str, settings: Settings, blocks, n_seeds) -> dict:
+def seed_comparisons(folders: Sequence[str | Path], settings: Settings, draws_of: Callable) -> dict:
     """{(metric, layer, site, step, against): (ref_step, estimate, [values on each block of draws], units)} of one
-    seed's checkpoint against its reference."""
-    out = {}
-    for layer, site in sorted(current.sites):
-        pair = Pair(current.sites[(layer, site)].pair, ref.sites[(layer, site)].pair, settings.comparisons)
-        draws = _draws(blocks, pair.n_units, n_seeds, settings)
-        for metric, estimate in pair.estimates().items():
-            values = [pair.values(metric, block.units) for block in draws]
-            out[(metric, layer, site, current.step, against)] = (ref.step, estimate, values, pair.n_units)
-    return out
+    seed's checkpoints (`folders`, in step order): each against the previous and the final one, on every block of
+    `draws_of(n_units)`. Three checkpoints' samples are held at once (the step's, the previous and the final
+    step's)."""
+    values, final, previous = {}, read_checkpoint(folders[-1], settings.compared), None
+    for folder in folders:
+        current = final if folder == folders[-1] else read_checkpoint(folder, settings.compared)
+        for against, ref in (("previous", previous), ("final", final)):
+            if ref is None or ref is current:
+                continue
+            for layer, site in sorted(current.sites):
+                pair = Pair(current.sites[(layer, site)].pair, ref.sites[(layer, site)].pair, settings.comparisons)
+                draws = draws_of(pair.n_units)
+                for metric, estimate in pair.estimates().items():
+                    got = [pair.values(metric, block.units) for block in draws]
+                    values[(metric, layer, site, current.step, against)] = (ref.step, estimate, got, pair.n_units)
+        previous = current
+    return values
+
+
+def seed_scores(per_seed: Sequence[dict], key: tuple, draws: Sequence[bootstrap.Draws], side: str = "base"):
+    """Each replicate's score of `key`: the mean over the seeds it draws (the draws' `side`) of their values."""
+    by_block = zip(*(seed[key][2] for seed in per_seed))
+    return np.concatenate(
+        [bootstrap.seed_means(np.stack(values, axis=1), getattr(d, side)) for values, d in zip(by_block, draws)]
+    )
 
 
 def _order(key: tuple) -> tuple:
