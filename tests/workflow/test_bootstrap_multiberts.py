@@ -3,8 +3,8 @@ BERTs out as ``google/multiberts-seed_{0,1,2}-step_{0,20,40}k`` at ``main``, see
 workflow with ``bootstrap: {groups: {multiberts: [seed_0, seed_1, seed_2]}}``. results/bootstrap/multiberts.parquet
 holds the intervals over seeds and sequences of every resampled measure (the sampled vectors' IsoScore and RankMe,
 the sums' avg_cos, entropy_mean, qk_cos) at the three steps the seeds share (not seed_2's own 60k), each estimate the
-mean of the seeds' metrics.parquet values (written by the metrics jobs, not the bootstrap's), and the paired step
-tests."""
+mean of the seeds' metrics.parquet values (written by the metrics jobs, not the bootstrap's), the paired step
+tests, and linear CKA of each step with the previous and the final one over seeds and sequences."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ import numpy as np
 import polars as pl
 import pytest
 import yaml
+
+from anisweep import schema
+from anisweep.measures import compare
 
 from conftest import snakemake_command
 from hubcache import build_hub_cache, offline_env, save_tiny_bert, write_eval_corpus
@@ -28,6 +31,7 @@ OWN = {"seed_2": (60000,)}  # a step only one seed has: the group leaves it out
 SAMPLES = 200
 N_SEQUENCES = 32
 EXTRACT = {"n_sequences": N_SEQUENCES, "seq_len": 32, "batch_size": 8, "sample_tokens": 512, "seed": 0}
+MEASURES = [*schema.defaults("bootstrap")["measures"], "cka"]
 
 
 def run_group(root: Path) -> Path:
@@ -50,7 +54,7 @@ def run_group(root: Path) -> Path:
         "weights": {"enabled": False},
         "untrained": {"enabled": False},
         "audit": {"flagged": "keep"},
-        "bootstrap": {"enabled": True, "samples": SAMPLES, "groups": {"multiberts": list(SEEDS)}},
+        "bootstrap": {"enabled": True, "samples": SAMPLES, "groups": {"multiberts": list(SEEDS)}, "measures": MEASURES},
     }
     configfile = root / "group.yaml"
     configfile.write_text(yaml.safe_dump(config))
@@ -135,7 +139,7 @@ def test_each_estimate_is_the_mean_of_the_seeds_metrics(group_run):
 
 def test_each_step_is_tested_against_the_previous_and_the_final(group_run):
     table = read_group(group_run)
-    tests = table.filter(pl.col("against").is_not_null())
+    tests = table.filter(pl.col("against").is_not_null(), pl.col("p").is_not_null())
     assert set(tests["design"]) == {"paired"}
     pairs = set(tests.select("step", "ref_step", "against").unique().iter_rows())
     assert pairs == {(20000, 0, "previous"), (40000, 20000, "previous"), (0, 40000, "final"), (20000, 40000, "final")}
@@ -149,3 +153,26 @@ def test_each_step_is_tested_against_the_previous_and_the_final(group_run):
         np.testing.assert_allclose(got["estimate"], got["at"] - got["ref"], rtol=1e-12, atol=1e-15)
         assert ((got["p"] >= 2 / SAMPLES) & (got["p"] <= 1)).all()
         assert (got["low"] <= got["high"]).all()
+
+
+def test_cka_of_each_step_with_the_previous_and_the_final_is_resampled_over_seeds(group_run):
+    """The group's CKA rows: an interval over seeds and sequences per pair of steps and sampled site, no p-value, the
+    estimate the mean over seeds of compare's CKA of the two checkpoints (to 1e-6: the units' float32 products)."""
+    pairs = read_group(group_run).filter(metric="cka")
+    assert set(pairs.select("step", "ref_step", "against").unique().iter_rows()) == {
+        (20000, 0, "previous"), (40000, 20000, "previous"), (0, 40000, "final"), (20000, 40000, "final")
+    }  # fmt: skip
+    assert set(pairs["design"]) == {"seeds and units"} and pairs["p"].is_null().all()
+    assert pairs["undefined"].sum() == 0 and (pairs["low"] < pairs["high"]).all()
+    folder = group_run / "results" / "multiberts"
+    for step, ref_step in ((0, 40000), (40000, 20000)):
+        values = [
+            compare.compare_pair(folder / name / f"step{step}", folder / name / f"step{ref_step}")
+            .filter(metric="cka")
+            .select("layer", "site", "value")
+            for name in SEEDS
+        ]
+        mean = pl.concat(values).group_by("layer", "site").agg(pl.col("value").mean())
+        got = pairs.filter(step=step, ref_step=ref_step).join(mean, on=["layer", "site"])
+        assert got.height == mean.height > 0
+        np.testing.assert_allclose(got["estimate"], got["value"], rtol=1e-6)
