@@ -1307,7 +1307,9 @@ _UNCERTAINTY = (
     "dimensions' shares, attention's row means, the sinks, q/k alignment) from the drawn resampling units' sums",
     "(`units.parquet`), exactly. The",
     "step tests (`against` `previous` or `final`) give the difference to another step, its interval and a two-sided",
-    "p-value, on the same draws (paired); a comparison of two groups names its design (`paired`: seed i with seed",
+    "p-value, on the same draws (paired); the comparisons of two steps (`cka`, `svcca`, `pwcca`: `against` and",
+    "`ref_step`, no p-value) the interval of each step's similarity to the previous and the final step, both steps'",
+    "tokens of the drawn units; a comparison of two groups names its design (`paired`: seed i with seed",
     "i; `unpaired`: independent seeds, the same sequences). An interval that leaves out 0 is a change larger than",
     "another sample would give (`anisweep.results.changes`); docs/measures.md, Uncertainty over seeds and sequences.",
 )
