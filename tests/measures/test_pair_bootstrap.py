@@ -14,6 +14,7 @@ import pytest
 from anisweep.measures import bootstrap, compare, pair_bootstrap, unit_products
 from anisweep.measures import sample_bootstrap as sb
 from anisweep.results import changes_in
+from anisweep.sample_storage import vector_columns
 from anisweep.tables import read_parquet
 
 D = 5
@@ -31,7 +32,7 @@ def layer_norm(h: np.ndarray) -> np.ndarray:
     return (h - h.mean(axis=1, keepdims=True)) / h.std(axis=1, keepdims=True)
 
 
-def write_checkpoint(folder: Path, step: int, model: str = "toy-a", seed: int = 0) -> Path:
+def write_checkpoint(folder: Path, step: int, model: str = "toy-a", seed: int = 0, precision: str = "float32") -> Path:
     """A checkpoint with hidden.parquet (rows shuffled, in the same order at every step, as extract writes them) at a
     residual site and a LayerNorm output, the steps of one model drifting from a shared start, and the extract.json
     compare and the bootstrap read."""
@@ -49,10 +50,11 @@ def write_checkpoint(folder: Path, step: int, model: str = "toy-a", seed: int = 
             | {"layer": [layer] * n, "site": [site] * n, "seq": np.arange(n) // PER_SEQUENCE}
             | {"position": np.arange(n) % PER_SEQUENCE, "token_id": np.arange(n) % 17}
         ).with_columns(pl.col("seq", "position", "token_id").cast(pl.Int64))
-        frames.append(frame.with_columns(vector=pl.Series(x.tolist(), dtype=pl.List(pl.Float32))))
+        frames.append(frame.hstack(vector_columns("vector", x, precision)))
     pl.concat(frames).sample(fraction=1.0, shuffle=True, seed=0).write_parquet(folder / "hidden.parquet")
     settings = {"n_sequences": N_SEQUENCES, "seq_len": 8, "sample_tokens": n, "seed": 0, "dtype": "float32"}
-    (folder / "extract.json").write_text(json.dumps({"checkpoint": ident, "settings": settings | {"units": 4}}))
+    settings |= {"units": 4, "sample_precision": precision}
+    (folder / "extract.json").write_text(json.dumps({"checkpoint": ident, "settings": settings}))
     return folder
 
 
@@ -202,3 +204,22 @@ def test_two_groups_comparisons_of_two_steps_are_tested_against_each_other(tmp_p
     same = comparison_table(a, a, design="paired", settings=settings)
     assert (same["estimate"] == 0).all() and (same["low"] == 0).all() and (same["high"] == 0).all()
     assert (same["p"] == 1).all()
+
+
+@pytest.mark.parametrize("precision", ["float16", "int8"])
+def test_the_cca_estimates_follow_the_samples_storage_as_compare_does(tmp_path, precision):
+    """Stored at float16 or int8 (extract.sample_precision), each side's rounding floor is its storage's: SVCCA's and
+    PWCCA's estimates are compare's (which reads the same bound) on the LayerNorm output too, and the full draw
+    (every unit once) is the estimate."""
+    model = [write_checkpoint(tmp_path / f"step{s}", s, precision=precision) for s in (0, 30)]
+    table = pair_rows(sb.bootstrap_table([model], SETTINGS)).filter(pl.col("metric") != "cka")
+    expected = compare.compare_pair(model[0], model[1], compare.Settings(sites=tuple(s for _, s in SITES)))
+    got = table.filter(step=0).join(expected.select("layer", "site", "metric", "value"), on=["layer", "site", "metric"])
+    assert got.height == len(SITES) * 2 and got["value"].is_finite().all()
+    np.testing.assert_allclose(got["estimate"], got["value"], rtol=1e-12)
+    a, b = (sb.read_checkpoint(folder, MEASURES) for folder in model)
+    for layer, site in SITES:
+        pair = pair_bootstrap.Pair(a.sites[(layer, site)].pair, b.sites[(layer, site)].pair, SETTINGS.comparisons)
+        whole = np.arange(4)[None]
+        for metric in ("svcca", "pwcca"):
+            assert pair.values(metric, whole)[0] == pytest.approx(pair.estimates()[metric], rel=1e-9)
