@@ -205,6 +205,7 @@ def _pair_differences(base, other, identities: dict, n_units: int, design: str, 
     draws = list(
         bootstrap.draws(n_units, len(base), len(other), design=design, samples=settings.samples, seed=settings.seed)
     )
+
     def draws_of(units: int) -> list[bootstrap.Draws]:
         if units != n_units:
             raise BootstrapInputError(f"a comparison of two steps on {units} units where the groups have {n_units}")
