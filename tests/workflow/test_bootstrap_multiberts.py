@@ -31,7 +31,7 @@ OWN = {"seed_2": (60000,)}  # a step only one seed has: the group leaves it out
 SAMPLES = 200
 N_SEQUENCES = 32
 EXTRACT = {"n_sequences": N_SEQUENCES, "seq_len": 32, "batch_size": 8, "sample_tokens": 512, "seed": 0}
-MEASURES = [*schema.defaults("bootstrap")["measures"], "cka"]
+MEASURES = [*schema.defaults("bootstrap")["measures"], "rankme", "cka"]
 
 
 def run_group(root: Path) -> Path:

@@ -37,7 +37,7 @@ def _settings(p) -> None:
     p.add_argument(
         "--measures",
         nargs="+",
-        default=["isoscore", "rankme"],
+        default=["isoscore", "avg_cos", "entropy_mean", "qk_cos"],
         help="of the sampled vectors (anisweep.measures.sample_bootstrap.MEASURES: isoscore, rankme, alpha_req, ...), "
         "the comparisons of two steps (pair_bootstrap.MEASURES: cka, svcca, pwcca) and built of sums "
         "(anisweep.measures.sum_bootstrap.MEASURES: avg_cos, entropy_mean, qk_cos, ...)",

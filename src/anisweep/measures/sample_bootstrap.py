@@ -34,9 +34,10 @@ from anisweep.measures.unit_products import UnitProducts
 from anisweep.sample_storage import precision_of
 from anisweep.tables import METRIC_PARAMETERS, read_parquet
 
-#: the measures this module resamples, each a metric of metrics.parquet, and those the config asks for by default
+#: the measures this module resamples, each a metric of metrics.parquet, and the default (the config's, a few
+#: percent of extract's time: the spectral measures cost an eigendecomposition per replicate, on request)
 MEASURES = ("isoscore", "top_eig_share", "rankme", "rankme_cov", "alpha_req", "prop_effective_rank")
-DEFAULT_MEASURES = ("isoscore", "rankme")
+DEFAULT_MEASURES = ("isoscore", "avg_cos", "entropy_mean", "qk_cos")
 #: at most this many float64s of per-sequence Gram matrices are held per site (256 MiB): past it, each replicate's
 #: Gram matrix is summed from the weighted vectors instead (slower, no more memory than the vectors)
 MAX_UNIT_GRAM_ELEMENTS = 1 << 25
