@@ -154,7 +154,9 @@ def test_a_broken_request_is_refused_and_the_worker_serves_on(tmp_path, runtime_
         connection.settimeout(30)
         assert connection.recv(100) == b""  # closed, no pid
     assert not children(worker)
-    assert len(os.listdir(f"/proc/{worker}/fd")) == open_before
+    # no more than before: the first command's connection may still have been open then (the worker closes it
+    # after its reply), while the three descriptors sent with this request would be three more
+    wait_for(lambda: len(os.listdir(f"/proc/{worker}/fd")) <= open_before, 10, "the request's descriptors closed")
     warm = anisweep("checkpoints", "--configfile", str(CONFIG), env=env, cwd=tmp_path)
     assert warm.returncode == 0, warm.stderr
 
@@ -284,6 +286,14 @@ def socket_of(runtime_dir: str, owner: int) -> Path:
     return path
 
 
+def catches(pid: int, number: int) -> bool:
+    """Whether process `pid` has a handler for signal `number` (/proc's SigCgt mask)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (number - 1) & 1)
+    return False
+
+
 def gone(pid: int) -> bool:
     """Whether `pid` has ended (a zombie has: it waits only for its parent to read its status)."""
     try:
@@ -345,6 +355,9 @@ def test_a_job_dies_with_its_worker(tmp_path, runtime_dir, own_owner):
     env = environment(runtime_dir, own_owner.pid)
     command = subprocess.Popen([sys.executable, "-m", "anisweep", "checkpoints", "--configfile", str(fifo)], env=env)
     wait_for(lambda: workers_of(own_owner.pid) and children(workers_of(own_owner.pid)[0]), what="the job's fork")
+    # the command has read the job's pid (it then forwards signals to it): killed before that, the worker would
+    # have started nothing as far as the command knows, and the command would run the job itself
+    wait_for(lambda: catches(command.pid, signal.SIGUSR1), 60, "the command to hear of its job")
     (worker,) = workers_of(own_owner.pid)
     (job,) = children(worker)
     os.kill(worker, signal.SIGKILL)
