@@ -101,7 +101,7 @@ def test_a_replicate_is_compares_measure_of_the_drawn_tokens_of_both_steps(model
         pair = pair_bootstrap.Pair(x_side, y_side, SETTINGS.comparisons)
         unit = np.repeat(np.arange(4), np.diff(x_side.bounds))
         for metric in MEASURES:
-            got = pair.values(metric, draws)
+            got = pair.values(draws)[metric]
             for value, units in zip(got, draws):
                 rows = bootstrap.rows_of_units(unit, units)
                 x, y = (side.x[rows].astype(np.float64) for side in (x_side, y_side))
@@ -119,7 +119,7 @@ def test_ckas_replicates_need_no_eigendecomposition(model, monkeypatch):
 
     for name in ("eigh", "eigvalsh", "svd"):
         monkeypatch.setattr(np.linalg, name, refused)
-    got = pair.values("cka", np.random.default_rng(0).integers(0, 4, size=(50, 4)))
+    got = pair.values(np.random.default_rng(0).integers(0, 4, size=(50, 4)))["cka"]
     assert np.isfinite(got).all() and ((got > 0) & (got <= 1 + 1e-12)).all()
 
 
@@ -140,7 +140,7 @@ def test_a_group_resamples_each_seeds_pairs_on_the_same_draws(tmp_path):
     block = next(bootstrap.draws(4, 2, samples=SETTINGS.samples, seed=SETTINGS.seed))
     sides = [[sb.read_checkpoint(folder, MEASURES).sites[(0, "resid")].pair for folder in seed] for seed in seeds]
     pairs = [pair_bootstrap.Pair(a, b, SETTINGS.comparisons) for a, b in sides]
-    expected = [np.mean([pairs[s].values("pwcca", units[None])[0] for s in drawn]) for units, drawn in
+    expected = [np.mean([pairs[s].values(units[None])["pwcca"][0] for s in drawn]) for units, drawn in
                 zip(block.units[:5], block.base[:5])]  # fmt: skip
     row = table.filter(step=0, layer=0, site="resid", metric="pwcca")
     assert row.height == 1
@@ -222,4 +222,4 @@ def test_the_cca_estimates_follow_the_samples_storage_as_compare_does(tmp_path, 
         pair = pair_bootstrap.Pair(a.sites[(layer, site)].pair, b.sites[(layer, site)].pair, SETTINGS.comparisons)
         whole = np.arange(4)[None]
         for metric in ("svcca", "pwcca"):
-            assert pair.values(metric, whole)[0] == pytest.approx(pair.estimates()[metric], rel=1e-9)
+            assert pair.values(whole)[metric][0] == pytest.approx(pair.estimates()[metric], rel=1e-9)

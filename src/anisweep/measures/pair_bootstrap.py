@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -90,13 +89,11 @@ class PairSide:
 
 @dataclass
 class Pair:
-    """One seed's checkpoint against its reference at one (layer, site): the comparisons of any draws of units,
-    those of one draw computed together (the CCA measures share each replicate's cross-products)."""
+    """One seed's checkpoint against its reference at one (layer, site): the comparisons of any draws of units."""
 
     x: PairSide
     y: PairSide
     settings: compare.Settings
-    _pending: dict = field(default_factory=dict)
 
     @property
     def n_units(self) -> int:
@@ -116,18 +113,10 @@ class Pair:
             out |= {r["metric"]: r["value"] for r in compare.builtin_rows(x, y, cca, rounding)}
         return out
 
-    def values(self, metric: str, units: np.ndarray) -> np.ndarray:
-        """`metric` on each row of `units` (draws x n_units unit indices); the pair's other measures on the same
-        draws are computed with it and kept until asked for."""
-        key = (units.shape, hashlib.blake2b(np.ascontiguousarray(units).tobytes(), digest_size=16).digest())
-        if metric not in self._pending.get(key, {}):
-            self._pending[key] = self._all(bootstrap.unit_counts(units, self.n_units))
-        got = self._pending[key].pop(metric)
-        if not self._pending[key]:
-            del self._pending[key]
-        return got
-
-    def _all(self, counts: np.ndarray) -> dict[str, np.ndarray]:
+    def values(self, units: np.ndarray) -> dict[str, np.ndarray]:
+        """Each measure on each row of `units` (draws x n_units unit indices), all from the same counts (the CCA
+        measures share each replicate's cross-products)."""
+        counts = bootstrap.unit_counts(units, self.n_units)
         measures = [m for m in self.settings.measures if m in MEASURES]
         out = {m: np.full(len(counts), np.nan) for m in measures}
         if not (self.x.complete and self.y.complete):
@@ -156,10 +145,13 @@ class Pair:
         return ScatterProducts.of(self.x.shifted, self.y.shifted, self.x.bounds, a.sums, b.sums)
 
     @functools.cached_property
+    def _mean_x(self) -> np.ndarray:
+        return self.x.x.mean(axis=0, dtype=np.float64)
+
+    @functools.cached_property
     def _centred(self) -> tuple[np.ndarray, np.ndarray]:
         """Both samples (float64) less their means."""
-        x, y = self.x.x.astype(np.float64), self.y.x.astype(np.float64)
-        return x - x.mean(axis=0), y - y.mean(axis=0)
+        return self.x.x.astype(np.float64) - self._mean_x, self.y.x.astype(np.float64) - self.y.x.mean(0, np.float64)
 
     @functools.cached_property
     def _unit_sums(self) -> tuple[np.ndarray, np.ndarray]:
@@ -188,7 +180,7 @@ class Pair:
             w = np.repeat(counts, np.diff(self.x.bounds))[:, None]
             xx, xy, yy = (w * x).T @ x, (w * x).T @ y, (w * y).T @ y
         return compare.CrossProducts(
-            int(round(n)), self.x.x.astype(np.float64).mean(axis=0) + tx / n,
+            int(round(n)), self._mean_x + tx / n,
             xx - np.outer(tx, tx) / n, xy - np.outer(tx, ty) / n, yy - np.outer(ty, ty) / n,
             np.zeros(0), np.zeros(0),
             float(np.sqrt(counts @ np.square(self.x.unit_rounding))),

@@ -414,11 +414,6 @@ class Settings:
         return tuple(m for m in pair_bootstrap.MEASURES if m in self.measures)
 
     @property
-    def of_vectors(self) -> tuple[str, ...]:
-        """What a checkpoint's sampled vectors are read for: its own measures and the comparisons."""
-        return self.sampled + self.compared
-
-    @property
     def comparisons(self) -> compare.Settings:
         return compare.Settings(
             measures=self.compared, svcca_variance=self.svcca_variance, cca_max_width=self.cca_max_width
@@ -617,8 +612,8 @@ def comparisons(seeds: Sequence[Sequence[str | Path]], settings: Settings, block
     out = {}
     for key, (ref_step, _, _, units) in per_seed[0].items():
         draws = _draws(blocks, units, len(seeds), settings)
-        out[key] = (ref_step, float(np.mean([seed[key][1] for seed in per_seed])), seed_scores(per_seed, key, draws))
-        out[key] += (units,)
+        estimate = float(np.mean([seed[key][1] for seed in per_seed]))
+        out[key] = (ref_step, estimate, seed_scores(per_seed, key, draws), units)
     return out
 
 
@@ -635,9 +630,9 @@ def seed_comparisons(folders: Sequence[str | Path], settings: Settings, draws_of
                 continue
             for layer, site in sorted(current.sites):
                 pair = Pair(current.sites[(layer, site)].pair, ref.sites[(layer, site)].pair, settings.comparisons)
-                draws = draws_of(pair.n_units)
+                by_block = [pair.values(block.units) for block in draws_of(pair.n_units)]
                 for metric, estimate in pair.estimates().items():
-                    got = [pair.values(metric, block.units) for block in draws]
+                    got = [block[metric] for block in by_block]
                     values[(metric, layer, site, current.step, against)] = (ref.step, estimate, got, pair.n_units)
         previous = current
     return values
